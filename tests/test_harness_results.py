@@ -1,0 +1,41 @@
+"""harness.results: atomic appends, truncated-line tolerance, one-call loading."""
+
+import json
+
+import harness.results as results
+
+
+def _record(point: str, **kw) -> dict:
+    r = results.empty_record()
+    r.update(sweep="t", point=point, status="ok", method="fused_adamw", **kw)
+    return r
+
+
+def test_append_and_load_roundtrip(tmp_path):
+    path = tmp_path / "s.jsonl"
+    results.append(path, _record("a", step_times_ms=[1.0, 2.0]))
+    results.append(path, _record("b", loss_last=float("nan")))
+    df = results.load(path)
+    assert list(df.point) == ["a", "b"]
+    assert list(df.columns[: len(results.FIELDS)]) == list(results.FIELDS)
+    assert df.step_times_ms[0] == [1.0, 2.0]
+    assert df.loss_last.isna()[1]  # NaN is written as null, not as invalid JSON
+
+
+def test_truncated_last_line_is_tolerated_and_repaired(tmp_path):
+    path = tmp_path / "s.jsonl"
+    results.append(path, _record("a"))
+    with open(path, "a") as f:
+        f.write(json.dumps(_record("b"))[:40])  # a killed writer
+    assert list(results.load(path).point) == ["a"]
+    results.append(path, _record("c"))  # starts on a fresh line
+    assert list(results.load(path).point) == ["a", "c"]
+    assert set(results.recorded_points(path)) == {"a", "c"}
+
+
+def test_load_directory_recurses_and_keeps_all_columns(tmp_path):
+    results.append(tmp_path / "x.jsonl", _record("a", extra_field=1))
+    results.append(tmp_path / "sub" / "y.jsonl", _record("b"))
+    df = results.load(tmp_path)
+    assert sorted(df.point) == ["a", "b"]
+    assert "extra_field" in df.columns and "peak_nvml_gib" in df.columns
