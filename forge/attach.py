@@ -1,0 +1,123 @@
+"""forge.attach / forge.detach: put FORGE on an existing model, and take it off again.
+
+`attach(model, rule, params=None, **hparams)` builds a `ForgeOptimizer` over `params` (by default
+every trainable parameter, one group), then:
+
+* turns every plain `nn.Linear` whose weight it trains into a `ForgeLinear` (the same module
+  object, its class swapped), so that weight is updated inside the fused dW kernel;
+* hooks every other trained parameter (biases, embeddings, norms, and any weight shared between
+  modules, such as tied input and output embeddings, whose gradient has two producers) with a
+  post-accumulate-grad hook that updates it with the element-wise kernel and frees its gradient.
+
+Parameters left out of `params` are not touched: they keep ordinary gradients for another optimizer.
+`detach(model)` restores plain `nn.Linear` classes and removes the hooks; the weights stay as trained.
+
+Refused, with what to do instead: data-parallel wrappers (DDP, FSDP), which need an all-reduce of the
+full gradient before the update; attaching twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from forge.nn import ForgeLinear
+from forge.optim import ForgeOptimizer
+
+_ATTR = "_forge_optimizer"
+
+
+def attach(
+    model: nn.Module,
+    rule: str = "adamw",
+    params: Iterable | None = None,
+    *,
+    state_dtype: str = "bf16",
+    stochastic_rounding: bool = True,
+    seed: int = 0,
+    **hparams,
+) -> ForgeOptimizer:
+    """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer."""
+    _refuse_data_parallel(model)
+    if getattr(model, _ATTR, None) is not None:
+        raise RuntimeError("FORGE is already attached to this model; call forge.detach(model) before attaching again")
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
+    optimizer = ForgeOptimizer.__new__(ForgeOptimizer)
+    optimizer.param_names = names
+    ForgeOptimizer.__init__(
+        optimizer, params, rule, state_dtype=state_dtype, stochastic_rounding=stochastic_rounding, seed=seed, **hparams
+    )
+    trained = {p for g in optimizer.param_groups for p in g["params"]}
+    fused = _fuse_linears(model, optimizer, trained, names)
+    optimizer._hooks = [p.register_post_accumulate_grad_hook(_make_hook(optimizer)) for p in trained - fused]
+    setattr(model, _ATTR, optimizer)
+    return optimizer
+
+
+def detach(model: nn.Module) -> None:
+    """Take FORGE off `model`: plain nn.Linear modules again, hooks removed, weights kept."""
+    optimizer = getattr(model, _ATTR, None)
+    if optimizer is None:
+        raise RuntimeError("FORGE is not attached to this model")
+    for module in model.modules():
+        if type(module) is ForgeLinear:
+            module.__class__ = nn.Linear
+            for attr in ("_forge_optimizer", "_forge_name"):
+                module.__dict__.pop(attr, None)
+    for handle in optimizer._hooks:
+        handle.remove()
+    optimizer._hooks = []
+    delattr(model, _ATTR)
+
+
+def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, names: dict) -> set:
+    """Swap eligible nn.Linear modules to ForgeLinear; return the weights now fused."""
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    fused = set()
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if type(module) is not nn.Linear or w is None or w not in trained or uses[id(w)] != 1:
+            continue
+        module.__class__ = ForgeLinear
+        module._forge_optimizer = optimizer
+        module._forge_name = names.get(w, "weight")
+        fused.add(w)
+    return fused
+
+
+def _make_hook(optimizer: ForgeOptimizer):
+    def hook(p: torch.Tensor) -> None:
+        if p.grad is not None:
+            optimizer.update_elementwise(p, p.grad)
+            p.grad = None
+
+    return hook
+
+
+def _refuse_data_parallel(model: nn.Module) -> None:
+    why = (
+        "FORGE consumes each weight gradient inside the backward kernel, so the all-reduce of gradients "
+        "that data parallelism needs has nothing to reduce. Use FORGE on a single GPU, or with tensor/"
+        "sequence parallelism (exact, the local gradient is complete), or use a standard optimizer for "
+        "data-parallel training."
+    )
+    if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
+        raise RuntimeError(f"forge.attach got a {type(model).__name__}-wrapped model. {why}")
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # torch built without distributed
+        return
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel | FSDPModule):
+            raise RuntimeError(f"forge.attach got a model sharded with FSDP ({type(module).__name__}). {why}")
+    for name, p in model.named_parameters():
+        if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
+            raise NotImplementedError(
+                f"parameter {name} is a DTensor (tensor-parallel or FSDP2 sharding); FORGE does not support "
+                "DTensor parameters yet"
+            )

@@ -1,0 +1,62 @@
+"""The torch.optim optimizer that each FORGE rule must match, in one place.
+
+Tests use these as the oracle and the harness as its "torch" baselines, so the two cannot drift
+apart. Every rule maps to torch.optim's own class, except Lion, which torch does not ship: `Lion`
+below follows the paper (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from forge.rules import IGNORED_OPTIONS, get_rule
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion: update = sign(beta1 m + (1 - beta1) g); w <- w (1 - lr wd) - lr update; m <- beta2 m + (1 - beta2) g."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                update = torch.sign(m * beta1 + p.grad * (1 - beta1))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"])
+                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+        return loss
+
+
+_TORCH_CLASSES = {
+    "adamw": torch.optim.AdamW,
+    "nadam": torch.optim.NAdam,
+    "radam": torch.optim.RAdam,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+    "lion": Lion,
+}
+
+
+def torch_optimizer(rule: str, params: Iterable, **hparams) -> torch.optim.Optimizer:
+    """The reference optimizer for `rule` with torch.optim's defaults overridden by `hparams`."""
+    get_rule(rule)  # a clear error for unknown names
+    options = {k: v for k, v in hparams.items() if k not in IGNORED_OPTIONS or rule != "lion"}
+    return _TORCH_CLASSES[rule.lower()](params, **options)

@@ -1,0 +1,88 @@
+"""The optimizer update for parameters that are not nn.Linear weights, from their gradient.
+
+Embeddings, norms, biases and tied weights get their gradient the ordinary way; a
+post-accumulate-grad hook hands it to this kernel during the backward pass and drops it right after,
+so at most one such gradient exists at a time. Each program loads one tile of the gradient and hands
+it to `update_tile`, the fused kernel's own epilogue: same rule, same state storage, same layout.
+
+Shapes: the parameter and its gradient viewed as (R, C) = (numel / last dim, last dim), a vector as
+(1, numel); int8 scales (R, ceil(C / 64)).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from forge.kernels import interpreting
+from forge.kernels.update_tile import update_tile
+
+
+@triton.jit
+def _elementwise_update_kernel(
+    w_ptr,  # (R, C) fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (R, C) state slots, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # (R, NUM_GROUPS) fp32 int8 block scales, updated in place
+    g_ptr,  # (R, C) the gradient, contiguous, any float dtype
+    R, C, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step
+    seed,  # int32 stochastic-rounding seed
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of 64
+):
+    r_start = tl.program_id(0) * BLOCK_R
+    c_start = tl.program_id(1) * BLOCK_C
+    offs_r = r_start + tl.arange(0, BLOCK_R)
+    offs_c = c_start + tl.arange(0, BLOCK_C)
+    offs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
+    g = tl.load(g_ptr + offs, mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0).to(tl.float32)
+    update_tile(g, r_start, c_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                R, C, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
+
+
+def as_rows(t: torch.Tensor) -> tuple[int, int]:
+    """The (rows, cols) view FORGE uses for a parameter of any shape."""
+    cols = t.shape[-1] if t.dim() > 1 else t.numel()
+    return t.numel() // max(cols, 1), cols
+
+
+def elementwise_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    states: tuple,
+    scales: tuple,
+    signed: tuple,
+    coefficients: tuple,
+    seed: int,
+    *,
+    rule: str,
+    flags: dict,
+    state_dtype: str,
+    stochastic_rounding: bool,
+) -> None:
+    """Apply one optimizer step to `param` from `grad`, in place (states and scales too)."""
+    assert param.is_contiguous(), "FORGE updates parameters in place and needs them contiguous"
+    grad = grad.contiguous()
+    rows, cols = as_rows(param)
+    if interpreting():
+        block_c = 64 if cols <= 64 else 128
+    else:
+        block_c = 64 if cols <= 64 else 256 if cols <= 1024 else 512
+    block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_c))
+    dummy = param
+    s = [t if t is not None else dummy for t in states]
+    q = [t if t is not None else dummy for t in scales]
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _elementwise_update_kernel[grid](
+        param, s[0], s[1], s[2], q[0], q[1], q[2], grad,
+        rows, cols, triton.cdiv(cols, 64), *coefficients, seed,
+        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
+        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
+        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
+        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+    )

@@ -1,0 +1,168 @@
+"""Int8 optimizer states: one absmax scale per 64 contiguous elements, quantized in registers.
+
+FORGE stores a state tensor of shape (N, K) as int8 or uint8 codes of the same shape plus one fp32
+scale per 64 contiguous elements along K, a scales tensor of shape (N, ceil(K / 64)): 1.06 bytes per
+element instead of 4 (fp32) or 2 (bf16). The fused kernel dequantizes a tile's states after its
+gradient is complete, updates them in fp32 and quantizes them again before the store; nothing but
+the codes and scales ever reaches memory. Blocks of 64 keep the quantization error local (the
+paper contrasts this with the 2048-element blocks of common 8-bit optimizers; bitsandbytes and
+torchao use 256 with a 256-entry lookup table, which costs a binary search per element inside a
+GEMM epilogue). There are no table lookups here, only arithmetic:
+
+* signed states (first moments, momentum buffers): code = round(127 * 2u / (1 + |u|)) with
+  u = x / absmax, a companding curve that spends more of the 255 codes near zero; decode
+  u = y / (2 - |y|), y = code / 127.
+* positive states (second moments, sums of squares): code = round(255 * sqrt(x) / max sqrt(x)),
+  in uint8, and a non-zero state never rounds to code 0. Linear codes for v put most small entries
+  at zero, and a zero second moment turns Adam's step into m / eps, a blow-up.
+
+The choice was made by measurement (`scripts/measure_int8_states.py`, results in
+docs/int8-states.md): against fp32 states, AdamW's per-step update error was 3.7% for this scheme
+when gradient scales vary mildly, and linear codes for v diverged (error of 1700%).
+
+The PyTorch functions at the bottom are the same arithmetic, for tests and for tensors that are
+quantized outside a kernel (state initialisation, state_dict loading).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+GROUP = 64
+
+
+@triton.jit
+def _round_half_away(x):
+    return tl.where(x >= 0, tl.floor(x + 0.5), -tl.floor(0.5 - x))
+
+
+@triton.jit
+def dequantize_signed(q, absmax):
+    """q: int8 codes (..., 64); absmax: fp32 (..., 1). Returns fp32 values."""
+    y = q.to(tl.float32) * (1.0 / 127.0)
+    return y / (2.0 - tl.abs(y)) * absmax
+
+
+@triton.jit
+def quantize_signed(x):
+    """x: fp32 (R, G, 64). Returns int8 codes and fp32 absmax (R, G)."""
+    absmax = tl.max(tl.abs(x), axis=2)
+    u = x / tl.maximum(absmax, 1e-30)[:, :, None]
+    code = _round_half_away(254.0 * u / (1.0 + tl.abs(u)))
+    return code.to(tl.int8), absmax
+
+
+@triton.jit
+def dequantize_positive(q, rootmax):
+    """q: uint8 codes (..., 64) of sqrt(x); rootmax: fp32 (..., 1). Returns fp32 values."""
+    r = q.to(tl.float32) * (1.0 / 255.0) * rootmax
+    return r * r
+
+
+@triton.jit
+def quantize_positive(x):
+    """x: fp32 (R, G, 64), >= 0. Returns uint8 codes of sqrt(x) and the fp32 max of sqrt(x) (R, G)."""
+    r = tl.sqrt_rn(tl.maximum(x, 0.0))
+    rootmax = tl.max(r, axis=2)
+    code = tl.floor(r / tl.maximum(rootmax, 1e-30)[:, :, None] * 255.0 + 0.5)
+    code = tl.where(r > 0, tl.maximum(code, 1.0), code)
+    return code.to(tl.uint8), rootmax
+
+
+@triton.jit
+def load_state(
+    ptr,  # state codes or values, same layout as the weight
+    scale_ptr,  # (rows, ceil(cols / 64)) fp32 block scales; only read for int8
+    offs,  # (ROWS, COLS) int64 element offsets
+    scale_offs,  # (ROWS, COLS // 64) int64 scale offsets
+    mask,  # (ROWS, COLS) bool
+    scale_mask,  # (ROWS, COLS // 64) bool
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
+    SIGNED: tl.constexpr,
+):
+    """A tile of one state slot as fp32 (ROWS, COLS); masked elements read as 0."""
+    if STATE_DTYPE == "int8":
+        q = tl.reshape(tl.load(ptr + offs, mask=mask, other=0), (ROWS, COLS // 64, 64))
+        scale = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0)[:, :, None]
+        if SIGNED:
+            x = dequantize_signed(q, scale)
+        else:
+            x = dequantize_positive(q, scale)
+        return tl.reshape(x, (ROWS, COLS))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_state(
+    ptr, scale_ptr, offs, scale_offs, mask, scale_mask,  # as in load_state
+    x,  # (ROWS, COLS) fp32 new values
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,
+    SIGNED: tl.constexpr,
+):
+    """Write a tile of one state slot back (int8: quantize with fresh per-64 scales)."""
+    if STATE_DTYPE == "int8":
+        x3 = tl.reshape(tl.where(mask, x, 0.0), (ROWS, COLS // 64, 64))
+        if SIGNED:
+            q, scale = quantize_signed(x3)
+        else:
+            q, scale = quantize_positive(x3)
+        tl.store(ptr + offs, tl.reshape(q, (ROWS, COLS)), mask=mask)
+        tl.store(scale_ptr + scale_offs, scale, mask=scale_mask)
+    else:
+        tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch twins, on tensors whose last dimension is split into groups of 64 (padded with zeros).
+# ----------------------------------------------------------------------------------------------
+
+
+def _grouped(x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
+    pad = (-rows.shape[-1]) % GROUP
+    rows = torch.nn.functional.pad(rows.float(), (0, pad))
+    return rows.reshape(rows.shape[0], -1, GROUP)
+
+
+def code_dtype(signed: bool) -> torch.dtype:
+    return torch.int8 if signed else torch.uint8
+
+
+def num_groups(cols: int) -> int:
+    return -(-cols // GROUP)
+
+
+def quantize(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes shaped like x and scales shaped (rows, ceil(cols / 64)), rows = numel // cols."""
+    g = _grouped(x)
+    if signed:
+        absmax = g.abs().amax(-1)
+        u = g / absmax.clamp_min(1e-30)[..., None]
+        y = 254.0 * u / (1 + u.abs())
+        code = torch.where(y >= 0, torch.floor(y + 0.5), -torch.floor(0.5 - y))
+        scale = absmax
+    else:
+        r = g.clamp_min(0).sqrt()
+        scale = r.amax(-1)
+        code = torch.floor(r / scale.clamp_min(1e-30)[..., None] * 255 + 0.5)
+        code = torch.where(r > 0, code.clamp_min(1), code)
+    cols = x.shape[-1] if x.dim() > 1 else x.numel()
+    codes = code.reshape(code.shape[0], -1)[:, :cols].to(code_dtype(signed))
+    return codes.reshape(x.shape), scale
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
+    """fp32 values from codes and per-64 scales (the inverse of `quantize`, up to rounding)."""
+    g = _grouped(codes)
+    if signed:
+        y = g / 127.0
+        x = y / (2 - y.abs()) * scale[..., None]
+    else:
+        x = (g / 255.0 * scale[..., None]) ** 2
+    cols = codes.shape[-1] if codes.dim() > 1 else codes.numel()
+    return x.reshape(x.shape[0], -1)[:, :cols].reshape(codes.shape)

@@ -1,0 +1,174 @@
+"""The FORGE kernel: the weight-gradient GEMM of a linear layer fused with its optimizer update.
+
+Shapes: T tokens (all leading dims of the input flattened), N output features, K input features.
+    x_TK   the layer's input            dy_TN  the gradient of its output
+    w_NK   the weight, updated in place s*_NK  the optimizer states, updated in place
+
+A plain backward computes dW = dy^T x (N x K, written to memory), and later the optimizer reads dW,
+W and the states and writes W and the states back. Here one launch does both, tile by tile: each
+program owns one (BLOCK_N, BLOCK_K) tile of W, accumulates its gradient over all T tokens in fp32
+registers (the GEMM's main loop), then loads the matching tiles of W and of the states, applies the
+rule in fp32 (`forge.rules.apply_rule`), and stores W and the states. dW never exists in memory:
+the gradient memory of a layer drops from N*K elements to one tile per running program, and the
+optimizer's second pass over memory (read dW, W, states; write W, states) shrinks to one read and
+one write of W and the states, done while the tile's operands are still on chip.
+
+Cost: the GEMM's 2*T*N*K FLOPs, plus the update's bytes, which for bf16 weights and bf16 states are
+2 + 2*2 bytes read and the same written per element (fp32 states: 2 + 2*4). For T of a few thousand
+the update's bytes take about as long as the matrix work; the epilogue is the part to hide.
+
+Exactness: with fp32 inputs the dot is asked for IEEE fp32 (not tf32), so the update equals
+torch.optim's on the full fp32 gradient up to the order of the sum over T. bf16 inputs use the
+tensor cores with fp32 accumulation, exactly as cuBLAS does.
+
+This kernel updates W and the states in place: it must never be re-run by an autotuner (each run
+would apply another optimizer step). Block shapes come from `_pick_config`, a table measured
+offline (see docs/perf-notes.md).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from forge.kernels import interpreting
+from forge.kernels.update_tile import update_tile
+
+
+@triton.jit
+def _wgrad_update_kernel(
+    w_ptr,  # (N, K) fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) fp32 int8 block scales, updated in place
+    dy_ptr,  # (T, N) bf16 | fp32, gradient of the layer's output, any strides
+    x_ptr,  # (T, K) bf16 | fp32, the layer's input, any strides
+    T, N, K, NUM_GROUPS,
+    stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
+    seed,  # int32 stochastic-rounding seed for this step and tensor
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
+    STOCHASTIC_ROUNDING: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
+    DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP_N: tl.constexpr,  # tiles of N walked together, for L2 reuse of x
+    EPILOGUE_SPLIT: tl.constexpr,  # 1 or 2: update the tile in this many row halves (registers)
+):
+    # Grouped ordering: GROUP_N consecutive programs share a column of x tiles in L2.
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    per_group = GROUP_N * tiles_k
+    first_n = (pid // per_group) * GROUP_N
+    group_rows = min(tiles_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % per_group) % group_rows
+    pid_k = (pid % per_group) // group_rows
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_t = tl.arange(0, BLOCK_T)
+    dy_ptrs = dy_ptr + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
+    x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
+
+    # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t_ok = (t0 + offs_t) < T
+        dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+        x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
+        if UPCAST_DOT:
+            dy = dy.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
+        dy_ptrs += BLOCK_T * stride_dy_t
+        x_ptrs += BLOCK_T * stride_x_t
+
+    # Epilogue: the optimizer update on the finished tile; the gradient dies in registers.
+    if EPILOGUE_SPLIT == 2:
+        top, bottom = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_K)), (1, 2, 0)))
+        update_tile(top, pid_n * BLOCK_N, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N // 2, BLOCK_K)
+        update_tile(bottom, pid_n * BLOCK_N + BLOCK_N // 2, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr,
+                     q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N // 2, BLOCK_K)
+    else:
+        update_tile(acc, pid_n * BLOCK_N, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape of the fused kernel (chosen per problem shape, never by re-running it)."""
+
+    block_n: int
+    block_k: int
+    block_t: int
+    group_n: int = 8
+    epilogue_split: int = 1
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool) -> KernelConfig:
+    if on_interpreter:
+        # Few, small programs: the interpreter's cost is per program and per operation.
+        block_n = 16 if N <= 16 else 32
+        return KernelConfig(block_n=block_n, block_k=64, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
+    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=2, num_warps=8, num_stages=3)
+
+
+def wgrad_update(
+    weight: torch.Tensor,
+    states: tuple,
+    scales: tuple,
+    signed: tuple,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    coefficients: tuple,
+    seed: int,
+    *,
+    rule: str,
+    flags: dict,
+    state_dtype: str,
+    stochastic_rounding: bool,
+    config: KernelConfig | None = None,
+) -> None:
+    """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
+
+    dy: (T, N) and x: (T, K), any strides. `states`, `scales`, `signed`: three slots each (None
+    where the rule has no such state; scales only for int8). Updates `weight`, `states` and
+    `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`.
+    """
+    T, N = dy.shape
+    K = x.shape[1]
+    assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
+    on_interpreter = interpreting()
+    cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter)
+    num_groups = triton.cdiv(K, 64)
+    dummy = weight
+    s = [t if t is not None else dummy for t in states]
+    q = [t if t is not None else dummy for t in scales]
+    grid = (triton.cdiv(N, cfg.block_n) * triton.cdiv(K, cfg.block_k),)
+    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
+    _wgrad_update_kernel[grid](
+        weight, s[0], s[1], s[2], q[0], q[1], q[2], dy, x,
+        T, N, K, num_groups,
+        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
+        *coefficients, seed,
+        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
+        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
+        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
+        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+        UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
+        EPILOGUE_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )

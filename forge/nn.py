@@ -1,0 +1,77 @@
+"""ForgeLinear: an nn.Linear whose backward applies its optimizer step inside the dW GEMM.
+
+Backward of `y = x W^T + b` for x (T, K), W (N, K), dy (T, N), in this order:
+  1. dx = dy W with the OLD weight (cuBLAS), because the next step overwrites W;
+  2. one launch of the fused kernel (`forge.kernels.wgrad_update`): dW accumulates tile by tile in
+     fp32 registers and is consumed there by the optimizer update; W and the states are written
+     back; dW is never stored and the weight's `.grad` stays None;
+  3. the bias gradient dy.sum(0) is returned as usual: a post-accumulate-grad hook on the bias
+     updates it with the element-wise kernel (see `forge.optim`).
+
+Guards. A raw Triton write does not bump a tensor's autograd version counter, so autograd would not
+notice a weight updated twice. The forward records how many updates the weight had; the backward
+refuses to run if that number moved (a second backward through a retained graph, or one weight used
+twice in a graph): applying the step twice, or computing dx from an already-updated weight, would
+silently train something else. Activation checkpointing re-runs only the forward, which has no side
+effects here, so it composes. The launcher runs outside torch.compile graphs
+(`torch.compiler.disable`), since compiled autograd does not expect inputs mutated in backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ForgeLinearFunction(torch.autograd.Function):
+    """y = x W^T + b whose backward updates W in place instead of returning dW."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str):
+        ctx.save_for_backward(x, weight)
+        ctx.optimizer = optimizer
+        ctx.name = name
+        ctx.version = optimizer.version(weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        optimizer = ctx.optimizer
+        if optimizer.version(weight) != ctx.version:
+            raise RuntimeError(
+                f"FORGE: {ctx.name} was already updated since this forward pass. A second backward through "
+                "the same graph (retain_graph=True), or one nn.Linear called twice in a forward, would apply "
+                "the optimizer step twice. FORGE needs one backward per forward and one use of each fused "
+                "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary gradient."
+            )
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = db = None
+        if ctx.needs_input_grad[0]:
+            dx = (dy2 @ weight.to(dy2.dtype)).reshape(x.shape).to(x.dtype)  # old W, before the update
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        _fused_step(optimizer, weight, dy2, x2)
+        return dx, None, db, None, None
+
+
+@torch.compiler.disable
+def _fused_step(optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
+    optimizer.update_linear(weight, dy, x)
+
+
+class ForgeLinear(nn.Linear):
+    """nn.Linear trained by FORGE. `forge.attach` turns nn.Linear modules into this class in place
+    (same parameters, same module object) and `forge.detach` turns them back."""
+
+    _forge_optimizer = None
+    _forge_name = "weight"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        opt = self._forge_optimizer
+        if opt is None or not torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return ForgeLinearFunction.apply(x, self.weight, self.bias, opt, self._forge_name)

@@ -1,0 +1,398 @@
+"""The eight element-wise update rules, written once for Triton and once in plain PyTorch.
+
+FORGE can fuse any optimizer whose update of one weight element depends only on that element's
+gradient, weight and states. Each rule here is split into two halves:
+
+* a host half (`Rule.coefficients`) that turns the param group's hyperparameters and the step
+  count into a handful of floats (bias corrections, NAdam's momentum schedule, RAdam's
+  rectification, SGD's first-step buffer): everything that is the same for every element. These
+  are passed to the kernels as ordinary scalar arguments each step, so a learning-rate scheduler or
+  a new step never recompiles anything, and no `libdevice` power function is needed on the GPU.
+* a device half, a `@triton.jit` function on fp32 tiles (`adamw`, `nadam`, ...), dispatched at
+  compile time by `apply_rule` on the constexpr rule name. The fused weight-gradient kernel and the
+  element-wise kernel both call `apply_rule`, so the two paths cannot drift apart.
+
+`reference_update` is the same arithmetic in PyTorch, element for element, used to check the
+kernels and to document what they compute. The independent oracle is `torch.optim` itself (see
+`forge.baseline`). Hyperparameter names and defaults follow `torch.optim`; Lion follows its paper
+(Chen et al. 2023: lr=1e-4, betas=(0.9, 0.99), decoupled weight decay).
+
+State slots: every rule has up to three state tensors, in fixed slots `s1, s2, s3`, named as
+torch.optim names them (`exp_avg`, `exp_avg_sq`, `momentum_buffer`, ...). A slot is either signed
+(a moment that can be negative) or positive (a running sum of squares); with int8 storage the two
+kinds are quantized differently (see `forge.kernels.quant`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------------------
+# Device half: one @triton.jit function per rule, on fp32 tiles. Arguments after the tensors are
+# the host-computed coefficients, in the order the matching `_coefficients_*` function returns.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def adamw(w, g, m, v, decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step_size):
+    w = w * decay
+    m = m + (g - m) * one_minus_beta1
+    v = v * beta2 + one_minus_beta2 * g * g
+    denom = tl.sqrt_rn(v) * inv_sqrt_bias2 + eps
+    w = w - step_size * tl.div_rn(m, denom)
+    return w, m, v
+
+
+@triton.jit
+def nadam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, inv_bias2, eps, grad_step, moment_step):
+    g = g + coupled_wd * w
+    w = w * decay
+    m = m + (g - m) * one_minus_beta1
+    v = v * beta2 + one_minus_beta2 * g * g
+    denom = tl.sqrt_rn(v * inv_bias2) + eps
+    w = w - grad_step * tl.div_rn(g, denom)
+    w = w - moment_step * tl.div_rn(m, denom)
+    return w, m, v
+
+
+@triton.jit
+def radam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, eps, adaptive_step, plain_step):
+    g = g + coupled_wd * w
+    w = w * decay
+    m = m + (g - m) * one_minus_beta1
+    v = v * beta2 + one_minus_beta2 * g * g
+    # Rectified steps use m / (sqrt(v) + eps); before the variance is tractable RAdam falls back to
+    # plain momentum SGD. The host zeroes one of the two step sizes.
+    w = w - m * (adaptive_step / (tl.sqrt_rn(v) + eps) + plain_step)
+    return w, m, v
+
+
+@triton.jit
+def lion(w, g, m, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, lr):
+    c = beta1 * m + one_minus_beta1 * g
+    update = tl.where(c > 0, 1.0, tl.where(c < 0, -1.0, 0.0))
+    w = w * decay - lr * update
+    m = beta2 * m + one_minus_beta2 * g
+    return w, m
+
+
+@triton.jit
+def rmsprop(w, g, sq, buf, gavg, coupled_wd, alpha, one_minus_alpha, eps, momentum, lr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr):
+    g = g + coupled_wd * w
+    sq = sq * alpha + one_minus_alpha * g * g
+    if CENTERED:
+        gavg = gavg + (g - gavg) * one_minus_alpha
+        avg = tl.sqrt_rn(sq - gavg * gavg) + eps
+    else:
+        avg = tl.sqrt_rn(sq) + eps
+    if HAS_MOMENTUM:
+        buf = buf * momentum + tl.div_rn(g, avg)
+        w = w - lr * buf
+    else:
+        w = w - lr * tl.div_rn(g, avg)
+    return w, sq, buf, gavg
+
+
+@triton.jit
+def adagrad(w, g, ssum, coupled_wd, eps, clr):
+    g = g + coupled_wd * w
+    ssum = ssum + g * g
+    w = w - clr * tl.div_rn(g, tl.sqrt_rn(ssum) + eps)
+    return w, ssum
+
+
+@triton.jit
+def sgd(w, g, buf, coupled_wd, buf_decay, grad_scale, grad_keep, buf_mix, lr, HAS_MOMENTUM: tl.constexpr):
+    g = g + coupled_wd * w
+    if HAS_MOMENTUM:
+        # First step: buf = g (buf_decay=0, grad_scale=1); then buf = momentum*buf + (1-dampening)*g.
+        buf = buf * buf_decay + grad_scale * g
+        # Nesterov: g + momentum*buf (grad_keep=1, buf_mix=momentum); plain: buf (0, 1).
+        g = g * grad_keep + buf * buf_mix
+    w = w - lr * g
+    return w, buf
+
+
+@triton.jit
+def apply_rule(
+    w, g, s1, s2, s3,  # fp32 tiles of one shape: weight, gradient, state slots (unused slots: any)
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 scalars from Rule.coefficients, padded with zeros
+    RULE: tl.constexpr,  # rule name
+    HAS_MOMENTUM: tl.constexpr,  # sgd / rmsprop with momentum != 0
+    CENTERED: tl.constexpr,  # rmsprop centered
+):
+    """One update on fp32 tiles; returns the new (w, s1, s2, s3). Chosen at compile time."""
+    if RULE == "adamw":
+        w, s1, s2 = adamw(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6)
+    elif RULE == "nadam":
+        w, s1, s2 = nadam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8)
+    elif RULE == "radam":
+        w, s1, s2 = radam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7)
+    elif RULE == "lion":
+        w, s1 = lion(w, g, s1, h0, h1, h2, h3, h4, h5)
+    elif RULE == "rmsprop":
+        w, s1, s2, s3 = rmsprop(w, g, s1, s2, s3, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM, CENTERED)
+    elif RULE == "adagrad":
+        w, s1 = adagrad(w, g, s1, h0, h1, h2)
+    else:
+        tl.static_assert(RULE == "sgd", "unknown FORGE rule")
+        w, s1 = sgd(w, g, s1, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM)
+    return w, s1, s2, s3
+
+
+# ----------------------------------------------------------------------------------------------
+# Host half: hyperparameters -> per-step coefficients.
+# ----------------------------------------------------------------------------------------------
+
+NUM_COEFFICIENTS = 9
+
+
+def _coefficients_adamw(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    beta1, beta2 = h["betas"]
+    bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+    return (1 - h["lr"] * h["weight_decay"], 1 - beta1, beta2, 1 - beta2, 1 / math.sqrt(bias2), h["eps"], h["lr"] / bias1)
+
+
+def _split_weight_decay(h: dict) -> tuple[float, float]:
+    """(multiplier on w, coefficient added to g) for rules with a `decoupled_weight_decay` switch."""
+    if h.get("decoupled_weight_decay", False):
+        return 1 - h["lr"] * h["weight_decay"], 0.0
+    return 1.0, h["weight_decay"]
+
+
+def _coefficients_nadam(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    beta1, beta2 = h["betas"]
+    decay, coupled = _split_weight_decay(h)
+    mu = beta1 * (1.0 - 0.5 * 0.96 ** (step * h["momentum_decay"]))
+    mu_next = beta1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * h["momentum_decay"]))
+    st["mu_product"] = mu_product = st["mu_product"] * mu
+    grad_step = h["lr"] * (1.0 - mu) / (1.0 - mu_product)
+    moment_step = h["lr"] * mu_next / (1.0 - mu_product * mu_next)
+    return (decay, coupled, 1 - beta1, beta2, 1 - beta2, 1 / (1 - beta2**step), h["eps"], grad_step, moment_step)
+
+
+def _coefficients_radam(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    beta1, beta2 = h["betas"]
+    decay, coupled = _split_weight_decay(h)
+    bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+    rho_inf = 2 / (1 - beta2) - 1
+    rho_t = rho_inf - 2 * step * (beta2**step) / bias2
+    if rho_t > 5.0:
+        rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+        adaptive, plain = h["lr"] * rect * math.sqrt(bias2) / bias1, 0.0
+    else:
+        adaptive, plain = 0.0, h["lr"] / bias1
+    return (decay, coupled, 1 - beta1, beta2, 1 - beta2, h["eps"], adaptive, plain)
+
+
+def _coefficients_lion(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    beta1, beta2 = h["betas"]
+    return (1 - h["lr"] * h["weight_decay"], beta1, beta2, 1 - beta1, 1 - beta2, h["lr"])
+
+
+def _coefficients_rmsprop(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    return (h["weight_decay"], h["alpha"], 1 - h["alpha"], h["eps"], h["momentum"], h["lr"])
+
+
+def _coefficients_adagrad(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    return (h["weight_decay"], h["eps"], h["lr"] / (1 + (step - 1) * h["lr_decay"]))
+
+
+def _coefficients_sgd(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    momentum = h["momentum"]
+    first = step == 1
+    buf_decay, grad_scale = (0.0, 1.0) if first else (momentum, 1 - h["dampening"])
+    grad_keep, buf_mix = (1.0, momentum) if h["nesterov"] else (0.0, 1.0)
+    return (h["weight_decay"], buf_decay, grad_scale, grad_keep, buf_mix, h["lr"])
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch half: the same element-wise arithmetic, for checking the kernels and as documentation.
+# ----------------------------------------------------------------------------------------------
+
+
+def _ref_adamw(w, g, s, c, flags):
+    decay, omb1, b2, omb2, inv_sqrt_bias2, eps, step_size = c
+    w = w * decay
+    s[0] = s[0] + (g - s[0]) * omb1
+    s[1] = s[1] * b2 + omb2 * g * g
+    return w - step_size * s[0] / (s[1].sqrt() * inv_sqrt_bias2 + eps)
+
+
+def _ref_nadam(w, g, s, c, flags):
+    decay, coupled, omb1, b2, omb2, inv_bias2, eps, grad_step, moment_step = c
+    g = g + coupled * w
+    w = w * decay
+    s[0] = s[0] + (g - s[0]) * omb1
+    s[1] = s[1] * b2 + omb2 * g * g
+    denom = (s[1] * inv_bias2).sqrt() + eps
+    return w - grad_step * g / denom - moment_step * s[0] / denom
+
+
+def _ref_radam(w, g, s, c, flags):
+    decay, coupled, omb1, b2, omb2, eps, adaptive, plain = c
+    g = g + coupled * w
+    w = w * decay
+    s[0] = s[0] + (g - s[0]) * omb1
+    s[1] = s[1] * b2 + omb2 * g * g
+    return w - s[0] * (adaptive / (s[1].sqrt() + eps) + plain)
+
+
+def _ref_lion(w, g, s, c, flags):
+    decay, b1, b2, omb1, omb2, lr = c
+    update = torch.sign(b1 * s[0] + omb1 * g)
+    s[0] = b2 * s[0] + omb2 * g
+    return w * decay - lr * update
+
+
+def _ref_rmsprop(w, g, s, c, flags):
+    coupled, alpha, oma, eps, momentum, lr = c
+    g = g + coupled * w
+    s[0] = s[0] * alpha + oma * g * g
+    if flags["centered"]:
+        s[2] = s[2] + (g - s[2]) * oma
+        avg = (s[0] - s[2] * s[2]).sqrt() + eps
+    else:
+        avg = s[0].sqrt() + eps
+    if flags["momentum"]:
+        s[1] = s[1] * momentum + g / avg
+        return w - lr * s[1]
+    return w - lr * g / avg
+
+
+def _ref_adagrad(w, g, s, c, flags):
+    coupled, eps, clr = c
+    g = g + coupled * w
+    s[0] = s[0] + g * g
+    return w - clr * g / (s[0].sqrt() + eps)
+
+
+def _ref_sgd(w, g, s, c, flags):
+    coupled, buf_decay, grad_scale, grad_keep, buf_mix, lr = c
+    g = g + coupled * w
+    if flags["momentum"]:
+        s[0] = s[0] * buf_decay + grad_scale * g
+        g = g * grad_keep + s[0] * buf_mix
+    return w - lr * g
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateSlot:
+    """One optimizer-state tensor: its torch.optim name and whether it can be negative."""
+
+    name: str
+    signed: bool
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An element-wise update rule: defaults, state slots, host coefficients, PyTorch reference."""
+
+    name: str
+    defaults: dict[str, Any]
+    slots: Callable[[dict], tuple[StateSlot | None, StateSlot | None, StateSlot | None]]
+    coefficients_fn: Callable[[dict, int, dict], tuple[float, ...]]
+    reference_fn: Callable
+    host_state: dict[str, float] = field(default_factory=dict)  # scalar per-param state, e.g. NAdam's mu_product
+
+    def coefficients(self, hparams: dict, step: int, host_state: dict) -> tuple[float, ...]:
+        """The kernel's scalar arguments for this step, padded to NUM_COEFFICIENTS."""
+        c = tuple(float(x) for x in self.coefficients_fn(hparams, step, host_state))
+        return c + (0.0,) * (NUM_COEFFICIENTS - len(c))
+
+    def flags(self, hparams: dict) -> dict[str, bool]:
+        return {"momentum": hparams.get("momentum", 0) != 0, "centered": bool(hparams.get("centered", False))}
+
+
+_SIGNED = {n: StateSlot(n, True) for n in ("exp_avg", "momentum_buffer", "grad_avg")}
+_POSITIVE = {n: StateSlot(n, False) for n in ("exp_avg_sq", "square_avg", "sum")}
+_ADAM_SLOTS = (_SIGNED["exp_avg"], _POSITIVE["exp_avg_sq"], None)
+
+
+def _rmsprop_slots(h: dict):
+    return (
+        _POSITIVE["square_avg"],
+        _SIGNED["momentum_buffer"] if h["momentum"] != 0 else None,
+        _SIGNED["grad_avg"] if h["centered"] else None,
+    )
+
+
+RULES: dict[str, Rule] = {
+    r.name: r
+    for r in (
+        Rule("adamw", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+             lambda h: _ADAM_SLOTS, _coefficients_adamw, _ref_adamw),
+        Rule("nadam", dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+                           decoupled_weight_decay=False),
+             lambda h: _ADAM_SLOTS, _coefficients_nadam, _ref_nadam, host_state={"mu_product": 1.0}),
+        Rule("radam", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False),
+             lambda h: _ADAM_SLOTS, _coefficients_radam, _ref_radam),
+        Rule("lion", dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
+             lambda h: (_SIGNED["exp_avg"], None, None), _coefficients_lion, _ref_lion),
+        Rule("rmsprop", dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False),
+             _rmsprop_slots, _coefficients_rmsprop, _ref_rmsprop),
+        Rule("adagrad", dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10),
+             lambda h: (_POSITIVE["sum"], None, None), _coefficients_adagrad, _ref_adagrad),
+        Rule("sgd", dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
+             lambda h: (_SIGNED["momentum_buffer"] if h["momentum"] != 0 else None, None, None),
+             _coefficients_sgd, _ref_sgd),
+    )
+}  # fmt: skip
+
+# torch.optim arguments FORGE accepts but that change nothing here, and ones it cannot honour.
+IGNORED_OPTIONS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+UNSUPPORTED_OPTIONS = {
+    "amsgrad": "AMSGrad keeps a running max that FORGE does not implement; use adamw without it",
+    "maximize": "maximize is not implemented; negate your loss instead",
+}
+
+
+def get_rule(name: str) -> Rule:
+    """The rule called `name`, or a ValueError that lists the valid names."""
+    try:
+        return RULES[name.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown FORGE rule {name!r}; choose one of: {', '.join(RULES)}") from None
+
+
+def resolve_hparams(rule: Rule, hparams: dict) -> dict:
+    """Fill torch.optim's defaults and reject options the rule does not have, with what to do."""
+    for key, why in UNSUPPORTED_OPTIONS.items():
+        if hparams.get(key):
+            raise ValueError(f"{rule.name}: {key}=True is not supported by FORGE ({why})")
+    unknown = set(hparams) - set(rule.defaults) - IGNORED_OPTIONS - set(UNSUPPORTED_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"{rule.name} got unexpected hyperparameter(s) {sorted(unknown)}; "
+            f"valid ones: {', '.join(rule.defaults)}"
+        )
+    out = dict(rule.defaults)
+    out.update({k: v for k, v in hparams.items() if k in rule.defaults})
+    out["lr"] = float(out["lr"])
+    if "betas" in out:
+        out["betas"] = tuple(float(b) for b in out["betas"])
+    if rule.name == "sgd" and out["nesterov"] and (out["momentum"] <= 0 or out["dampening"] != 0):
+        raise ValueError("sgd: nesterov=True requires momentum > 0 and dampening = 0 (as torch.optim.SGD)")
+    if out["lr"] < 0:
+        raise ValueError(f"{rule.name}: invalid learning rate {out['lr']} (must be >= 0)")
+    return out
+
+
+def reference_update(
+    rule: Rule, hparams: dict, w: torch.Tensor, g: torch.Tensor, states: list, coefficients: tuple
+) -> torch.Tensor:
+    """The kernels' arithmetic in fp32 PyTorch: returns the new weight, updates `states` in place."""
+    fn = rule.reference_fn
+    return fn(w.float(), g.float(), states, coefficients, rule.flags(hparams))
