@@ -1,0 +1,205 @@
+"""Typed configs: the dataclass schema behind conf/, composition, and validation before any work.
+
+`conf/config.yaml` starts from `base_config`, the `Config` dataclass registered in Hydra's
+ConfigStore, and fills its groups from `conf/model/`, `conf/method/`, `conf/gpu/` (and
+`conf/exp/` when asked with `+exp=NAME`). Because the schema is a dataclass, OmegaConf rejects a
+key that is not in it and a value of the wrong type while composing. `validate` then checks what
+types cannot say (choices, ranges, method options against each method's own `Options`
+dataclass). Every error is a `ConfigError` that names the bad key or value and the valid choices,
+raised before any model is built or any GPU time spent.
+
+We use Hydra's compose API rather than `@hydra.main`: the CLI has subcommands, runs no Hydra
+multirun, and writes no `outputs/` directory. A point's resolved config travels to its worker
+subprocess as plain JSON (`to_dict`) and is re-validated there (`from_dict`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+DTYPES = ("bf16", "fp32")
+DEVICES = ("auto", "cuda", "cpu")
+FAMILIES = ("llama", "qwen3")
+SWEEP_MODES = ("grid", "capacity")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: bad key, bad value, unknown choice. The message says which."""
+
+
+@dataclass
+class ModelConfig:
+    """A transformers decoder built from its architecture numbers (random init, no download)."""
+
+    name: str = MISSING
+    family: str = MISSING  # one of FAMILIES
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_hidden_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    vocab_size: int = MISSING
+    head_dim: int | None = None
+    max_position_embeddings: int = 8192
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    path: str | None = None  # a local checkpoint directory: load its weights instead of random init
+
+
+@dataclass
+class MethodConfig:
+    """One training method: `name` picks the implementation, `options` are its own settings."""
+
+    name: str = MISSING  # a key of harness.methods.REGISTRY, or "package.module:Class"
+    label: str = MISSING  # unique within a sweep; by convention the conf/method file name
+    lr: float = 1e-4
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GpuConfig:
+    """The card a point is measured as: the real one, or a smaller one emulated by a memory cap."""
+
+    name: str = MISSING
+    memory_cap_gib: float | None = None  # cap via torch.cuda.set_per_process_memory_fraction
+    peak_tflops: float | None = None  # dense bf16 peak for MFU; None: look up the detected GPU
+
+
+@dataclass
+class SweepConfig:
+    """Which points a sweep runs. Empty lists mean "just the value composed at the top level"."""
+
+    name: str = "adhoc"
+    mode: str = "grid"  # grid: every combination; capacity: largest batch that fits, by bisection
+    methods: list[str] = field(default_factory=list)  # conf/method names
+    models: list[str] = field(default_factory=list)  # conf/model names
+    batch_sizes: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    activation_checkpointing: list[bool] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)  # fnmatch patterns on point ids to leave out
+    max_batch_size: int = 64  # capacity mode: stop doubling here
+    scratch: bool = False  # results_dir is throwaway: the harness puts a .gitignore in it
+
+
+@dataclass
+class Config:
+    """One point (and, through `sweep`, the grid it belongs to)."""
+
+    model: ModelConfig = MISSING
+    method: MethodConfig = MISSING
+    gpu: GpuConfig = MISSING
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    batch_size: int = 1
+    seq_len: int = 1024
+    steps: int = 20  # warm-up included
+    warmup_steps: int = 5
+    activation_checkpointing: bool = False
+    dtype: str = "bf16"  # weight dtype, one of DTYPES
+    device: str = "auto"  # one of DEVICES
+    seed: int = 0
+    timeout_s: float = 1800.0  # per point, then status=error
+    check_training: bool = True  # require that parameters moved and the loss fell
+    results_dir: str = "results"
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def group_choices(group: str) -> list[str]:
+    """The names available in one conf/ group, e.g. group_choices("method")."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _valid_keys_hint(message: str) -> str:
+    """For "Key 'x' is not in struct" errors, list the keys valid at that level."""
+    match = re.search(r"full_key: ([\w.]+)", message)
+    if not match or "not in struct" not in message:
+        return ""
+    *parents, key = match.group(1).split(".")
+    node: Any = OmegaConf.structured(Config)
+    for part in parents:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return ""
+    keys = list(node.keys())
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f"\nValid keys here: {', '.join(keys)}"
+    return hint + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose conf/config.yaml with Hydra overrides, then validate. Raises ConfigError."""
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        message = str(e)
+        raise ConfigError(message + _valid_keys_hint(message)) from None
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def _positive(key: str, value: int | float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{key}={value} must be positive")
+
+
+def _validate_sweep(sweep: Any) -> None:
+    _choice("sweep.mode", sweep.mode, SWEEP_MODES)
+    for group, names in (("method", sweep.methods), ("model", sweep.models)):
+        for name in names:
+            _choice(f"sweep.{group}s entry", name, group_choices(group))
+    for b in sweep.batch_sizes:
+        _positive("sweep.batch_sizes entry", b)
+    for s in sweep.seq_lens:
+        _positive("sweep.seq_lens entry", s)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the types cannot: choices, ranges, the method and its options. Raises ConfigError."""
+    from harness import methods
+
+    _choice("dtype", cfg.dtype, DTYPES)
+    _choice("device", cfg.device, DEVICES)
+    _choice("model.family", cfg.model.family, FAMILIES)
+    for key in ("batch_size", "seq_len", "steps", "timeout_s"):
+        _positive(key, cfg[key])
+    _positive("gpu.memory_cap_gib", cfg.gpu.memory_cap_gib)
+    if not 0 <= cfg.warmup_steps < cfg.steps:
+        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
+    _validate_sweep(cfg.sweep)
+    methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain JSON-able data (what a record stores and a worker receives)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def from_dict(data: dict[str, Any]) -> DictConfig:
+    """Rebuild and re-validate a config from `to_dict`'s output (in the worker subprocess)."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), data)
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(e)) from None
+    validate(cfg)  # type: ignore[arg-type]
+    return cfg  # type: ignore[return-value]

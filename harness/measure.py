@@ -1,0 +1,167 @@
+"""Measuring a step: timers, memory peaks (torch and NVML), and the memory breakdown by pool.
+
+Time. On CUDA, a pair of CUDA events brackets each whole step (forward, backward, update); the
+loss is read after each step (a sync, outside the bracket) to catch divergence. On a CPU,
+`time.perf_counter` brackets the step. Warm-up steps are timed too but dropped from the statistics.
+
+Memory. `torch.cuda.max_memory_allocated/reserved` after `reset_peak_memory_stats` give the
+allocator's peaks; an `NvmlSampler` thread polls the device's used memory every few milliseconds
+for the device-level peak, which also holds the CUDA context and anything outside the allocator.
+On a CPU these figures do not exist and are recorded as null. The breakdown sums the tensors
+themselves: weights (parameters), optimizer states (what the optimizer holds, tensor subclasses
+and helper objects walked down to their storages), gradients (modelled per method, see
+`methods.base`), and activations-and-the-rest = peak allocated minus the other three.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+GIB = 2**30
+
+
+def gib(n_bytes: float | None) -> float | None:
+    return None if n_bytes is None else n_bytes / GIB
+
+
+def timed_steps(step: Callable[[], torch.Tensor], n: int, device: str) -> tuple[list[float], list[float]]:
+    """Run `step` n times; return (losses, step times in ms). Stops early on a non-finite loss."""
+    losses: list[float] = []
+    times: list[float] = []
+    for _ in range(n):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            loss = step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(float(loss))
+        if not torch.isfinite(torch.tensor(losses[-1])):
+            break
+    return losses, times
+
+
+def time_stats(times_ms: list[float]) -> dict[str, float | None]:
+    """Median, min and 90th percentile of step times (None when there are none)."""
+    if not times_ms:
+        return {"step_time_ms_median": None, "step_time_ms_min": None, "step_time_ms_p90": None}
+    ordered = sorted(times_ms)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {
+        "step_time_ms_median": statistics.median(ordered),
+        "step_time_ms_min": ordered[0],
+        "step_time_ms_p90": p90,
+    }
+
+
+class NvmlSampler:
+    """Polls NVML's used-memory figure for one device in a background thread; keeps the peak.
+
+    `baseline_bytes` is read at construction: create it before this process touches CUDA, so
+    the baseline excludes this point's CUDA context. Unavailable NVML gives None everywhere.
+    """
+
+    def __init__(self, index: int = 0, period_s: float = 0.005) -> None:
+        self.period_s = period_s
+        self.peak_bytes: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.baseline_bytes: int | None = self._used()
+        except Exception:
+            self._nvml = None
+            self.baseline_bytes = None
+
+    def _used(self) -> int:
+        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes or 0, self._used())
+            time.sleep(self.period_s)
+
+    def start(self) -> NvmlSampler:
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> int | None:
+        """Stop polling; return the peak in bytes (None without NVML)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes or 0, self._used())
+        return self.peak_bytes
+
+
+def _storages(obj: Any, seen: set[int]) -> Iterable[int]:
+    """Yield the byte size of every storage reachable from obj, each once (by data pointer)."""
+    if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor:
+            names, _ = obj.__tensor_flatten__()  # tensor subclass (torchao): count its inner tensors
+            for name in names:
+                yield from _storages(getattr(obj, name), seen)
+            return
+        storage = obj.untyped_storage()
+        key = storage.data_ptr() if storage.data_ptr() else id(storage)
+        if key not in seen:
+            seen.add(key)
+            yield storage.nbytes()
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _storages(value, seen)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from _storages(value, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for value in vars(obj).values():  # helper objects holding tensors (FlashOptim's states)
+            if isinstance(value, torch.Tensor | dict | list | tuple):
+                yield from _storages(value, seen)
+
+
+def nbytes(objs: Iterable[Any]) -> int:
+    """Total bytes of the distinct storages behind tensors, tensor subclasses and containers."""
+    seen: set[int] = set()
+    return sum(n for obj in objs for n in _storages(obj, seen))
+
+
+def cuda_peaks(device: str) -> dict[str, int | None]:
+    """Allocator peaks since the last reset (None on a CPU)."""
+    if device != "cuda":
+        return {"peak_alloc": None, "peak_reserved": None}
+    return {
+        "peak_alloc": torch.cuda.max_memory_allocated(),
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+    }
+
+
+def breakdown(
+    weights: int, grads: int | None, states: int, peak_alloc: int | None
+) -> dict[str, float | None]:
+    """The memory pools in GiB; activations (and the rest) only where the peak is known."""
+    rest = None
+    if peak_alloc is not None and grads is not None:
+        rest = peak_alloc - weights - grads - states  # negative would expose a wrong grads model
+    return {
+        "weights_gib": gib(weights),
+        "grads_gib": gib(grads),
+        "optimizer_state_gib": gib(states),
+        "activations_gib": gib(rest),
+    }

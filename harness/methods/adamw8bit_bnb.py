@@ -1,0 +1,41 @@
+"""bitsandbytes AdamW8bit: block-wise (256) dynamic 8-bit quantized moments, a standard step().
+
+Called as its README says: `bnb.optim.AdamW8bit(model.parameters(), lr=...)`. Gradients all exist
+at once before `step()`, like fused AdamW; only the states shrink (2 bytes per parameter plus
+scales instead of 4). Its step synchronizes the GPU after every parameter (0.44+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.methods.base import Method, state_tensors_of
+
+
+@dataclass
+class BnbOptions:
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+class BnbAdamW8bit(Method):
+    name = "adamw8bit_bnb"
+    Options = BnbOptions
+    requires = ("bitsandbytes",)
+    needs_cuda = "bitsandbytes' 8-bit optimizers are compared on CUDA only"
+
+    def setup(self) -> None:
+        import bitsandbytes as bnb
+
+        o = self.options
+        self.opt = bnb.optim.AdamW8bit(
+            self.params(), lr=self.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+
+    def update(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def optimizer_state_tensors(self):
+        return state_tensors_of(self.opt)

@@ -1,0 +1,114 @@
+"""The one interface every training method implements, and the helpers they share.
+
+A method turns "a model and a batch" into "a trained step". The runner calls, in order:
+
+    reason = Method.unavailable_reason(device)   # cheap (no heavy imports): None if it can run
+    m = Method(model, lr, options, device)       # options: an instance of the method's Options
+    m.setup()                                    # build the optimizer, register hooks
+    loss = m.step(input_ids)                     # forward, backward and update; returns the loss
+    m.optimizer_state_tensors()                  # for the memory breakdown
+    m.gradient_bytes()                           # peak gradient bytes alive at once, by design
+
+`gradient_bytes` is modelled from the parameters' sizes and the method's design (all gradients
+at once, one parameter's at a time, none), because a gradient that lives inside a backward hook
+cannot be observed from outside without perturbing the timed step. Everything else is measured.
+
+Hooks are kept on `self` on purpose: a hook handle that is garbage-collected takes its hook with
+it, and the method then trains nothing while looking fast (DESIGN.md, "Measuring").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass
+class NoOptions:
+    """For methods without options."""
+
+
+class Method:
+    """Base class: override `setup` and `update`/`step`; declare the class attributes."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    requires: ClassVar[tuple[str, ...]] = ()  # import names that must be installed
+    needs_cuda: ClassVar[str | None] = None  # why it cannot run without CUDA, if it cannot
+    trains: ClassVar[bool] = True  # False for the no-optimizer floor: skip the "did it train" check
+
+    def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
+        self.model = model
+        self.lr = lr
+        self.options = options
+        self.device = device
+        self.notes: list[str] = []
+        self.hooks: list[Any] = []
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        """None when this method can run here; else why not (missing package, needs CUDA)."""
+        for package in cls.requires:
+            if importlib.util.find_spec(package) is None:
+                return f"{package} is not installed (pip install 'forge-bench[baselines]')"
+        if cls.needs_cuda and device != "cuda":
+            return cls.needs_cuda
+        return None
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def setup(self) -> None:
+        """Build optimizers and register hooks. Called once, before the first step."""
+
+    def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Causal-LM loss of the batch against itself (labels are shifted inside the model)."""
+        return self.model(input_ids=input_ids, labels=input_ids).loss
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One whole training step. Default: forward, backward, then `update()`."""
+        loss = self.loss(input_ids)
+        loss.backward()
+        self.update()
+        return loss.detach()
+
+    def update(self) -> None:
+        """Apply the update after backward (methods that update in backward leave this empty)."""
+
+    def optimizer_state_tensors(self) -> Iterable[Any]:
+        """Every tensor of optimizer state, or object holding some (master weights count here)."""
+        return ()
+
+    def gradient_bytes(self) -> int:
+        """Peak bytes of gradients alive at once. Default: every trainable parameter's gradient."""
+        return sum(p.numel() * p.element_size() for p in self.params())
+
+    def master_weights(self) -> str:
+        """The precision of the weights the update is applied to (recorded as master_weights)."""
+        dtypes = {p.dtype for p in self.params()}
+        return "+".join(sorted(_DTYPE_NAMES.get(d, str(d)) for d in dtypes))
+
+    def method_options(self) -> dict[str, Any]:
+        """What the record stores as method_options (the resolved options plus lr)."""
+        from dataclasses import asdict
+
+        return {"lr": self.lr, **asdict(self.options)}
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+
+
+def largest_param_bytes(params: Iterable[torch.Tensor]) -> int:
+    """Bytes of the largest parameter: the gradient peak of one-parameter-at-a-time methods."""
+    return max((p.numel() * p.element_size() for p in params), default=0)
+
+
+def state_tensors_of(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
+    """The values in a torch.optim-style optimizer's `state`: tensors (step counters included)
+    and any helper objects holding tensors (FlashOptim's); `measure.nbytes` walks both."""
+    for state in optimizer.state.values():
+        yield from state.values()

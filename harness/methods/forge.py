@@ -1,0 +1,83 @@
+"""FORGE: `forge.attach(model, rule, ...)`, the update fused into each linear layer's dW GEMM.
+
+Each backward is the optimizer step: the weight gradient of an nn.Linear lives only in registers,
+tile by tile, and never in memory; every other parameter (embeddings, norms) is updated from a
+post-accumulate-grad hook, one gradient at a time. `opt.step()` and `zero_grad()` are no-ops, so
+this method's `update()` is empty. Options pick the rule (adamw nadam radam lion rmsprop adagrad
+sgd), the state dtype (fp32, bf16, int8 with one absmax scale per 64) and stochastic rounding
+of bf16 weights; `hparams` go to the rule as torch.optim names them (betas, eps, weight_decay...).
+On a CPU the kernels run in the Triton interpreter: slow, so keep CPU points tiny.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.methods import check_choice
+from harness.methods.base import Method, largest_param_bytes, state_tensors_of
+
+RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
+STATE_DTYPES = ("fp32", "bf16", "int8")
+
+
+@dataclass
+class ForgeOptions:
+    rule: str = "adamw"
+    state_dtype: str = "bf16"
+    stochastic_rounding: bool = True
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("rule", self.rule, RULES)
+        check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
+
+
+class Forge(Method):
+    name = "forge"
+    Options = ForgeOptions
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        try:
+            import forge
+        except Exception as e:  # an import error of any kind: forge is not usable here
+            return f"forge cannot be imported: {type(e).__name__}: {e}"
+        if not hasattr(forge, "attach"):
+            return "forge.attach is not available in this checkout"
+        return None
+
+    def setup(self) -> None:
+        import forge
+
+        self.fused_ids = _fused_weight_ids(self.model)  # before attach swaps the modules
+        o = self.options
+        hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in o.hparams.items()}
+        self.opt = forge.attach(
+            self.model,
+            o.rule,
+            lr=self.lr,
+            state_dtype=o.state_dtype,
+            stochastic_rounding=o.stochastic_rounding,
+            **hparams,
+        )
+
+    def optimizer_state_tensors(self):
+        return state_tensors_of(self.opt)
+
+    def gradient_bytes(self) -> int:
+        return largest_param_bytes(p for p in self.params() if id(p) not in self.fused_ids)
+
+    def master_weights(self) -> str:
+        base = super().master_weights()
+        return f"{base}+sr" if base == "bf16" and self.options.stochastic_rounding else base
+
+
+def _fused_weight_ids(model: torch.nn.Module) -> set[int]:
+    """Ids of the weights whose gradient FORGE never materializes: nn.Linear weights not tied to
+    an embedding (a tied weight also gets the embedding's gradient, through a hook)."""
+    embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return linear - embedding

@@ -1,0 +1,51 @@
+"""torch.optim.AdamW with fused=True: the usual way to train, and the baseline of every ratio.
+
+All gradients exist at once between backward and `step()`, so its peak holds weights, gradients
+and both moments together. On a machine without CUDA the fused kernel is not what we compare, so
+the point runs the plain (for-each) AdamW and says so in its notes and method_options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.methods.base import Method, state_tensors_of
+
+
+@dataclass
+class AdamWOptions:
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+class FusedAdamW(Method):
+    name = "fused_adamw"
+    Options = AdamWOptions
+
+    def setup(self) -> None:
+        fused = self.device == "cuda"
+        if not fused:
+            self.notes.append("no CUDA: plain torch.optim.AdamW (foreach) instead of fused=True")
+        self.fused = fused
+        o = self.options
+        self.opt = torch.optim.AdamW(
+            self.params(),
+            lr=self.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            fused=fused,
+        )
+
+    def update(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def optimizer_state_tensors(self):
+        return state_tensors_of(self.opt)
+
+    def method_options(self):
+        return {**super().method_options(), "fused": self.fused}

@@ -1,0 +1,86 @@
+"""Models: transformers decoders built from their real architecture numbers, random init.
+
+`conf/model/*.yaml` holds each architecture's numbers (Llama-3.1-8B, Qwen3 0.6B to 14B, and tiny
+variants for CPU tests); `build` makes the transformers config from them and instantiates the
+model directly on the target device in the target dtype, so an 8B model never passes through
+host memory and nothing is downloaded. A `path` loads real weights from a local checkpoint
+instead. Attention is SDPA. Activation checkpointing uses transformers' non-reentrant checkpoint
+around each decoder layer.
+
+Batches are random token ids, the same batch every step: a benchmark measures speed and memory,
+and a fixed batch makes "the loss fell" a reliable check that the method trained at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
+
+from harness.config import ModelConfig
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def hf_config(cfg: ModelConfig) -> PretrainedConfig:
+    """The transformers config for an architecture entry of conf/model/."""
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[cfg.family]
+    kwargs = dict(
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        use_cache=False,
+    )
+    if cfg.head_dim is not None:
+        kwargs["head_dim"] = cfg.head_dim
+    return cls(**kwargs)
+
+
+def build(
+    cfg: ModelConfig, dtype: str, device: str, activation_checkpointing: bool = False, seed: int = 0
+) -> torch.nn.Module:
+    """Instantiate the model on `device` in `dtype`, in training mode."""
+    torch.manual_seed(seed)
+    torch_dtype = TORCH_DTYPES[dtype]
+    if cfg.path:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.path, dtype=torch_dtype, attn_implementation="sdpa", device_map=device
+        )
+    else:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                hf_config(cfg), dtype=torch_dtype, attn_implementation="sdpa"
+            )
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()
+
+
+def n_params(model: torch.nn.Module) -> int:
+    """Parameter count, tied weights once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per non-embedding parameter plus attention's 12*L*H*S
+    (PaLM's appendix B; recomputation under activation checkpointing is not counted)."""
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    attention = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * _head_dim(cfg) * seq_len
+    return 6 * (n_params(model) - embedding) + attention
+
+
+def _head_dim(cfg: ModelConfig) -> int:
+    return cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+
+
+def random_batch(vocab_size: int, batch_size: int, seq_len: int, device: str, seed: int = 0) -> torch.Tensor:
+    """Token ids [batch_size, seq_len], reproducible from the seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch_size, seq_len), generator=g).to(device)

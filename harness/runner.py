@@ -1,0 +1,201 @@
+"""One sweep point, in this process: build, train a few steps, measure, check, make a record.
+
+    record = run_point(cfg, point="fused_adamw/llama3.1-8b/b1/s1024/h200")
+
+The procedure: resolve the device (and the memory cap of an emulated card), stamp the
+environment, stop early with `unavailable` if the method cannot run here, build the model and the
+method, then time `cfg.steps` whole steps from a fixed batch, with the allocator and NVML peaks
+around them. A method that trains must have moved its parameters and lowered the loss; if not,
+the point is an `error` however fast it was. OOM is a result (`oom`), a NaN or inf loss is
+`diverged`, any other exception is `error` with its message. The worker subprocess
+(`harness.worker`) wraps this so that nothing carries from one point to the next.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import traceback
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from harness import config as config_mod
+from harness import env, measure, methods, models, results
+from harness.measure import GIB, gib
+
+# Dense bf16 tensor-core peaks (TFLOP/s) for MFU, by a substring of the GPU's name.
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+SNAPSHOT_ELEMENTS = 4096  # per parameter, to check that it moved
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def peak_tflops(cfg: DictConfig, gpu_name: str | None) -> float | None:
+    if cfg.gpu.peak_tflops is not None:
+        return float(cfg.gpu.peak_tflops)
+    return next((v for k, v in PEAK_TFLOPS.items() if gpu_name and k in gpu_name), None)
+
+
+def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
+    """The fields known before anything runs."""
+    r = results.empty_record()
+    r.update(
+        sweep=cfg.sweep.name,
+        point=point,
+        sweep_mode=cfg.sweep.mode,
+        time=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        method=cfg.method.name,
+        method_label=cfg.method.label,
+        method_options={"lr": cfg.method.lr, **config_mod.to_dict(cfg.method.options)},
+        model=cfg.model.name,
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len,
+        activation_checkpointing=cfg.activation_checkpointing,
+        gpu=cfg.gpu.name,
+        device=device,
+        memory_cap_gib=cfg.gpu.memory_cap_gib,
+        emulated=cfg.gpu.memory_cap_gib is not None,
+        steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps,
+        dtype=cfg.dtype,
+        notes=[],
+        config=config_mod.to_dict(cfg),
+    )
+    return r
+
+
+def apply_memory_cap(cap_gib: float | None, device: str) -> str | None:
+    """Cap this process's CUDA allocator to emulate a smaller card; returns a note if it cannot."""
+    if cap_gib is None:
+        return None
+    if device != "cuda":
+        return f"memory cap {cap_gib} GiB not enforced without CUDA"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    return None
+
+
+def _snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.detach().reshape(-1)[:SNAPSHOT_ELEMENTS].clone() for p in params]
+
+
+def _moved_fraction(before: list[torch.Tensor], params: list[torch.Tensor]) -> float:
+    moved = [not torch.equal(b, p.detach().reshape(-1)[:SNAPSHOT_ELEMENTS]) for b, p in zip(before, params)]
+    return sum(moved) / max(1, len(moved))
+
+
+def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+    """Build, time the steps, collect memory: the measured fields of the record."""
+    model = models.build(cfg.model, cfg.dtype, device, cfg.activation_checkpointing, cfg.seed)
+    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
+    options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
+    method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
+    method.setup()
+    params = method.params()
+    before = _snapshot(params)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    sampler.start()
+    losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device)
+    nvml_peak = sampler.stop()
+    peaks = measure.cuda_peaks(device)
+    weights = measure.nbytes(params)
+    out = {
+        "n_params": models.n_params(model),
+        "method_options": method.method_options(),
+        "master_weights": method.master_weights(),
+        "losses": losses,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "step_times_ms": times[cfg.warmup_steps :],
+        "params_moved_frac": _moved_fraction(before, params),
+        "peak_alloc_gib": gib(peaks["peak_alloc"]),
+        "peak_reserved_gib": gib(peaks["peak_reserved"]),
+        "peak_nvml_gib": gib(nvml_peak),
+        "notes": list(method.notes),
+        "_trains": method.trains,
+        "_flops_per_token": models.flops_per_token(model, cfg.model, cfg.seq_len),
+    }
+    out.update(measure.time_stats(out["step_times_ms"]))
+    out.update(
+        measure.breakdown(
+            weights,
+            method.gradient_bytes(),
+            measure.nbytes(method.optimizer_state_tensors()),
+            peaks["peak_alloc"],
+        )
+    )
+    return out
+
+
+def throughput(record: dict[str, Any], flops_per_token: float) -> None:
+    """tokens_per_s and mfu from the median step time (mfu only where the GPU's peak is known)."""
+    median = record["step_time_ms_median"]
+    if not median:
+        return
+    record["tokens_per_s"] = record["batch_size"] * record["seq_len"] * 1e3 / median
+    if record["peak_tflops"]:
+        record["mfu"] = flops_per_token * record["tokens_per_s"] / (record["peak_tflops"] * 1e12)
+
+
+def verdict(record: dict[str, Any], trains: bool, check_training: bool) -> tuple[str, str | None]:
+    """ok, or diverged / error with the reason, from the losses and the parameter check."""
+    losses = record["losses"]
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    if bad is not None:
+        return "diverged", f"loss became {losses[bad]} at step {bad + 1}"
+    if not (trains and check_training):
+        return "ok", None
+    if record["params_moved_frac"] < 0.5:
+        return "error", f"did not train: only {record['params_moved_frac']:.0%} of parameter tensors changed"
+    if len(losses) > 1 and not losses[-1] < losses[0]:
+        return "error", f"did not train: loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"
+    return "ok", None
+
+
+def _failure(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, torch.OutOfMemoryError):
+        return "oom", str(e).strip().splitlines()[0][:500] if str(e).strip() else "out of memory"
+    tail = "".join(traceback.format_exception(e)[-3:]).strip()
+    return "error", f"{type(e).__name__}: {e}"[:1000] + f"\n{tail[-1500:]}"
+
+
+def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one point in this process and return its record (never raises for a point's failure)."""
+    device = resolve_device(cfg.device)
+    sampler = measure.NvmlSampler()  # before CUDA is touched: its baseline excludes our context
+    record = base_record(cfg, point, device)
+    record["env"] = env.collect(git)
+    record.update(
+        gpu_name=record["env"]["gpu_name"] if device == "cuda" else None,
+        gpu_count=record["env"]["gpu_count"] if device == "cuda" else 0,
+        nvml_baseline_gib=gib(sampler.baseline_bytes) if device == "cuda" else None,
+    )
+    record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
+    reason = methods.get(cfg.method.name).unavailable_reason(device)
+    if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():
+        reason = "device=cuda but no CUDA device is visible"
+    if reason:
+        record.update(status="unavailable", error=reason)
+        return record
+    try:
+        note = apply_memory_cap(cfg.gpu.memory_cap_gib, device)
+        measured = train_and_measure(cfg, device, sampler)
+    except Exception as e:
+        sampler.stop()
+        record["status"], record["error"] = _failure(e)
+        return record
+    trains, flops = measured.pop("_trains"), measured.pop("_flops_per_token")
+    record.update(measured)
+    record["notes"] += [note] if note else []
+    throughput(record, flops)
+    record["status"], record["error"] = verdict(record, trains, cfg.check_training)
+    return record

@@ -1,0 +1,290 @@
+"""Sweeps: expand the grid, validate every point, run each in a fresh subprocess, record, resume.
+
+    python -m harness sweep +exp=llama8b_h200            # conf/exp/llama8b_h200.yaml
+
+1. `expand` turns the composed config's `sweep` lists into points (methods x models x batch
+   sizes x sequence lengths x activation checkpointing) and composes each point's own config
+   through Hydra, so every bad name or value fails before the first point runs.
+2. Points already in `results/<sweep>.jsonl` are skipped: an interrupted sweep resumes.
+3. Each remaining point runs in `python -m harness.worker` (`run_isolated`), under a timeout, in
+   its own process group. A method that cannot run here is recorded `unavailable` without a
+   subprocess. A worker that dies without a record becomes an `error` (or `oom`, if its stderr
+   says so) with the tail of its stderr. Nothing a point does stops the sweep.
+4. Each record is appended atomically (`results.append`) and summarized on one line.
+
+`sweep.mode=capacity` searches instead for the largest batch that fits, per method, model and
+sequence length: doubling from 1 until OOM, then bisecting; every try is a recorded point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness import config as config_mod
+from harness import env, methods, results
+from harness.config import compose_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Point:
+    """One point: its id, the Hydra overrides that make it, and its composed config."""
+
+    id: str
+    overrides: list[str]
+    cfg: DictConfig
+
+
+def point_id(cfg: DictConfig) -> str:
+    """A stable id from what defines the point (the resume key)."""
+    ac = "/ac" if cfg.activation_checkpointing else ""
+    return f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}{ac}/{cfg.gpu.name}"
+
+
+def _axes(cfg: DictConfig) -> dict[str, list[Any]]:
+    """The grid's axes as Hydra override keys; an empty sweep list means the composed value."""
+    s = cfg.sweep
+    return {
+        "method": list(s.methods) or [cfg.method.label],
+        "model": list(s.models) or [cfg.model.name],
+        "seq_len": list(s.seq_lens) or [cfg.seq_len],
+        "activation_checkpointing": list(s.activation_checkpointing) or [cfg.activation_checkpointing],
+        "batch_size": list(s.batch_sizes) or [cfg.batch_size],
+    }
+
+
+def make_point(base_overrides: list[str], **values: Any) -> Point:
+    """Compose (and validate) one point's config from the sweep's overrides plus its own values."""
+    overrides = [*base_overrides, *(f"{k}={_hydra_value(v)}" for k, v in values.items())]
+    cfg = compose_config(overrides)
+    return Point(point_id(cfg), overrides, cfg)
+
+
+def _hydra_value(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def expand(cfg: DictConfig, base_overrides: list[str]) -> list[Point]:
+    """Every point of a grid sweep, composed and validated (raises ConfigError on the first bad one)."""
+    axes = _axes(cfg)
+    points = [
+        make_point(base_overrides, **dict(zip(axes, combo))) for combo in itertools.product(*axes.values())
+    ]
+    points = [p for p in points if not excluded(p.id, cfg)]
+    ids = [p.id for p in points]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise config_mod.ConfigError(
+            f"sweep has duplicate points (give methods distinct labels): {duplicates}"
+        )
+    return points
+
+
+def excluded(pid: str, cfg: DictConfig) -> bool:
+    """True when the point id matches one of sweep.exclude's fnmatch patterns."""
+    return any(fnmatch.fnmatchcase(pid, pattern) for pattern in cfg.sweep.exclude)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _child_env(device: str) -> dict[str, str]:
+    child = dict(os.environ, PYTHONUNBUFFERED="1")
+    child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    if device == "cpu":
+        child.setdefault("TRITON_INTERPRET", "1")  # forge's kernels run in Triton's interpreter
+        # Tiny CPU models gain nothing from threads, and OpenMP threads that spin while another
+        # process holds a core made steps 50x slower on a 2-core machine.
+        child.setdefault("OMP_NUM_THREADS", "1")
+    return child
+
+
+def _crash_record(point: Point, git: dict[str, Any], status: str, error: str) -> dict[str, Any]:
+    from harness import runner
+
+    record = runner.base_record(point.cfg, point.id, runner.resolve_device(point.cfg.device))
+    record.update(status=status, error=error, env=env.collect(git))
+    return record
+
+
+def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
+    """Run one point in a fresh worker subprocess; always returns a record."""
+    from harness import runner
+
+    device = runner.resolve_device(point.cfg.device)
+    with tempfile.TemporaryDirectory(prefix="harness-point-") as tmp:
+        spec_path, record_path = Path(tmp, "point.json"), Path(tmp, "record.json")
+        spec = {"point": point.id, "config": config_mod.to_dict(point.cfg), "git": git}
+        spec["config"]["device"] = device
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", "harness.worker", str(spec_path), str(record_path)]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=_child_env(device),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _, stderr = proc.communicate(timeout=point.cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            return _crash_record(point, git, "error", f"timeout: killed after {point.cfg.timeout_s:g} s")
+        if record_path.exists():
+            return json.loads(record_path.read_text())
+    status = "oom" if "out of memory" in stderr.lower() else "error"
+    tail = stderr.strip()[-2000:] or "(no stderr)"
+    return _crash_record(point, git, status, f"worker exited with code {proc.returncode}: {tail}")
+
+
+def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, dict]) -> tuple[dict, bool]:
+    """The point's record: the recorded one when resuming, else a new run (appended). -> (record, ran)."""
+    if point.id in done:
+        return done[point.id], False
+    from harness import runner
+
+    device = runner.resolve_device(point.cfg.device)
+    reason = methods.get(point.cfg.method.name).unavailable_reason(device)
+    if reason:
+        record = runner.base_record(point.cfg, point.id, device)
+        record.update(status="unavailable", error=reason, env=env.collect(git))
+    else:
+        record = run_isolated(point, git)
+    results.append(path, record)
+    done[point.id] = record
+    return record, True
+
+
+def summary(record: dict[str, Any], ran: bool = True) -> str:
+    """One line per point: status, id, then time, memory and loss where measured."""
+    parts = [f"[{record['status']}]", record["point"]]
+    if record.get("step_time_ms_median") is not None:
+        parts.append(f"{record['step_time_ms_median']:.1f} ms/step")
+    if record.get("peak_alloc_gib") is not None:
+        parts.append(f"peak {record['peak_alloc_gib']:.2f} GiB")
+    if record.get("loss_first") is not None and record.get("loss_last") is not None:
+        parts.append(f"loss {record['loss_first']:.3f}->{record['loss_last']:.3f}")
+    if record.get("error"):
+        parts.append("| " + str(record["error"]).splitlines()[0][:160])
+    if not ran:
+        parts.append("(recorded earlier, skipped)")
+    return "  ".join(parts)
+
+
+def largest_fitting(try_batch: Callable[[int], str], max_batch: int) -> int | None:
+    """Largest batch whose status is ok: double from 1 until an OOM, then bisect. None if even 1
+    does not fit; a status other than ok/oom (error, unavailable) ends the search there."""
+    fits, fails, b = 0, None, 1
+    while b <= max_batch:
+        status = try_batch(b)
+        if status != "ok":
+            fails = b
+            if status != "oom":
+                return fits or None
+            break
+        fits, b = b, b * 2
+    while fails is not None and fails - fits > 1:
+        mid = (fits + fails) // 2
+        status = try_batch(mid)
+        if status == "ok":
+            fits = mid
+        elif status == "oom":
+            fails = mid
+        else:
+            break
+    return fits or None
+
+
+def results_path(cfg: DictConfig) -> Path:
+    """results/<sweep>.jsonl; a scratch directory gets a .gitignore so its files stay untracked."""
+    directory = Path(cfg.results_dir)
+    if not directory.is_absolute():
+        directory = REPO / directory
+    directory.mkdir(parents=True, exist_ok=True)
+    if cfg.sweep.scratch and not (directory / ".gitignore").exists():
+        (directory / ".gitignore").write_text("# written by the harness: scratch results, not committed\n*\n")
+    return directory / f"{cfg.sweep.name}.jsonl"
+
+
+class Progress:
+    """A tqdm bar when tqdm is installed (it comes with transformers), plain lines otherwise."""
+
+    def __init__(self, total: int | None, desc: str) -> None:
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="point", file=sys.stderr, dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+
+    def point(self, record: dict[str, Any], ran: bool) -> None:
+        line = summary(record, ran)
+        if self.bar is None:
+            print(line, flush=True)
+        else:
+            self.bar.write(line)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_grid(points: list[Point], git: dict, path: Path, done: dict, progress: Progress) -> None:
+    for point in points:
+        progress.point(*run_or_skip(point, git, path, done))
+
+
+def _run_capacity(
+    cfg: DictConfig, overrides: list[str], git: dict, path: Path, done: dict, progress: Progress
+) -> None:
+    axes = _axes(cfg)
+    axes.pop("batch_size")
+    groups = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    groups = [v for v in groups if not excluded(make_point(overrides, batch_size=1, **v).id, cfg)]
+    for values in groups:  # validated above, before running any
+
+        def try_batch(b: int, values: dict = values) -> str:
+            record, ran = run_or_skip(make_point(overrides, batch_size=b, **values), git, path, done)
+            progress.point(record, ran)
+            return record["status"]
+
+        largest_fitting(try_batch, cfg.sweep.max_batch_size)
+
+
+def run_sweep(overrides: list[str]) -> Path:
+    """Run (or resume) the sweep the overrides compose; returns the results file."""
+    cfg = compose_config(overrides)
+    points = expand(cfg, overrides) if cfg.sweep.mode == "grid" else None  # validates every point
+    path = results_path(cfg)
+    git = env.git_info()
+    done = results.recorded_points(path)
+    progress = Progress(len(points) if points is not None else None, cfg.sweep.name)
+    try:
+        if points is not None:
+            _run_grid(points, git, path, done, progress)
+        else:
+            _run_capacity(cfg, overrides, git, path, done, progress)
+    finally:
+        progress.close()
+    return path
