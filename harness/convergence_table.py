@@ -1,0 +1,130 @@
+"""The convergence table: how far each method's loss curve strays from the reference's.
+
+Convergence records (`+exp=convergence`, issue 7; see `harness.records.is_convergence`) carry
+every step's training loss in `loss_curve` (or `losses`) and, optionally, held-out losses in
+`heldout_loss_curve`. Within a sweep and model, every method trains from the same seed on the
+same data order, so curves can be compared step by step against the reference:
+
+- a record marked `"convergence_reference": true`, if any;
+- else fused AdamW with fp32 master weights; else fused AdamW.
+
+The expectation: with fp32 weights and states FORGE equals torch.optim up to the GEMM's summation
+order (mean |delta| near 1e-4 nats or below); the paper puts bf16 with stochastic rounding and int8
+states within 0.001 nats; plain bf16 write-back without stochastic rounding stalls (its curve
+flattens and the distance grows over the run, so the last 10% tells more than the mean).
+
+No convergence records, no table: the report skips this section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness import paper
+from harness.markup import NONE, Table, fmt_float
+from harness.points import REFERENCE_METHOD, display_name, latest_by_key, method_rank, options_key
+from harness.records import HELDOUT_FIELDS, LOSS_FIELDS, Record, is_convergence
+from harness.tables import Selection
+
+
+def curve(record: Record, fields: Sequence[str] = LOSS_FIELDS) -> list[float] | None:
+    """A loss curve as floats; [step, loss] pairs are read as their loss."""
+    for name in fields:
+        values = record.get(name)
+        if values is not None and len(values) > 0:
+            return [float(v[-1] if isinstance(v, list | tuple) else v) for v in values]
+    return None
+
+
+def mean_abs_delta(values: Sequence[float], reference: Sequence[float], tail: float = 1.0) -> float | None:
+    """Mean |values - reference| over the common steps, or over their last `tail` fraction."""
+    n = min(len(values), len(reference))
+    if n == 0:
+        return None
+    start = n - max(1, round(n * tail))
+    pairs = list(zip(values[start:n], reference[start:n]))
+    return sum(abs(a - b) for a, b in pairs) / len(pairs)
+
+
+def reference_of(group: Sequence[Record]) -> Record | None:
+    """The curve everything in `group` is compared with (see the module docstring)."""
+    marked = [r for r in group if r.get("convergence_reference")]
+    if marked:
+        return marked[0]
+    fused = [r for r in group if r.get("method") == REFERENCE_METHOD]
+    fp32 = [r for r in fused if str(r.get("master_weights")) == "fp32"]
+    pool = fp32 or fused
+    return sorted(pool, key=lambda r: options_key(r.get("method_options")))[0] if pool else None
+
+
+def convergence(records: Sequence[Record]) -> Selection | None:
+    """One row per method and group (sweep, model): loss distances to the reference."""
+    runs = [r for r in records if is_convergence(r)]
+    if not runs:
+        return None
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for record in latest_by_key(runs).values():
+        groups.setdefault((str(record.get("sweep")), str(record.get("model"))), []).append(record)
+    rows = []
+    for key in sorted(groups):
+        rows += _group_rows(groups[key])
+    header = ["Sweep", "Model", "Method", "Master weights", "Steps", "First loss", "Last loss"]
+    header += ["Mean |d| (all)", "Mean |d| (last 10%)", "Held-out mean |d|"]
+    table = Table(
+        name="convergence",
+        title="Convergence: mean absolute loss difference to the reference, in nats",
+        header=header,
+        rows=rows,
+        align="llll" + "r" * 6,
+        notes=[paper.CONVERGENCE_NOTE, "The reference row is marked (ref); |d| is in nats."],
+    )
+    return Selection(table, runs)
+
+
+def _order(record: Record) -> tuple:
+    return (
+        method_rank(record.get("method")),
+        str(record.get("master_weights")),
+        options_key(record.get("method_options")),
+    )
+
+
+def _group_rows(group: list[Record]) -> list[list[str]]:
+    reference = reference_of(group)
+    ref_curve = curve(reference) if reference else None
+    ref_heldout = curve(reference, HELDOUT_FIELDS) if reference else None
+    rows = []
+    for record in sorted(group, key=_order):
+        losses = curve(record) or []
+        heldout = curve(record, HELDOUT_FIELDS)
+        label = display_name(record)
+        label += " (ref)" if record is reference else ""
+        rows.append(
+            [
+                str(record.get("sweep")),
+                str(record.get("model")),
+                label,
+                str(record.get("master_weights") or NONE),
+            ]
+            + [str(len(losses)), _loss(losses[0] if losses else None), _loss(losses[-1] if losses else None)]
+            + _deltas(record is reference, losses, heldout, ref_curve, ref_heldout)
+        )
+    return rows
+
+
+def _loss(value: float | None) -> str:
+    return fmt_float(value, 4)
+
+
+def _deltas(is_ref: bool, losses: Any, heldout: Any, ref_curve: Any, ref_heldout: Any) -> list[str]:
+    if is_ref:
+        return ["ref", "ref", "ref"]
+    return [_delta(losses, ref_curve, 1.0), _delta(losses, ref_curve, 0.1), _delta(heldout, ref_heldout, 1.0)]
+
+
+def _delta(values: Any, reference: Any, tail: float) -> str:
+    if not values or not reference:
+        return NONE
+    value = mean_abs_delta(values, reference, tail)
+    return NONE if value is None else f"{value:.2e}"

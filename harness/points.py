@@ -1,0 +1,191 @@
+"""What identifies a measured point, and how to name it for a reader.
+
+A results record (DESIGN.md, "Results record") is one point of a sweep. Two records describe the
+same point when their *configuration* is the same: method and its options, model, batch size,
+sequence length, GPU, activation checkpointing and memory cap. The report and the regression check
+both match records by this key, so it lives in one place.
+
+`method_options` arrives as a dict (or None, or already a string); it is turned into a canonical
+string (sorted JSON) so that equal options compare equal and sort the same way on every run.
+
+Methods are listed in a fixed order (the baseline first, the floor and FORGE last) so that tables
+and plots come out in the same order however the results files were written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CONFIG_FIELDS = (
+    "method",
+    "method_options",
+    "model",
+    "batch_size",
+    "seq_len",
+    "gpu_name",
+    "activation_checkpointing",
+    "memory_cap_gib",
+)
+
+REFERENCE_METHOD = "fused_adamw"
+
+METHOD_ORDER = (
+    "fused_adamw",
+    "adamw_in_backward",
+    "flashoptim",
+    "adamw8bit_bnb",
+    "adamw8bit_torchao",
+    "lomo",
+    "no_optimizer",
+    "forge",
+)
+
+METHOD_NAMES = {
+    "fused_adamw": "fused AdamW",
+    "adamw_in_backward": "AdamW in backward",
+    "flashoptim": "FlashOptim",
+    "adamw8bit_bnb": "bnb AdamW8bit",
+    "adamw8bit_torchao": "torchao AdamW8bit",
+    "lomo": "LOMO",
+    "no_optimizer": "no optimizer",
+    "forge": "FORGE",
+}
+
+
+def missing(value: Any) -> bool:
+    """True for None, NaN and pandas' NA: the ways a results loader says 'no value'."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return math.isnan(value)
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """`method_options` as a dict: accepts a dict, a JSON string, or nothing."""
+    if missing(options) or options == "":
+        return {}
+    if isinstance(options, Mapping):
+        return dict(options)
+    if isinstance(options, str):
+        try:
+            parsed = json.loads(options)
+        except json.JSONDecodeError:
+            return {"options": options}
+        return parsed if isinstance(parsed, dict) else {"options": parsed}
+    return {"options": options}
+
+
+def options_key(options: Any) -> str:
+    """Canonical string of `method_options`: sorted JSON, '' when there are none."""
+    opts = options_dict(options)
+    return json.dumps(opts, sort_keys=True, separators=(",", ":"), default=str) if opts else ""
+
+
+def method_label(method: str, options: Any = None) -> str:
+    """Readable method name with its options, e.g. 'FORGE (state_dtype=int8)'."""
+    name = METHOD_NAMES.get(method, method)
+    opts = options_dict(options)
+    if not opts:
+        return name
+    inner = ", ".join(f"{key}={_short(value)}" for key, value in sorted(opts.items()))
+    return f"{name} ({inner})"
+
+
+def display_name(record: Mapping[str, Any]) -> str:
+    """How tables and plots name a record's method: its conf label ('forge_int8') when recorded."""
+    label = record.get("method_label")
+    if not missing(label) and label:
+        return str(label)
+    return method_label(str(record.get("method")), record.get("method_options"))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    """Sort key that puts methods in METHOD_ORDER, unknown ones after, by name."""
+    if method in METHOD_ORDER:
+        return (METHOD_ORDER.index(method), "")
+    return (len(METHOD_ORDER), str(method))
+
+
+def _plain(value: Any) -> Any:
+    """A hashable, comparable stand-in for a config value (None for missing)."""
+    if missing(value):
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def config_key(record: Mapping[str, Any]) -> tuple:
+    """The configuration of a record as a tuple in CONFIG_FIELDS order."""
+    key = []
+    for field in CONFIG_FIELDS:
+        if field == "method_options":
+            key.append(options_key(record.get(field)))
+        elif field == "activation_checkpointing":
+            key.append(bool(_plain(record.get(field)) or False))
+        else:
+            key.append(_plain(record.get(field)))
+    return tuple(key)
+
+
+def sort_key(key: tuple) -> tuple:
+    """Total order over config keys (None sorts first, methods in METHOD_ORDER)."""
+    out = []
+    for field, value in zip(CONFIG_FIELDS, key):
+        if field == "method":
+            out.append(method_rank(value))
+        else:
+            out.append((value is not None, str(value) if isinstance(value, str) else value or 0))
+    return tuple(out)
+
+
+def describe(key: tuple) -> dict[str, Any]:
+    """A config key back as a dict keyed by field name."""
+    return dict(zip(CONFIG_FIELDS, key))
+
+
+def latest_by_key(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
+    """One record per configuration: the latest by `time` (ties: the later in the input)."""
+    chosen: dict[tuple, tuple[str, int, Mapping[str, Any]]] = {}
+    for index, record in enumerate(records):
+        key = config_key(record)
+        stamp = "" if missing(record.get("time")) else str(record.get("time"))
+        if key not in chosen or (stamp, index) >= chosen[key][:2]:
+            chosen[key] = (stamp, index, record)
+    return {key: value[2] for key, value in chosen.items()}
+
+
+def reference_key(record: Mapping[str, Any]) -> tuple:
+    """(sweep, configuration without the method): where to look for a record's fused AdamW."""
+    return (_plain(record.get("sweep")),) + config_key(record)[2:]
+
+
+def reference_index(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
+    """Fused AdamW per `reference_key`: plainest options first, then the latest record."""
+    best: dict[tuple, tuple[tuple, Mapping[str, Any]]] = {}
+    for index, record in enumerate(records):
+        if record.get("method") != REFERENCE_METHOD:
+            continue
+        stamp = "" if missing(record.get("time")) else str(record.get("time"))
+        rank = (options_key(record.get("method_options")), _negate(stamp), -index)
+        key = reference_key(record)
+        if key not in best or rank < best[key][0]:
+            best[key] = (rank, record)
+    return {key: value[1] for key, value in best.items()}
+
+
+def _negate(text: str) -> tuple[int, ...]:
+    """A sort key that orders strings backwards (latest time first)."""
+    return tuple(-ord(ch) for ch in text) + (0,)

@@ -1,0 +1,130 @@
+"""Results files in, plain records out: the one place where report and regress read results.
+
+`harness.results.load(*paths)` reads JSONL results into a pandas DataFrame (tolerating a truncated
+last line). The report and the regression check want something simpler to reason about: a list of
+dicts, one per record, with pandas' NaN turned back into None and the file order kept. This module
+expands directories into their `*.jsonl` files (recursively, sorted, so the order is the same on
+every machine), calls the loader, and splits the records in two kinds:
+
+- step records: one training-step measurement per point (DESIGN.md, "Results record");
+- kernel records: one kernel timing per (shape, T, variant), recognised by their `variant` field
+  (results/kernels/, written by `python -m harness kernels`).
+
+Among step records, convergence runs (issue 7) are told apart by `sweep_mode: convergence`, a
+sweep name starting with 'convergence', or a `loss_curve` field: every step record carries its
+per-step `losses`, but only convergence runs are meant to be compared curve against curve.
+
+If `harness.results` is not importable, a minimal JSONL reader with the same tolerance is used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.points import missing
+
+Record = dict[str, Any]
+
+
+def expand(
+    paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
+) -> list[Path]:
+    """Files behind `paths`: a file as given, a directory as its sorted `*.jsonl` files.
+
+    Below a directory, files under a folder named in `exclude_dirs` are left out, and with
+    `skip_scratch` so are files under a scratch folder (one whose `.gitignore` ignores everything:
+    the harness marks `results/smoke/` and `results/adhoc/` so, and they are never committed).
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(
+                f for f in sorted(path.rglob("*.jsonl")) if _wanted(path, f, exclude_dirs, skip_scratch)
+            )
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no such results file or directory: {path}")
+    return files
+
+
+def _wanted(root: Path, file: Path, exclude_dirs: Sequence[str], skip_scratch: bool) -> bool:
+    folders = file.relative_to(root).parts[:-1]
+    if set(folders) & set(exclude_dirs):
+        return False
+    if skip_scratch:
+        for depth in range(len(folders) + 1):
+            if _is_scratch(root.joinpath(*folders[:depth])):
+                return False
+    return True
+
+
+def _is_scratch(folder: Path) -> bool:
+    marker = folder / ".gitignore"
+    return marker.is_file() and "*" in marker.read_text().split()
+
+
+def load_records(
+    paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
+) -> list[Record]:
+    """Every record in `paths`, in file order, as dicts with None for missing values."""
+    files = expand(paths, exclude_dirs, skip_scratch)
+    if not files:
+        return []
+    frame = _load_frame(files)
+    return [_clean(row) for row in frame.to_dict("records")]
+
+
+def split_kinds(records: Iterable[Record]) -> tuple[list[Record], list[Record]]:
+    """(step records, kernel records)."""
+    steps, kernels = [], []
+    for record in records:
+        (kernels if not missing(record.get("variant")) else steps).append(record)
+    return steps, kernels
+
+
+LOSS_FIELDS = ("loss_curve", "losses")
+HELDOUT_FIELDS = ("heldout_loss_curve", "heldout_losses", "eval_loss_curve", "eval_losses")
+
+
+def is_convergence(record: Record) -> bool:
+    """True for a convergence run (its loss curve is the result, not its step time)."""
+    if record.get("loss_curve") is not None:
+        return True
+    return record.get("sweep_mode") == "convergence" or str(record.get("sweep") or "").startswith(
+        "convergence"
+    )
+
+
+def _clean(row: dict[str, Any]) -> Record:
+    return {str(key): (None if missing(value) else value) for key, value in row.items()}
+
+
+def _load_frame(files: Sequence[Path]):
+    try:
+        from harness.results import load
+    except ImportError:
+        return _fallback_load(files)
+    return load(*files)
+
+
+def _fallback_load(files: Sequence[Path]):
+    """Plain JSONL reader: one object per line, a broken last line skipped."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        lines = file.read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    continue
+                raise ValueError(f"{file}:{number}: not a JSON object") from None
+    return pd.DataFrame(rows)

@@ -1,0 +1,189 @@
+"""`python -m harness report` on small fixture results (tests/fixtures/, see make_fixtures.py).
+
+Every table and plot renders from the fixtures, failed points show their status (never zero),
+a second run rewrites the same bytes, and sections without data are skipped cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import expectations, report
+from harness.markup import Table, to_latex, to_markdown
+from harness.records import load_records, split_kinds
+from harness.tables import t1_llama, t2_scaling, t3_capacity
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+TABLES = (
+    "t1_llama8b",
+    "t2_qwen3_scaling",
+    "t3_capacity",
+    "t4_kernels",
+    "t4_kernels_summary",
+    "t5_activation_checkpointing",
+    "convergence",
+    "other_points",
+)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reports")
+    assert report.main([str(FIXTURES), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    steps, _kernels = split_kinds(load_records([FIXTURES]))
+    return steps
+
+
+def _rows(markdown: str) -> list[list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[1:]]
+
+
+def test_every_table_renders_as_markdown_and_latex(rendered):
+    for name in TABLES:
+        md = (rendered / "tables" / f"{name}.md").read_text()
+        tex = (rendered / "tables" / f"{name}.tex").read_text()
+        assert "| ---" in md or "|---" in md or ":---" in md, name
+        assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex, name
+
+
+def test_every_plot_is_a_png_without_software_metadata(rendered):
+    plots = sorted((rendered / "plots").glob("*.png"))
+    kinds = {"memory", "step_time", "memory_vs_size", "largest_batch", "kernel_speed", "convergence"}
+    assert {k for k in kinds if any(k in p.name for p in plots)} == kinds
+    for plot in plots:
+        data = plot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"matplotlib" not in data and b"Software" not in data
+
+
+def test_rerun_is_byte_identical(rendered, tmp_path):
+    again = tmp_path / "again"
+    assert report.main([str(FIXTURES), "--out", str(again)]) == 0
+    for path in sorted(rendered.rglob("*")):
+        if path.is_file():
+            assert (again / path.relative_to(rendered)).read_bytes() == path.read_bytes(), path.name
+
+
+def test_failed_points_show_their_status_never_zero(rendered):
+    rows = _rows((rendered / "tables" / "t1_llama8b.md").read_text())
+    by_method = {(r[0], r[1], r[2]): r for r in rows}
+    assert all(c.startswith("unavailable [") for c in by_method[("1", "1024", "flashoptim")][3:11])
+    assert all(c.startswith("error [") for c in by_method[("1", "1024", "adamw8bit_bnb")][3:11])
+    assert all(c.startswith("diverged [") for c in by_method[("1", "1024", "lomo")][3:11])
+    assert by_method[("2", "2048", "adamw_in_backward")][3:11] == ["OOM"] * 8
+    # The reference itself OOM'd: ratios say so rather than vanish.
+    assert by_method[("4", "2048", "forge_int8")][-3:-1] == ["ref OOM", "ref OOM"]
+    md = (rendered / "tables" / "t1_llama8b.md").read_text()
+    assert "illegal memory access" in md and "flashoptim is not installed" in md
+
+
+def test_t1_takes_the_latest_sweep_and_quotes_the_paper(records):
+    sel = t1_llama(records)
+    rows = {(r[0], r[1], r[2]): r for r in sel.table.rows}
+    fused = rows[("1", "1024", "fused_adamw")]
+    assert fused[6] == "156.7"  # the newer of the two sweeps (the older ran 8% slower)
+    assert fused[-1] == "~75 GiB, 150.9 ms"
+    assert rows[("1", "1024", "forge_bf16")][-1] == "35.4 GiB, 99.1 ms"
+    assert rows[("1", "1024", "forge_bf16")][-3].startswith("-")  # less memory than fused AdamW
+
+
+def test_t2_marks_oom_and_sorts_by_size(records):
+    sel = t2_scaling(records)
+    models = [row[0] for row in sel.table.rows]
+    assert models == sorted(models, key=lambda m: float(m.split("-")[1].rstrip("b")))
+    oom = [row for row in sel.table.rows if row[0] == "qwen3-14b" and row[4] == "fused_adamw"][0]
+    assert oom[5:10] == ["OOM"] * 5
+
+
+def test_t3_largest_batch_per_method(records):
+    rows = {row[3]: row for row in t3_capacity(records).table.rows}
+    assert rows["fused_adamw"][4] == "1" and rows["fused_adamw"][9] == "OOM at 2"
+    assert rows["forge_bf16"][4] == "4" and rows["forge_bf16"][9] == "OOM at 8"
+    assert rows["forge_int8"][4] == "6" and rows["forge_int8"][9] == "OOM at 7"
+    assert rows["adamw_in_backward"][4] == "none fits"
+
+
+def test_readme_links_tables_names_sources_and_opens_with_expectation(rendered):
+    text = (rendered / "README.md").read_text()
+    for name in TABLES:
+        assert f"(tables/{name}.md)" in text and f"(tables/{name}.tex)" in text
+    assert "NVIDIA H200" in text and "570.86.15" in text and "0123456789ab" in text
+    t1 = text.split('<a id="t1"></a>')[1].split('<a id="t2"></a>')[0]
+    assert t1.index("**Expectation.**") < t1.index("**T1:")
+    assert "Gradient B/param" in t1 and "Matrix floor ms" in t1
+    assert "Config shared by every point" in t1
+    assert "(plots/t1_llama3.1-8b_b1_s1024_memory.png)" in t1
+
+
+def test_default_input_skips_scratch_runs_and_prunes_stale_files(tmp_path, monkeypatch):
+    # A checkout whose results/ holds only a scratch run (the harness marks it with a .gitignore).
+    scratch = tmp_path / "results" / "smoke"
+    scratch.mkdir(parents=True)
+    (scratch / ".gitignore").write_text("*\n")
+    shutil.copy(FIXTURES / "smoke.jsonl", scratch / "smoke.jsonl")
+    stale = tmp_path / "reports" / "tables" / "old_table.md"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("stale")
+    monkeypatch.chdir(tmp_path)
+    assert report.main([]) == 0
+    text = (tmp_path / "reports" / "README.md").read_text()
+    assert text.count("No results yet.") == 6
+    assert not stale.exists()
+
+
+def test_convergence_table_is_skipped_without_curves(records, tmp_path):
+    only_steps = tmp_path / "llama.jsonl"
+    shutil.copy(FIXTURES / "llama8b_h200.jsonl", only_steps)
+    out = tmp_path / "reports"
+    assert report.main([str(only_steps), "--out", str(out)]) == 0
+    assert not (out / "tables" / "convergence.md").exists()
+    assert (out / "tables" / "t1_llama8b.md").exists()
+
+
+def test_convergence_distances(rendered):
+    rows = {row[2]: row for row in _rows((rendered / "tables" / "convergence.md").read_text())}
+    assert rows["fused_adamw (ref)"][7] == "ref"
+    assert float(rows["forge_bf16"][7]) < 1e-4  # fp32 twin: noise only
+    assert float(rows["forge_int8"][7]) < 1e-3  # the paper's bound
+    assert float(rows["forge_bf16_nosr"][8]) > float(rows["forge_bf16_nosr"][7])  # drifts away
+
+
+def test_markup_escapes_latex_and_pipes():
+    table = Table("x", "50% of a_b", ["A|B", "C"], [["1 & 2", "—"]], notes=["[1] note #1"])
+    tex = to_latex(table)
+    assert "50\\% of a\\_b" in tex and "1 \\& 2 & ---" in tex and "note \\#1" in tex
+    assert "A\\|B" in to_markdown(table)
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "total"),
+    [
+        ("fused_adamw", {}, 8.0),
+        ("forge", {"state_dtype": "bf16"}, 6.0),
+        ("forge", {"state_dtype": "int8"}, 4.125),
+        ("forge", {"state_dtype": "fp32"}, 10.0),
+        ("forge", {"rule": "sgd", "state_dtype": "bf16", "hparams": {"momentum": 0.9}}, 4.0),
+        ("forge", {"rule": "sgd", "state_dtype": "bf16"}, 2.0),
+        ("no_optimizer", {}, 2.0),
+    ],
+    ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v),
+)
+def test_bytes_per_parameter(method, options, total):
+    assert expectations.footprint(method, options, "bf16").total == pytest.approx(total)
+
+
+def test_forge_saves_the_gradient_bytes():
+    fused = expectations.footprint("fused_adamw", {}, "bf16")
+    forge = expectations.footprint("forge", {"state_dtype": "bf16"}, "bf16+sr")
+    assert fused.total - forge.total == 2.0
+    assert fused.update_traffic - forge.update_traffic == 4.0  # gradient written and read back
