@@ -15,8 +15,10 @@ subprocess as plain JSON (`to_dict`) and is re-validated there (`from_dict`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,20 +126,30 @@ def group_choices(group: str) -> list[str]:
 
 
 def _valid_keys_hint(message: str) -> str:
-    """For "Key 'x' is not in struct" errors, list the keys valid at that level."""
+    """For "Key 'x' not in ..." errors, list the keys valid at that level of the schema."""
     match = re.search(r"full_key: ([\w.]+)", message)
-    if not match or "not in struct" not in message:
+    if not match or "not in" not in message:
         return ""
     *parents, key = match.group(1).split(".")
-    node: Any = OmegaConf.structured(Config)
+    schema: Any = Config
     for part in parents:
-        node = node.get(part) if isinstance(node, DictConfig) else None
-    if not isinstance(node, DictConfig):
+        schema = typing.get_type_hints(schema).get(part) if dataclasses.is_dataclass(schema) else None
+    if not dataclasses.is_dataclass(schema):
         return ""
-    keys = list(node.keys())
+    keys = [f.name for f in dataclasses.fields(schema)]
     close = difflib.get_close_matches(key, keys, n=1)
     hint = f"\nValid keys here: {', '.join(keys)}"
     return hint + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def _chain(e: BaseException) -> str:
+    """The message of an exception and of its causes (Hydra keeps the useful part in the cause)."""
+    parts = []
+    while e is not None:
+        if str(e) and str(e) not in parts:
+            parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts)
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
@@ -147,7 +159,7 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        message = str(e)
+        message = _chain(e)
         raise ConfigError(message + _valid_keys_hint(message)) from None
     validate(cfg)
     return cfg
@@ -164,10 +176,7 @@ def _positive(key: str, value: int | float | None) -> None:
 
 
 def _validate_sweep(sweep: Any) -> None:
-    _choice("sweep.mode", sweep.mode, SWEEP_MODES)
-    for group, names in (("method", sweep.methods), ("model", sweep.models)):
-        for name in names:
-            _choice(f"sweep.{group}s entry", name, group_choices(group))
+    _choice("sweep.mode", sweep.mode, SWEEP_MODES)  # method and model names: Hydra checks them
     for b in sweep.batch_sizes:
         _positive("sweep.batch_sizes entry", b)
     for s in sweep.seq_lens:

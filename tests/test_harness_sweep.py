@@ -1,0 +1,114 @@
+"""The sweep engine on CPU: failures become records, the sweep goes on, and resumes.
+
+The subprocess tests run real workers (`python -m harness.worker`) with the tiny Llama and the
+misbehaving methods of tests/harness_fakes.py, found through an extra Hydra search path
+(tests/harness_conf). The capacity search and resume bookkeeping are also tested in-process, with
+`run_isolated` replaced, so they cost no subprocess.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from harness import results, sweep
+
+FAKES = Path(__file__).parent / "harness_conf"
+TINY = ["+exp=smoke", f"hydra.searchpath=[file://{FAKES}]", "sweep.models=[tiny-llama]", "seq_len=16"]
+
+
+def _overrides(tmp_path, methods, *extra):
+    return [*TINY, f"results_dir={tmp_path}", "sweep.name=t", f"sweep.methods=[{','.join(methods)}]", *extra]
+
+
+def _by_label(path):
+    return {r["method_label"]: r for r in results.read(path)}
+
+
+@pytest.fixture(scope="module")
+def failure_sweep(tmp_path_factory):
+    """One real sweep whose points succeed, OOM, crash, train nothing, diverge or cannot run."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    methods = ["fused_adamw", "fake_oom", "fake_crash", "fake_still", "fake_nan", "adamw8bit_torchao"]
+    path = sweep.run_sweep(_overrides(tmp, methods))
+    return tmp, methods, path
+
+
+def test_each_failure_is_recorded_and_the_sweep_goes_on(failure_sweep):
+    _, methods, path = failure_sweep
+    rows = _by_label(path)
+    assert sorted(rows) == sorted(methods)
+    assert rows["fused_adamw"]["status"] == "ok"
+    assert rows["fake_oom"]["status"] == "oom" and "simulated" in rows["fake_oom"]["error"]
+    assert rows["fake_crash"]["status"] == "error" and "exited with code 3" in rows["fake_crash"]["error"]
+    assert rows["fake_still"]["status"] == "error" and "did not train" in rows["fake_still"]["error"]
+    assert rows["fake_nan"]["status"] == "diverged"
+    assert rows["adamw8bit_torchao"]["status"] == "unavailable" and rows["adamw8bit_torchao"]["error"]
+
+
+def test_an_ok_record_carries_measurements_and_metadata(failure_sweep):
+    _, _, path = failure_sweep
+    ok = _by_label(path)["fused_adamw"]
+    assert set(results.FIELDS) <= set(ok)
+    assert ok["step_time_ms_median"] > 0 and len(ok["step_times_ms"]) == ok["steps"] - ok["warmup_steps"]
+    assert ok["loss_last"] < ok["loss_first"] and ok["weights_gib"] > 0 and ok["optimizer_state_gib"] > 0
+    assert ok["peak_alloc_gib"] is None and ok["activations_gib"] is None  # CPU: not measurable, not zero
+    assert ok["env"]["torch"] and "git_commit" in ok["env"] and ok["config"]["model"]["name"] == "tiny-llama"
+    assert ok["master_weights"] == "bf16" and ok["emulated"] is False
+
+
+def test_interrupted_sweep_resumes_without_repeating(failure_sweep):
+    tmp, methods, path = failure_sweep
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])  # killed while writing the last
+    sweep.run_sweep(_overrides(tmp, methods))
+    records = results.read(path)
+    assert len(records) == len(methods)  # only the lost point ran again
+    assert sorted(r["method_label"] for r in records) == sorted(methods)
+
+
+def test_timeout_kills_the_point(tmp_path):
+    path = sweep.run_sweep(_overrides(tmp_path, ["fake_hang"], "timeout_s=8"))
+    (record,) = results.read(path)
+    assert record["status"] == "error" and record["error"].startswith("timeout")
+
+
+def _fake_isolated(oom_above):
+    """A stand-in for run_isolated: ok up to a batch size, OOM above, no subprocess."""
+    calls = []
+
+    def run(point, git):
+        from harness import runner
+
+        calls.append(point.cfg.batch_size)
+        record = runner.base_record(point.cfg, point.id, "cpu")
+        record["status"] = "oom" if point.cfg.batch_size > oom_above else "ok"
+        return record
+
+    return run, calls
+
+
+def test_capacity_search_bisects_to_the_largest_batch(tmp_path, monkeypatch):
+    run, calls = _fake_isolated(oom_above=5)
+    monkeypatch.setattr(sweep, "run_isolated", run)
+    overrides = _overrides(tmp_path, ["fused_adamw"], "sweep.mode=capacity", "sweep.max_batch_size=64")
+    path = sweep.run_sweep(overrides)
+    assert calls == [1, 2, 4, 8, 6, 5]
+    sweep.run_sweep(overrides)  # resuming re-runs nothing
+    assert len(calls) == 6 and len(results.read(path)) == 6
+
+
+@pytest.mark.parametrize(
+    "oom_above, expected", [(0, None), (1, 1), (5, 5), (64, 64), (100, 64)], ids=lambda v: f"{v}"
+)
+def test_largest_fitting(oom_above, expected):
+    assert sweep.largest_fitting(lambda b: "oom" if b > oom_above else "ok", 64) == expected
+
+
+def test_largest_fitting_stops_at_an_error():
+    assert sweep.largest_fitting(lambda b: "ok" if b < 4 else "error", 64) == 2
+
+
+def test_results_never_record_nan(failure_sweep):
+    _, _, path = failure_sweep
+    assert _by_label(path)["fake_nan"]["loss_first"] is None  # NaN is written as null
+    assert "NaN" not in path.read_text()
