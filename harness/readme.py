@@ -40,11 +40,19 @@ def _env(record: Record) -> Mapping[str, Any]:
 
 
 def _first(env: Mapping[str, Any], names: Sequence[str]) -> str:
+    """The first of `names` that `env` has; a commit shortened, and marked when the tree was dirty."""
     for name in names:
         if env.get(name) not in (None, ""):
             value = str(env[name])
-            return value[:12] if name in ("commit", "git_commit") else value
+            if name not in ("commit", "git_commit"):
+                return value
+            return value[:12] + (" (dirty)" if env.get("git_dirty") else "")
     return NONE
+
+
+def commit_of(record: Record) -> str:
+    """A record's git commit as the reports show it."""
+    return _first(_env(record), ("commit", "git_commit"))
 
 
 def _gpu(record: Record) -> str:

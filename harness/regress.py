@@ -47,6 +47,7 @@ from harness.points import (
     reference_key,
     sort_key,
 )
+from harness.readme import commit_of
 from harness.records import Record, load_records, split_kinds
 from harness.stats import StepStats, step_stats
 
@@ -272,7 +273,7 @@ def _status(record: Record | None) -> str:
 
 def _source(label: str, path: str, records: Sequence[Record]) -> str:
     sweeps = sorted({str(r.get("sweep")) for r in records})
-    commits = sorted({str((r.get("env") or {}).get("commit") or NONE)[:12] for r in records})
+    commits = sorted({commit_of(r) for r in records})
     gpus = sorted({str(r.get("gpu_name") or NONE) for r in records})
     return (
         f"- {label}: `{path}`: {len(records)} records; sweep {', '.join(sweeps)}; "

@@ -32,6 +32,7 @@ from harness.markup import (
     fmt_ratio,
 )
 from harness.points import (
+    CONFIG_FIELDS,
     REFERENCE_METHOD,
     config_key,
     display_name,
@@ -135,15 +136,19 @@ def _change(row: Row, name: str) -> str:
 
 
 def _step_median(record: Record) -> float | None:
+    """The record's own median (as the harness computed it), else the samples'."""
+    if record.get("step_time_ms_median") is not None:
+        return float(record["step_time_ms_median"])
     stats = step_stats(record)
     return None if stats is None else stats.median
 
 
 def _spread(record: Record) -> str:
+    """'min-p90' of the timed steps, from the record's summary fields where present."""
     stats = step_stats(record)
-    if stats is None or stats.minimum is None or stats.p90 is None:
-        return NONE
-    return f"{stats.minimum:.1f}-{stats.p90:.1f}"
+    low = _num(record, "step_time_ms_min") or (stats.minimum if stats else None)
+    high = _num(record, "step_time_ms_p90") or (stats.p90 if stats else None)
+    return NONE if low is None or high is None else f"{low:.1f}-{high:.1f}"
 
 
 def _time_ratio(row: Row) -> str:
@@ -218,12 +223,14 @@ def dedupe_sorted(records: Iterable[Record]) -> list[Record]:
     """Latest record per configuration, sorted by model, GPU, batch, seq, ..., method."""
     chosen = latest_by_key(records)
     order = ("model", "gpu_name", "batch_size", "seq_len", "activation_checkpointing", "memory_cap_gib")
-    fields = ("method", "method_options") + order
+    sizes: dict[Any, float] = {}
+    for record in chosen.values():  # failed points may lack n_params: size a model by any of its points
+        sizes[record.get("model")] = max(sizes.get(record.get("model"), 0.0), _billions(record) or 0.0)
 
     def key(item: tuple[tuple, Record]) -> tuple:
-        sk = dict(zip(fields, sort_key(item[0])))
-        n = _billions(item[1]) or 0.0
-        return (n,) + tuple(sk[f] for f in order) + (sk["method"], sk["method_options"])
+        sk = dict(zip(CONFIG_FIELDS, sort_key(item[0])))
+        size = sizes.get(item[1].get("model"), 0.0)
+        return (size,) + tuple(sk[f] for f in order) + (sk["method"], sk["method_options"])
 
     return [record for _, record in sorted(chosen.items(), key=key)]
 
