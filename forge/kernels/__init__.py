@@ -3,7 +3,7 @@
 - `wgrad_update`: the fused weight-gradient GEMM + optimizer update of one nn.Linear weight.
 - `elementwise_update`: the same update for any other parameter, from its gradient.
 - `quant`: int8 block quantization of optimizer states (one scale per 64 elements).
-- `stochastic_round`: fp32 -> bf16 stochastic rounding of the weight write-back.
+- `rounding`: fp32 -> bf16 rounding, stochastic for weights, nearest-even (also on the interpreter).
 
 On a machine without CUDA, `forge` sets TRITON_INTERPRET=1 before these modules are imported and
 the same kernels run in Triton's interpreter on CPU tensors (slowly: test at small shapes).

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from forge.kernels.rounding import round_to_bf16_nearest
+
 GROUP = 64
 
 
@@ -113,8 +115,10 @@ def store_state(
             q, scale = quantize_positive(x3)
         tl.store(ptr + offs, tl.reshape(q, (ROWS, COLS)), mask=mask)
         tl.store(scale_ptr + scale_offs, scale, mask=scale_mask)
+    elif STATE_DTYPE == "bf16":
+        tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)
     else:
-        tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr + offs, x, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------

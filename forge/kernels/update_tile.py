@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels.quant import load_state, store_state
-from forge.kernels.stochastic_round import store_weight
+from forge.kernels.rounding import store_weight
 from forge.rules import apply_rule
 
 

@@ -1,4 +1,4 @@
-"""Stochastic rounding from fp32 to bf16, in registers.
+"""Rounding fp32 to bf16 in registers: stochastic for weights, nearest-even for the rest.
 
 A bf16 weight cannot hold an update smaller than half its unit in the last place (ulp): rounding
 to nearest drops it, every step, and training on bf16 weights stalls (the "dead zone"). Stochastic
@@ -11,7 +11,13 @@ sign is a separate bit, so this rounds the magnitude and is unbiased for negativ
 NaN and Inf keep their value. The random bits come from Philox (`tl.randint`) with 3 rounds
 (1 round was measurably biased in a 4M-sample test; 10 rounds cost registers), keyed by a per-step,
 per-tensor seed and by the element's global index, so results do not depend on tile shapes and a
-rerun with the same seed reproduces every bit.
+rerun with the same seed reproduces every bit. Three Philox rounds diffuse a small change of the key
+poorly (seeds 7 and 8 give nearly the same low bits), so callers pass well-mixed seeds: ForgeOptimizer
+hashes (seed, parameter, step) into the key.
+
+Round-to-nearest-even is written out in integer operations too (add 0x7FFF plus the lowest kept bit,
+then truncate), because Triton's interpreter truncates on `.to(tl.bfloat16)`: with this, bf16 states
+and non-stochastic weights round the same way on the CPU interpreter as on the GPU.
 """
 
 import triton
@@ -29,6 +35,15 @@ def round_to_bf16_stochastic(x, seed, index):
 
 
 @triton.jit
+def round_to_bf16_nearest(x):
+    """x: fp32 tile. Returns bf16, rounded to nearest, ties to even (NaN and Inf kept)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    finite = tl.abs(x) < float("inf")
+    return tl.where(finite, rounded, x).to(tl.bfloat16)
+
+
+@triton.jit
 def store_weight(
     ptr,  # weight, fp32 or bf16, updated in place
     offs,  # int64 element offsets (the global element index too)
@@ -37,7 +52,10 @@ def store_weight(
     seed,  # int scalar, per step and tensor
     STOCHASTIC_ROUNDING: tl.constexpr,
 ):
-    if STOCHASTIC_ROUNDING and ptr.dtype.element_ty == tl.bfloat16:
-        tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, offs), mask=mask)
+    if ptr.dtype.element_ty == tl.bfloat16:
+        if STOCHASTIC_ROUNDING:
+            tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, offs), mask=mask)
+        else:
+            tl.store(ptr + offs, round_to_bf16_nearest(w), mask=mask)
     else:
         tl.store(ptr + offs, w.to(ptr.dtype.element_ty), mask=mask)

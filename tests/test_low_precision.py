@@ -1,0 +1,188 @@
+"""bf16 weights (stochastic rounding) and int8 states.
+
+bf16: compare distances to an fp32-master reference, never a loose atol: FORGE on bf16 weights must
+stay at least as close to fp32 training as torch's own AdamW on bf16 weights. Stochastic rounding
+is tested statistically (its mean is the fp32 value). int8: a per-block error bound, then a short
+training run whose loss tracks fp32 states.
+
+On the interpreter, `.to(tl.bfloat16)` truncates instead of rounding to nearest; FORGE without
+stochastic rounding is therefore only compared loosely here, and exactly on the GPU tests.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import forge
+from forge.kernels import quant
+from forge.kernels.elementwise_update import elementwise_update
+from forge.rules import get_rule, resolve_hparams
+
+
+def _sgd_step(param: torch.Tensor, grad: torch.Tensor, lr: float, seed: int, rule_name: str = "sgd"):
+    rule = get_rule(rule_name)
+    h = resolve_hparams(rule, dict(lr=lr, weight_decay=0.0))
+    states = tuple(torch.zeros_like(param, dtype=torch.float32) if s else None for s in rule.slots(h))
+    elementwise_update(param, grad, states, (None, None, None), tuple(bool(s and s.signed) for s in rule.slots(h)),
+                       rule.coefficients(h, 1, {}), seed, rule=rule_name, flags=rule.flags(h),
+                       state_dtype="fp32", stochastic_rounding=True)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
+def test_stochastic_rounding_is_unbiased(sign):
+    n = 1 << 16
+    ulp = 2.0**-7  # bf16 spacing in [1, 2)
+    w = torch.full((n,), sign * 1.0, dtype=torch.bfloat16)
+    fraction = 0.3
+    _sgd_step(w, torch.full((n,), -sign * fraction * ulp), lr=1.0, seed=1234)
+    rounded_up = ((w.float().abs() - 1.0) / ulp).round()
+    assert set(rounded_up.unique().tolist()) <= {0.0, 1.0}  # only the two neighbours
+    mean = float(rounded_up.mean())
+    sigma = math.sqrt(fraction * (1 - fraction) / n)
+    assert abs(mean - fraction) < 5 * sigma, f"mean rounded-up fraction {mean:.4f}, expected {fraction}"
+
+
+def test_stochastic_rounding_reproduces_bits_for_a_seed():
+    grad = torch.randn(4096) * 1e-3
+    runs = []
+    for seed in (0x2F6B91C3, 0x2F6B91C3, 0x51D0A7E4):
+        w = torch.ones(4096, dtype=torch.bfloat16)
+        _sgd_step(w, grad, lr=1.0, seed=seed)
+        runs.append(w)
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_stochastic_rounding_keeps_nan_and_inf():
+    w = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0] * 16, dtype=torch.bfloat16)
+    _sgd_step(w, torch.zeros(64), lr=1e-3, seed=3, rule_name="adamw")
+    assert torch.isposinf(w[0]) and torch.isneginf(w[1]) and torch.isnan(w[2]) and w[3] == 1.0
+
+
+def test_stochastic_rounding_noise_is_independent_across_steps():
+    """The optimizer's per-step seeds must give uncorrelated rounding decisions step to step."""
+    model = nn.Linear(256, 256, bias=False).bfloat16()
+    opt = forge.attach(model, "sgd", lr=1.0)
+    n, ulp, fraction = 256 * 256, 2.0**-7, 0.5
+    decisions = []
+    for step in (1, 2):
+        w = torch.ones(n, dtype=torch.bfloat16)
+        _sgd_step(w, torch.full((n,), -fraction * ulp), lr=1.0, seed=opt._seed_for(model.weight, step))
+        decisions.append((w.float() - 1.0) / ulp)
+    corr = float(torch.corrcoef(torch.stack(decisions))[0, 1])
+    assert abs(corr) < 5 / math.sqrt(n), f"rounding decisions of consecutive steps correlate: {corr:.4f}"
+
+
+def _regression_model(k=64, n=48):
+    return nn.Sequential(nn.Linear(k, n), nn.Tanh(), nn.Linear(n, 8))
+
+
+def _train(model, step_fn, batches):
+    for x, y in batches:
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        step_fn()
+    return model
+
+
+@pytest.mark.parametrize(
+    "lr, weight_scale, steps, factor",
+    [(1e-4, 8.0, 200, 1.0), (1e-3, 1.0, 12, 2.0)],
+    ids=["sub-ulp-updates", "ulp-sized-updates"],
+)
+def test_bf16_weights_track_fp32_master(lr, weight_scale, steps, factor):
+    """Distance to fp32-master AdamW: FORGE bf16 (+SR, fp32 gradient in registers) vs torch's bf16 AdamW.
+
+    Sub-ulp updates (small lr on large weights) are the dead zone: torch's bf16 AdamW rounds them
+    away, FORGE must be closer to fp32 once the lost updates add up to more than the random walk of
+    stochastic rounding (after about ulp / update steps; 200 here). With updates of about an ulp, stochastic rounding trades
+    bias for variance (per-step error variance up to ulp^2/4 against ulp^2/12 for nearest), so there
+    the check is the usual factor 2 (STYLE.md: dist(forge) <= 2 dist(torch bf16)).
+    """
+    base = _regression_model()
+    with torch.no_grad():
+        for p in base.parameters():
+            p.mul_(weight_scale)
+    teacher = _regression_model()
+    xs = [torch.randn(32, 64) for _ in range(12)]
+    batches = [(x, teacher(x).detach()) for x in xs] * (steps // 12 + 1)
+    batches = batches[:steps]
+    hp = dict(lr=lr, weight_decay=0.0)
+
+    ref = copy.deepcopy(base)  # fp32 master weights and states: the target
+    opt = torch.optim.AdamW(ref.parameters(), **hp)
+    _train(ref, lambda: (opt.step(), opt.zero_grad()), batches)
+
+    batches16 = [(x.bfloat16(), y.bfloat16()) for x, y in batches]
+    bf = copy.deepcopy(base).bfloat16()
+    opt_bf = torch.optim.AdamW(bf.parameters(), **hp)
+    _train(bf, lambda: (opt_bf.step(), opt_bf.zero_grad()), batches16)
+
+    fg = copy.deepcopy(base).bfloat16()
+    forge.attach(fg, "adamw", state_dtype="bf16", stochastic_rounding=True, **hp)
+    _train(fg, lambda: None, batches16)
+
+    def dist(m):
+        return math.sqrt(sum(float((p.detach().double() - r.detach().double()).norm() ** 2)
+                             for p, r in zip(m.parameters(), ref.parameters())))
+
+    assert dist(fg) <= factor * dist(bf), f"FORGE bf16+SR {dist(fg):.4g} vs torch bf16 {dist(bf):.4g} from fp32 master"
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
+@pytest.mark.parametrize("cols", [64, 100, 1])
+def test_int8_roundtrip_error_bound_per_block(signed, cols):
+    x = torch.randn(37, cols) * torch.exp(torch.randn(37, 1) * 3)
+    if not signed:
+        x = x**2
+    codes, scale = quant.quantize(x, signed)
+    back = quant.dequantize(codes, scale, signed)
+    err = (back - x).abs()
+    # Bound per block of 64: signed codes step at most 2/127 of absmax in u near |u| = 1 (half of it
+    # by rounding); positive codes step rootmax/255 in sqrt(x), so x moves by at most about absmax/255.
+    absmax = quant._grouped(x.abs()).amax(-1)
+    bound = (absmax / 127 if signed else absmax / 255 * 1.01)[..., None].expand(-1, -1, 64)
+    bound = bound.reshape(x.shape[0], -1)[:, :cols].reshape(x.shape) + 1e-30
+    assert bool((err <= bound).all()), f"worst error / bound = {float((err / bound).max()):.3f}"
+    if not signed:
+        assert bool(((back > 0) | (x == 0)).all()), "a non-zero second moment must never decode to 0"
+
+
+def test_int8_kernel_states_match_the_pytorch_twin():
+    """The kernel's stored codes and scales decode to the fp32 momentum within one block bound."""
+    rule = get_rule("sgd")
+    h = resolve_hparams(rule, dict(lr=0.1, momentum=0.9))
+    p = torch.randn(33, 130)
+    codes, scale = quant.quantize(torch.zeros_like(p), signed=True)
+    grads = [torch.randn_like(p) * torch.exp(torch.randn(33, 1)) for _ in range(3)]
+    buf = torch.zeros_like(p)
+    for step, g in enumerate(grads, start=1):
+        elementwise_update(p, g, (codes, None, None), (scale, None, None), (True, False, False),
+                           rule.coefficients(h, step, {}), 0, rule="sgd", flags=rule.flags(h),
+                           state_dtype="int8", stochastic_rounding=False)
+        buf = g.clone() if step == 1 else 0.9 * buf + g
+    decoded = quant.dequantize(codes, scale, True)
+    absmax = quant._grouped(decoded.abs()).amax(-1).repeat_interleave(64, -1)[:, :130]
+    assert bool(((decoded - buf).abs() <= 3 * absmax / 127 + 1e-6).all())
+
+
+def test_int8_states_track_fp32_states_in_training():
+    base, teacher = _regression_model(), _regression_model()
+    xs = [torch.randn(32, 64) for _ in range(15)]
+    batches = [(x, teacher(x).detach()) for x in xs]
+    losses = {}
+    for state_dtype in ("fp32", "int8"):
+        model = copy.deepcopy(base)
+        forge.attach(model, "adamw", lr=3e-3, state_dtype=state_dtype)
+        curve = []
+        for x, y in batches:
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            curve.append(float(loss))
+        losses[state_dtype] = curve
+    fp32, int8 = losses["fp32"], losses["int8"]
+    assert int8[-1] < int8[0] * 0.9, "int8 run did not train"
+    assert max(abs(a - b) / a for a, b in zip(fp32, int8)) < 0.05, f"{fp32} vs {int8}"
