@@ -180,7 +180,7 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
         nvml_baseline_gib=gib(sampler.baseline_bytes) if device == "cuda" else None,
     )
     record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
-    reason = methods.get(cfg.method.name).unavailable_reason(device)
+    reason = methods.unavailable_reason(cfg.method.name, config_mod.to_dict(cfg.method.options), device)
     if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():
         reason = "device=cuda but no CUDA device is visible"
     if reason:

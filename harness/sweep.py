@@ -164,7 +164,9 @@ def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, d
     from harness import runner
 
     device = runner.resolve_device(point.cfg.device)
-    reason = methods.get(point.cfg.method.name).unavailable_reason(device)
+    reason = methods.unavailable_reason(
+        point.cfg.method.name, config_mod.to_dict(point.cfg.method.options), device
+    )
     if reason:
         record = runner.base_record(point.cfg, point.id, device)
         record.update(status="unavailable", error=reason, env=env.collect(git))

@@ -68,6 +68,11 @@ def validate(name: str, options: dict[str, Any]) -> None:
     make_options(name, options)
 
 
+def unavailable_reason(name: str, options: dict[str, Any], device: str) -> str | None:
+    """Why the method cannot run on this device with these options (None when it can)."""
+    return get(name).unavailable_reason(device, make_options(name, options))
+
+
 def check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
     """For Options.__post_init__: a ValueError naming the valid choices."""
     if value not in choices:

@@ -2,7 +2,7 @@
 
 A method turns "a model and a batch" into "a trained step". The runner calls, in order:
 
-    reason = Method.unavailable_reason(device)   # cheap (no heavy imports): None if it can run
+    reason = Method.unavailable_reason(device, options)  # cheap: None if it can run here
     m = Method(model, lr, options, device)       # options: an instance of the method's Options
     m.setup()                                    # build the optimizer, register hooks
     loss = m.step(input_ids)                     # forward, backward and update; returns the loss
@@ -50,7 +50,7 @@ class Method:
         self.hooks: list[Any] = []
 
     @classmethod
-    def unavailable_reason(cls, device: str) -> str | None:
+    def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
         """None when this method can run here; else why not (missing package, needs CUDA)."""
         for package in cls.requires:
             if importlib.util.find_spec(package) is None:

@@ -40,7 +40,7 @@ class Forge(Method):
     Options = ForgeOptions
 
     @classmethod
-    def unavailable_reason(cls, device: str) -> str | None:
+    def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
         try:
             import forge
         except Exception as e:  # an import error of any kind: forge is not usable here

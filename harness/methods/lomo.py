@@ -10,6 +10,7 @@ fp32 and allocates them with `.cuda()`, so it needs CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,11 +33,15 @@ class LomoMethod(Method):
     Options = LomoOptions
     requires = ("lomo_optim",)
 
+    @classmethod
+    def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
+        if options is not None and options.variant == "adalomo" and device != "cuda":
+            return "AdaLomo allocates its states with .cuda(): it needs CUDA"
+        return super().unavailable_reason(device, options)
+
     def setup(self) -> None:
         from lomo_optim import AdaLomo, Lomo
 
-        if self.options.variant == "adalomo" and self.device != "cuda":
-            raise RuntimeError("AdaLomo allocates its states with .cuda(): it needs CUDA")
         cls = Lomo if self.options.variant == "lomo" else AdaLomo
         self.opt = cls(
             self.model,

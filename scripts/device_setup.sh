@@ -1,0 +1,15 @@
+# Source first in every device command, from the repository root, with .whl carried:
+#   . scripts/device_setup.sh && python -m harness sweep +exp=llama8b_h200
+# Installs the wheels of scripts/device_wheels.sh into /tmp/site (the image's own packages stay
+# untouched) and puts them and this checkout on PYTHONPATH.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || return 1 2>/dev/null || exit 1
+else
+  echo "device_setup: no .whl/ here (run scripts/device_wheels.sh and carry .whl); Hydra will be missing" >&2
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# Keep NVLink multicast off (the machines' rule), also for the worker subprocesses.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -c "import torch, hydra; print('device_setup: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'hydra', hydra.__version__)"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Download the wheels the GPU machine lacks into .whl/ (Python 3.12, manylinux x86_64), for
+# `scripts/device_setup.sh` to install there. The GPU machine reaches no package index, so the
+# harness's own dependencies (Hydra) and the rival methods travel with the working tree.
+#
+#   bash scripts/device_wheels.sh            # then carry .whl in the device command
+#
+# Already on the GPU image (not fetched): torch, triton, transformers, numpy, pandas, PyYAML,
+# packaging, tqdm, nvidia-ml-py. bitsandbytes ships one CUDA library per CUDA version (43 MB);
+# we keep only the CPU, CUDA 13.0 and 13.2 libraries (the image's torch is cu130) so the
+# bundle stays far under the device's 64 MiB transfer limit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p .whl
+
+PY=${PYTHON:-python3}
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+WHEELS=(
+  hydra-core==1.3.2            # needs omegaconf, antlr4 4.9.*, packaging (on the image)
+  omegaconf==2.3.0             # needs antlr4 4.9.*, PyYAML (on the image)
+  bitsandbytes==0.50.2         # needs torch, numpy, packaging (on the image)
+  torchao==0.18.0
+  lomo-optim==0.1.1            # needs torch, transformers (on the image)
+  flashoptim==0.1.4            # needs torch, triton (on the image)
+)
+
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLATFORMS[@]}" -d .whl "${WHEELS[@]}"
+
+# antlr4-python3-runtime 4.9.3 (what omegaconf 2.3 pins) exists only as an sdist: build a
+# pure-Python wheel from it here.
+ls .whl/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1 ||
+  "$PY" -m pip wheel -q --no-deps --no-binary=:all: -w .whl antlr4-python3-runtime==4.9.3
+
+# Strip bitsandbytes' libraries for other CUDA versions, ROCm and XPU.
+"$PY" - <<'PY'
+import glob, os, re, zipfile
+for path in glob.glob(".whl/bitsandbytes-*.whl"):
+    keep = re.compile(r"libbitsandbytes_(cpu|cuda130|cuda132)\.so$")
+    drop = re.compile(r"libbitsandbytes_\w+\.so$")
+    with zipfile.ZipFile(path) as src:
+        names = [n for n in src.namelist() if not drop.search(n) or keep.search(n)]
+        if len(names) == len(src.namelist()):
+            continue
+        tmp = path + ".tmp"
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            for n in names:
+                dst.writestr(src.getinfo(n), src.read(n))
+    os.replace(tmp, path)
+PY
+ls -la .whl
+du -sh .whl
