@@ -29,7 +29,10 @@ class ForgeLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str):
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x)
+        # The Parameter itself, not a saved tensor: under activation checkpointing saved tensors come
+        # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
+        ctx.weight = weight
         ctx.optimizer = optimizer
         ctx.name = name
         ctx.version = optimizer.version(weight)
@@ -38,8 +41,8 @@ class ForgeLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        optimizer = ctx.optimizer
+        (x,) = ctx.saved_tensors
+        weight, optimizer = ctx.weight, ctx.optimizer
         if optimizer.version(weight) != ctx.version:
             raise RuntimeError(
                 f"FORGE: {ctx.name} was already updated since this forward pass. A second backward through "

@@ -1,0 +1,94 @@
+"""GPU-only checks (skipped without CUDA): bf16 exactness at Llama-like shapes, and memory.
+
+Run on the device: `pytest tests/test_gpu.py -q`.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import forge
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("T, N, K", [(2048, 4096, 4096), (1024, 1024, 4096), (4096, 14336, 4096)],
+                         ids=["q_proj", "k_proj", "gate_proj"])
+def test_bf16_fused_step_is_as_close_to_fp32_as_torch(T, N, K, state_dtype):
+    """One fused AdamW step on bf16 weights vs torch AdamW on the fp32 gradient (the ideal) and
+    torch AdamW on bf16 weights with its own bf16 gradient (the baseline): FORGE is no farther."""
+    dev = "cuda"
+    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(T, N, device=dev, dtype=torch.bfloat16) / math.sqrt(T)
+    w0 = torch.randn(N, K, device=dev) * 0.02
+    hp = dict(lr=1e-3, weight_decay=0.01)
+
+    ref = nn.Parameter(w0.clone())  # fp32 master weight, fp32 gradient
+    ref.grad = dy.float().t() @ x.float()
+    torch.optim.AdamW([ref], **hp).step()
+
+    base = nn.Parameter(w0.bfloat16())  # torch on bf16: gradient rounded to bf16 first
+    base.grad = dy.t() @ x
+    torch.optim.AdamW([base], **hp).step()
+
+    layer = nn.Linear(K, N, bias=False, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(w0.bfloat16())
+    forge.attach(layer, "adamw", state_dtype=state_dtype, stochastic_rounding=False, **hp)
+    x_in = x.clone().requires_grad_()
+    layer(x_in).backward(dy)
+
+    d_forge = float((layer.weight.float() - ref.float()).norm())
+    d_torch = float((base.float() - ref.float()).norm())
+    assert d_forge <= d_torch * 1.001, f"FORGE {d_forge:.4g} vs torch bf16 {d_torch:.4g} from the fp32 step"
+    torch.testing.assert_close(x_in.grad, dy @ w0.bfloat16(), rtol=0, atol=0)  # dx from the OLD weight
+
+
+def test_fp32_fused_step_matches_torch_on_gpu():
+    dev = "cuda"
+    T, N, K = 512, 768, 1000
+    x, dy = torch.randn(T, K, device=dev), torch.randn(T, N, device=dev)
+    layer = nn.Linear(K, N, device=dev)
+    ref = nn.Linear(K, N, device=dev)
+    ref.load_state_dict(layer.state_dict())
+    forge.attach(layer, "adamw", state_dtype="fp32", lr=1e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
+    for _ in range(3):
+        layer(x).backward(dy)
+        opt.zero_grad()
+        ref(x).backward(dy)
+        opt.step()
+    rel = float((layer.weight - ref.weight).norm() / ref.weight.norm())
+    assert rel <= 1e-5
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_backward_never_allocates_the_weight_gradient(state_dtype):
+    """Peak memory of a ForgeLinear backward is below nn.Linear's by at least the size of dW."""
+    dev = "cuda"
+    T, N, K = 1024, 8192, 8192  # dW in bf16: 128 MiB, far above the activations here
+    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    grad_bytes = N * K * 2
+
+    def peak_of_backward(layer):
+        y = layer(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        y.backward(dy)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+
+    plain = nn.Linear(K, N, bias=False, device=dev, dtype=torch.bfloat16)
+    plain_peak = peak_of_backward(plain)
+    del plain
+    x.grad = None
+    fused = nn.Linear(K, N, bias=False, device=dev, dtype=torch.bfloat16)
+    forge.attach(fused, "adamw", state_dtype=state_dtype)
+    fused_peak = peak_of_backward(fused)
+    assert fused.weight.grad is None
+    assert fused_peak <= plain_peak - grad_bytes, f"FORGE backward peak {fused_peak} vs nn.Linear {plain_peak}"
