@@ -53,7 +53,9 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         time=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         method=cfg.method.name,
         method_label=cfg.method.label,
-        method_options={"lr": cfg.method.lr, **config_mod.to_dict(cfg.method.options)},
+        method_options=methods.resolved_options(
+            cfg.method.name, config_mod.to_dict(cfg.method.options), cfg.method.lr
+        ),
         model=cfg.model.name,
         batch_size=cfg.batch_size,
         seq_len=cfg.seq_len,
@@ -110,7 +112,6 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
     weights = measure.nbytes(params)
     out = {
         "n_params": models.n_params(model),
-        "method_options": method.method_options(),
         "master_weights": method.master_weights(),
         "losses": losses,
         "loss_first": losses[0],

@@ -17,7 +17,7 @@ A method outside this package can be named as "package.module:Class" in `method.
 from __future__ import annotations
 
 import importlib
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from harness.config import ConfigError
@@ -61,6 +61,12 @@ def make_options(name: str, options: dict[str, Any]) -> Any:
         return cls(**options)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"method.options for {name!r}: {e}") from None
+
+
+def resolved_options(name: str, options: dict[str, Any], lr: float) -> dict[str, Any]:
+    """What a record stores as method_options: lr and every option with its default filled in,
+    the same for a point that ran and one that failed (so they match as the same configuration)."""
+    return {"lr": lr, **asdict(make_options(name, options))}
 
 
 def validate(name: str, options: dict[str, Any]) -> None:

@@ -92,12 +92,6 @@ class Method:
         dtypes = {p.dtype for p in self.params()}
         return "+".join(sorted(_DTYPE_NAMES.get(d, str(d)) for d in dtypes))
 
-    def method_options(self) -> dict[str, Any]:
-        """What the record stores as method_options (the resolved options plus lr)."""
-        from dataclasses import asdict
-
-        return {"lr": self.lr, **asdict(self.options)}
-
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 

@@ -2,7 +2,7 @@
 
 All gradients exist at once between backward and `step()`, so its peak holds weights, gradients
 and both moments together. On a machine without CUDA the fused kernel is not what we compare, so
-the point runs the plain (for-each) AdamW and says so in its notes and method_options.
+the point runs the plain (for-each) AdamW and says so in its notes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ class FusedAdamW(Method):
         fused = self.device == "cuda"
         if not fused:
             self.notes.append("no CUDA: plain torch.optim.AdamW (foreach) instead of fused=True")
-        self.fused = fused
         o = self.options
         self.opt = torch.optim.AdamW(
             self.params(),
@@ -46,6 +45,3 @@ class FusedAdamW(Method):
 
     def optimizer_state_tensors(self):
         return state_tensors_of(self.opt)
-
-    def method_options(self):
-        return {**super().method_options(), "fused": self.fused}
