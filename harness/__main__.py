@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: the same command resumes (recorded points are skipped)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

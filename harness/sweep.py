@@ -150,6 +150,9 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
             _kill_group(proc)
             proc.communicate()
             return _crash_record(point, git, "error", f"timeout: killed after {point.cfg.timeout_s:g} s")
+        except BaseException:  # Ctrl-C: the worker is in its own session and would outlive us
+            _kill_group(proc)
+            raise
         if record_path.exists():
             return json.loads(record_path.read_text())
     status = "oom" if "out of memory" in stderr.lower() else "error"
