@@ -49,9 +49,9 @@ def build(
     torch.manual_seed(seed)
     torch_dtype = TORCH_DTYPES[dtype]
     if cfg.path:
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.path, dtype=torch_dtype, attn_implementation="sdpa", device_map=device
-        )
+        # No device_map: that needs accelerate. Load on the host, then move.
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=torch_dtype, attn_implementation="sdpa")
+        model = model.to(device)
     else:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(

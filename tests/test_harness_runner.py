@@ -1,0 +1,47 @@
+"""harness.runner in-process on CPU: one point end to end, activation checkpointing, real weights
+from a local path, and the verdicts that turn a measured run into ok / error / diverged."""
+
+import pytest
+
+from harness import models, runner
+from harness.config import compose_config
+
+TINY = ["model=tiny-llama", "gpu=cpu", "device=cpu", "seq_len=16", "steps=3", "warmup_steps=1"]
+TINY += ["method.lr=1e-3"]
+
+
+def test_run_point_with_activation_checkpointing():
+    record = runner.run_point(compose_config([*TINY, "activation_checkpointing=true"]))
+    assert record["status"] == "ok", record["error"]
+    assert record["activation_checkpointing"] is True and record["config"]["activation_checkpointing"]
+    assert record["tokens_per_s"] > 0 and record["mfu"] is None  # no known peak on a CPU
+
+
+def test_run_point_loads_real_weights_from_a_local_path(tmp_path):
+    cfg = compose_config(TINY)
+    models.build(cfg.model, "fp32", "cpu", seed=123).save_pretrained(tmp_path)
+    record = runner.run_point(compose_config([*TINY, f"model.path={tmp_path}", "method=no_optimizer"]))
+    fresh = runner.run_point(compose_config([*TINY, "method=no_optimizer"]))
+    assert record["status"] == fresh["status"] == "ok"
+    assert record["loss_first"] != pytest.approx(fresh["loss_first"])  # other weights, other loss
+
+
+def _measured(losses, moved=1.0):
+    return {"losses": losses, "params_moved_frac": moved}
+
+
+@pytest.mark.parametrize(
+    "losses, moved, trains, expected",
+    [
+        ([5.0, 4.0], 1.0, True, "ok"),
+        ([5.0, 5.0], 1.0, True, "error"),  # the loss did not fall
+        ([5.0, 4.0], 0.0, True, "error"),  # nothing moved: the hooks were lost
+        ([5.0, 5.0], 0.0, False, "ok"),  # the no-optimizer floor is not expected to train
+        ([5.0, float("nan")], 1.0, True, "diverged"),
+        ([5.0, float("inf")], 1.0, False, "diverged"),
+    ],
+)
+def test_verdict(losses, moved, trains, expected):
+    status, error = runner.verdict(_measured(losses, moved), trains, check_training=True)
+    assert status == expected
+    assert (error is None) == (expected == "ok")
