@@ -58,9 +58,19 @@ def build(
                 hf_config(cfg), dtype=torch_dtype, attn_implementation="sdpa"
             )
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.config.use_cache = False
     return model.train()
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant checkpoint around every decoder layer. transformers renamed the call (5.2x:
+    activation_checkpointing_enable; gradient_checkpointing_enable before): use what is there."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def n_params(model: torch.nn.Module) -> int:
