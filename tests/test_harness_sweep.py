@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import results, sweep
+from harness.config import group_choices
 
 FAKES = Path(__file__).parent / "harness_conf"
 TINY = ["+exp=smoke", f"hydra.searchpath=[file://{FAKES}]", "sweep.models=[tiny-llama]", "seq_len=16"]
@@ -112,3 +113,15 @@ def test_results_never_record_nan(failure_sweep):
     _, _, path = failure_sweep
     assert _by_label(path)["fake_nan"]["loss_first"] is None  # NaN is written as null
     assert "NaN" not in path.read_text()
+
+
+@pytest.mark.parametrize("exp", group_choices("exp"))
+def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
+    """Each experiment's sweep logic end to end on the tiny model, workers replaced (no subprocess)."""
+    run, _ = _fake_isolated(oom_above=2)
+    monkeypatch.setattr(sweep, "run_isolated", run)
+    overrides = [f"+exp={exp}", "sweep.models=[tiny-llama]", f"results_dir={tmp_path}"]
+    overrides += ["sweep.max_batch_size=4"]
+    records = results.read(sweep.run_sweep(overrides))
+    assert records and all(r["status"] in results.STATUSES for r in records)
+    assert all(r["model"] == "tiny-llama" and r["sweep"] == exp for r in records)
