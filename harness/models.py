@@ -79,9 +79,13 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per non-embedding parameter plus attention's 12*L*H*S
-    (PaLM's appendix B; recomputation under activation checkpointing is not counted)."""
+    """Training FLOPs per token: 6 per parameter that does a matmul (not the input embedding's
+    lookup, unless tied to the lm_head) plus attention's 12*L*H*S (PaLM's appendix B;
+    recomputation under activation checkpointing is not counted)."""
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is model.get_input_embeddings().weight:
+        embedding = 0  # tied: the parameter is counted once and does the lm_head's matmul
     attention = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * _head_dim(cfg) * seq_len
     return 6 * (n_params(model) - embedding) + attention
 

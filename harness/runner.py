@@ -73,6 +73,15 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
     return r
 
 
+def stamp_env(record: dict[str, Any], device: str, git: dict[str, Any] | None) -> dict[str, Any]:
+    """Add env metadata and the GPU fields, the same for every record of a point, whatever its
+    status (the report and the regression check match points on gpu_name)."""
+    record["env"] = env.collect(git)
+    record["gpu_name"] = record["env"]["gpu_name"] if device == "cuda" else None
+    record["gpu_count"] = 1 if device == "cuda" else 0  # GPUs this point used (env: all visible)
+    return record
+
+
 def apply_memory_cap(cap_gib: float | None, device: str) -> str | None:
     """Cap this process's CUDA allocator to emulate a smaller card; returns a note if it cannot."""
     if cap_gib is None:
@@ -173,13 +182,8 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
     """Run one point in this process and return its record (never raises for a point's failure)."""
     device = resolve_device(cfg.device)
     sampler = measure.NvmlSampler()  # before CUDA is touched: its baseline excludes our context
-    record = base_record(cfg, point, device)
-    record["env"] = env.collect(git)
-    record.update(
-        gpu_name=record["env"]["gpu_name"] if device == "cuda" else None,
-        gpu_count=record["env"]["gpu_count"] if device == "cuda" else 0,
-        nvml_baseline_gib=gib(sampler.baseline_bytes) if device == "cuda" else None,
-    )
+    record = stamp_env(base_record(cfg, point, device), device, git)
+    record["nvml_baseline_gib"] = gib(sampler.baseline_bytes) if device == "cuda" else None
     record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
     reason = methods.unavailable_reason(cfg.method.name, config_mod.to_dict(cfg.method.options), device)
     if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():

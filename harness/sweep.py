@@ -119,8 +119,9 @@ def _child_env(device: str) -> dict[str, str]:
 def _crash_record(point: Point, git: dict[str, Any], status: str, error: str) -> dict[str, Any]:
     from harness import runner
 
-    record = runner.base_record(point.cfg, point.id, runner.resolve_device(point.cfg.device))
-    record.update(status=status, error=error, env=env.collect(git))
+    device = runner.resolve_device(point.cfg.device)
+    record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
+    record.update(status=status, error=error)
     return record
 
 
@@ -171,8 +172,8 @@ def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, d
         point.cfg.method.name, config_mod.to_dict(point.cfg.method.options), device
     )
     if reason:
-        record = runner.base_record(point.cfg, point.id, device)
-        record.update(status="unavailable", error=reason, env=env.collect(git))
+        record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
+        record.update(status="unavailable", error=reason)
     else:
         record = run_isolated(point, git)
     results.append(path, record)
