@@ -30,6 +30,10 @@ PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10"
 SNAPSHOT_ELEMENTS = 4096  # per parameter, to check that it moved
 
 
+class Unavailable(Exception):
+    """The method cannot run on this machine (raised from setup; recorded as `unavailable`)."""
+
+
 def resolve_device(requested: str) -> str:
     """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""
     if requested == "auto":
@@ -108,7 +112,10 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
     batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
     options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
-    method.setup()
+    try:
+        method.setup()
+    except ImportError as e:
+        raise Unavailable(f"{cfg.method.name} cannot be imported here: {type(e).__name__}: {e}") from e
     params = method.params()
     before = _snapshot(params)
     if device == "cuda":
@@ -194,6 +201,10 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
     try:
         note = apply_memory_cap(cfg.gpu.memory_cap_gib, device)
         measured = train_and_measure(cfg, device, sampler)
+    except Unavailable as e:
+        sampler.stop()
+        record.update(status="unavailable", error=str(e))
+        return record
     except Exception as e:
         sampler.stop()
         record["status"], record["error"] = _failure(e)

@@ -60,3 +60,10 @@ class NanMethod(Method):
 
     def step(self, input_ids):
         return torch.tensor(float("nan"))
+
+
+class BrokenImportMethod(Method):
+    """Its package is installed but cannot load here (say, no CUDA library for it)."""
+
+    def setup(self):
+        raise ImportError("libcudart.so.13: cannot open shared object file (simulated)")

@@ -1,6 +1,8 @@
 """harness.runner in-process on CPU: one point end to end, activation checkpointing, real weights
 from a local path, and the verdicts that turn a measured run into ok / error / diverged."""
 
+from pathlib import Path
+
 import pytest
 
 from harness import models, runner
@@ -45,3 +47,10 @@ def test_verdict(losses, moved, trains, expected):
     status, error = runner.verdict(_measured(losses, moved), trains, check_training=True)
     assert status == expected
     assert (error is None) == (expected == "ok")
+
+
+def test_a_package_that_cannot_load_makes_the_point_unavailable():
+    fakes = Path(__file__).parent / "harness_conf"
+    cfg = compose_config([*TINY, f"hydra.searchpath=[file://{fakes}]", "method=fake_brokenimport"])
+    record = runner.run_point(cfg)
+    assert record["status"] == "unavailable" and "libcudart" in record["error"]

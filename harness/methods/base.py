@@ -2,7 +2,7 @@
 
 A method turns "a model and a batch" into "a trained step". The runner calls, in order:
 
-    reason = Method.unavailable_reason(device, options)  # cheap: None if it can run here
+    reason = Method.unavailable_reason(device, options)  # cheap, no imports: None if it can run
     m = Method(model, lr, options, device)       # options: an instance of the method's Options
     m.setup()                                    # build the optimizer, register hooks
     loss = m.step(input_ids)                     # forward, backward and update; returns the loss
@@ -63,7 +63,9 @@ class Method:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def setup(self) -> None:
-        """Build optimizers and register hooks. Called once, before the first step."""
+        """Build optimizers and register hooks. Called once, before the first step. An ImportError
+        raised here (a package that is installed but cannot load on this machine) makes the point
+        `unavailable`, with the error as the reason."""
 
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal-LM loss of the batch against itself (labels are shifted inside the model)."""

@@ -38,16 +38,7 @@ class ForgeOptions:
 class Forge(Method):
     name = "forge"
     Options = ForgeOptions
-
-    @classmethod
-    def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
-        try:
-            import forge
-        except Exception as e:  # an import error of any kind: forge is not usable here
-            return f"forge cannot be imported: {type(e).__name__}: {e}"
-        if not hasattr(forge, "attach"):
-            return "forge.attach is not available in this checkout"
-        return None
+    requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
 
     def setup(self) -> None:
         import forge
