@@ -125,3 +125,13 @@ def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
     records = results.read(sweep.run_sweep(overrides))
     assert records and all(r["status"] in results.STATUSES for r in records)
     assert all(r["model"] == "tiny-llama" and r["sweep"] == exp for r in records)
+
+
+def test_cli_run_one_point(tmp_path, capsys):
+    from harness.__main__ import main
+
+    args = ["model=tiny-llama", "gpu=cpu", "device=cpu", "seq_len=16", "steps=2", "warmup_steps=0"]
+    assert main(["run", *args, "method=no_optimizer", f"results_dir={tmp_path}"]) == 0
+    assert "[ok]  no_optimizer/tiny-llama/b1/s16/cpu" in capsys.readouterr().out
+    (record,) = results.read(tmp_path / "adhoc.jsonl")
+    assert record["status"] == "ok" and (tmp_path / ".gitignore").exists()
