@@ -37,14 +37,20 @@ from forge.kernels.update_tile import update_tile
 
 
 @triton.jit
+def _halves(tile, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Split a (ROWS, COLS) register tile into its top and bottom (ROWS // 2, COLS) halves."""
+    return tl.split(tl.permute(tl.reshape(tile, (2, ROWS // 2, COLS)), (1, 2, 0)))
+
+
+@triton.jit
 def _wgrad_update_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) fp32 int8 block scales, updated in place
-    dy_ptr,  # (T, N) bf16 | fp32, gradient of the layer's output, any strides
-    x_ptr,  # (T, K) bf16 | fp32, the layer's input, any strides
+    dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (USE_TMA) or a pointer
+    x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (USE_TMA) or a pointer
     T, N, K, NUM_GROUPS,
-    stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+    stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,  # element strides (pointer path only)
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
@@ -52,11 +58,12 @@ def _wgrad_update_kernel(
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     STOCHASTIC_ROUNDING: tl.constexpr,
+    USE_TMA: tl.constexpr,  # Hopper bulk tensor copies for dy and x (out-of-bounds reads give zeros)
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr,  # tiles of N walked together, for L2 reuse of x
-    EPILOGUE_SPLIT: tl.constexpr,  # 1 or 2: update the tile in this many row halves (registers)
+    EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: update the tile in this many row slices (registers)
 ):
     # Grouped ordering: GROUP_N consecutive programs share a column of x tiles in L2.
     pid = tl.program_id(0)
@@ -67,42 +74,80 @@ def _wgrad_update_kernel(
     group_rows = min(tiles_n - first_n, GROUP_N)
     pid_n = first_n + (pid % per_group) % group_rows
     pid_k = (pid % per_group) // group_rows
-
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_t = tl.arange(0, BLOCK_T)
-    dy_ptrs = dy_ptr + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
-    x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
+    n0 = pid_n * BLOCK_N
+    k0 = pid_k * BLOCK_K
 
     # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for t0 in range(0, T, BLOCK_T):
-        t_ok = (t0 + offs_t) < T
-        dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
-        x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
-        if UPCAST_DOT:
-            dy = dy.to(tl.float32)
-            x = x.to(tl.float32)
-        acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-        dy_ptrs += BLOCK_T * stride_dy_t
-        x_ptrs += BLOCK_T * stride_x_t
-
-    # Epilogue: the optimizer update on the finished tile; the gradient dies in registers.
-    if EPILOGUE_SPLIT == 2:
-        top, bottom = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_K)), (1, 2, 0)))
-        update_tile(top, pid_n * BLOCK_N, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N // 2, BLOCK_K)
-        update_tile(bottom, pid_n * BLOCK_N + BLOCK_N // 2, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr,
-                     q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N // 2, BLOCK_K)
+    if USE_TMA:
+        for t0 in range(0, T, BLOCK_T):
+            dy = dy_src.load([t0, n0])
+            x = x_src.load([t0, k0])
+            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
     else:
-        update_tile(acc, pid_n * BLOCK_N, pid_k * BLOCK_K, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                     STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_t = tl.arange(0, BLOCK_T)
+        dy_ptrs = dy_src + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
+        x_ptrs = x_src + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
+        for t0 in range(0, T, BLOCK_T):
+            t_ok = (t0 + offs_t) < T
+            dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+            x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
+            if UPCAST_DOT:
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
+            dy_ptrs += BLOCK_T * stride_dy_t
+            x_ptrs += BLOCK_T * stride_x_t
+
+    # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
+    # held by W and state tiles; the gradient dies in registers.
+    if EPILOGUE_SPLIT == 1:
+        update_tile(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                    STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+    elif EPILOGUE_SPLIT == 2:
+        top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
+        _update_slices(top, bottom, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+    else:
+        tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
+        top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
+        a, b = _halves(top, BLOCK_N // 2, BLOCK_K)
+        _update_slices(a, b, n0, k0, BLOCK_N // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+        c, d = _halves(bottom, BLOCK_N // 2, BLOCK_K)
+        _update_slices(c, d, n0 + BLOCK_N // 2, k0, BLOCK_N // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr,
+                       q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+
+
+@triton.jit
+def _update_slices(
+    first, second, n0, k0, ROWS: tl.constexpr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Update two consecutive row slices of ROWS rows each, starting at row n0."""
+    update_tile(first, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                STATE_DTYPE, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+    update_tile(second, n0 + ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                STATE_DTYPE, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
 
 
 @dataclass(frozen=True)
@@ -123,7 +168,20 @@ def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool)
         # Few, small programs: the interpreter's cost is per program and per operation.
         block_n = 16 if N <= 16 else 32
         return KernelConfig(block_n=block_n, block_k=64, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
-    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=2, num_warps=8, num_stages=3)
+    # Hopper, measured offline (docs/perf-notes.md, `python -m harness kernels --tune`).
+    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=2, num_warps=8, num_stages=4)
+
+
+def _can_use_tma(t: torch.Tensor) -> bool:
+    """Bulk tensor copies need a 2-D tensor with unit last stride and 16-byte aligned rows and base."""
+    return (
+        t.is_cuda
+        and t.dtype in (torch.bfloat16, torch.float16)
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and torch.cuda.get_device_capability(t.device)[0] >= 9
+    )
 
 
 def wgrad_update(
@@ -153,21 +211,28 @@ def wgrad_update(
     assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
     on_interpreter = interpreting()
     cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter)
-    num_groups = triton.cdiv(K, 64)
+    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
+    use_tma = not on_interpreter and not exact and dy.dtype == x.dtype and _can_use_tma(dy) and _can_use_tma(x)
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        dy_src = TensorDescriptor.from_tensor(dy, [cfg.block_t, cfg.block_n])
+        x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
+    else:
+        dy_src, x_src = dy, x
     dummy = weight
     s = [t if t is not None else dummy for t in states]
     q = [t if t is not None else dummy for t in scales]
     grid = (triton.cdiv(N, cfg.block_n) * triton.cdiv(K, cfg.block_k),)
-    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
     _wgrad_update_kernel[grid](
-        weight, s[0], s[1], s[2], q[0], q[1], q[2], dy, x,
-        T, N, K, num_groups,
+        weight, s[0], s[1], s[2], q[0], q[1], q[2], dy_src, x_src,
+        T, N, K, triton.cdiv(K, 64),
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
         *coefficients, seed,
         RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
         HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
         S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
-        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding, USE_TMA=use_tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

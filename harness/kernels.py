@@ -1,0 +1,224 @@
+"""Kernel benchmark: the fused FORGE kernel against what a plain backward and optimizer pay.
+
+    python -m harness kernels                       # every shape and T, records to results/kernels/
+    python -m harness kernels --quick               # a few points, to try a change
+    python -m harness kernels --tune                # time candidate launch configs (offline tuning)
+
+For each linear shape of Llama-3.1-8B and Qwen3-14B (q, k, v, o, gate, up, down, lm_head) and each
+token count T, side by side in one process on one GPU, timed with
+`triton.testing.do_bench(..., return_mode="median")` on fresh random inputs (never zeros):
+
+  (a) cublas_gemm            torch.mm(dy.t(), x), bf16 out: the weight-gradient GEMM alone;
+  (b) gemm_plus_fused_adamw  (a) into .grad, then torch.optim.AdamW(fused=True) on bf16 weights
+                             with bf16 states: what the baseline really pays;
+  (c) forge                  the fused kernel, per rule (adamw, lion, sgd-momentum) and state dtype.
+
+The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
+bandwidth), both ceilings measured at the start of the same run. The minimum bytes of the fused
+kernel: dy and x read once, W read and written once, each state read and written once (int8: codes
+plus one fp32 scale per 64). Each record carries the run's metadata (harness.env).
+
+Timing re-runs the in-place kernel on scratch tensors: states drift over the repetitions but stay
+finite (the rules are bounded), which is fine for a timing and never done on a model's weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from harness import env, results
+
+LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256)
+QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936)
+MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
+STATE_DTYPES = ("fp32", "bf16", "int8")
+STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 64}
+
+
+def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
+    """(N, K) = (out_features, in_features) of each linear layer of a decoder block, and lm_head."""
+    h, i = cfg["hidden"], cfg["intermediate"]
+    q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
+    return {"q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q), "gate": (i, h), "up": (i, h), "down": (h, i),
+            "lm_head": (cfg["vocab"], h)}
+
+
+def measure_ceilings() -> dict[str, float]:
+    """bf16 matmul TFLOP/s (8192^3, random data) and device copy bandwidth in TB/s (bytes read + written)."""
+    from triton.testing import do_bench
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: torch.mm(a, b), return_mode="median")
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return {"matmul_tflops": 2 * 8192**3 / ms / 1e9, "copy_tbps": 2 * src.numel() * 2 / copy_ms / 1e9}
+
+
+def forge_min_bytes(T: int, N: int, K: int, rule: str, state_dtype: str) -> float:
+    n_states = {"adamw": 2, "lion": 1, "sgd": 1}[rule]
+    return 2 * T * (N + K) + N * K * (2 * 2 + 2 * n_states * STATE_BYTES[state_dtype])
+
+
+def baseline_min_bytes(T: int, N: int, K: int) -> float:
+    """GEMM reading dy, x and writing dW (bf16), then AdamW reading dW, W, m, v and writing W, m, v."""
+    return 2 * T * (N + K) + 2 * N * K + N * K * (2 + 3 * 2 + 3 * 2)
+
+
+def _forge_layer(N: int, K: int, rule: str, state_dtype: str):
+    import forge
+
+    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    opt = forge.attach(layer, rule, state_dtype=state_dtype, **RULES[rule])
+    return layer, opt
+
+
+def time_forge(dy, x, N, K, rule, state_dtype, config=None) -> float:
+    from triton.testing import do_bench
+
+    layer, opt = _forge_layer(N, K, rule, state_dtype)
+    w = layer.weight
+    if config is None:
+        fn = lambda: opt.update_linear(w, dy, x)
+    else:
+        from forge.kernels.wgrad_update import wgrad_update
+
+        group = opt.param_groups[0]
+        states, scales, signed = opt._slot_tensors(w, group)
+        coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
+        kw = opt._kernel_options(group)
+        fn = lambda: wgrad_update(w, states, scales, signed, dy, x, coeffs, 1, config=config, **kw)
+    ms = do_bench(fn, return_mode="median")
+    assert torch.isfinite(w).all(), "weights became non-finite during timing"
+    del layer, opt, w, fn
+    gc.collect()  # the optimizer and its ForgeLinear reference each other: free the states now
+    torch.cuda.empty_cache()
+    return ms
+
+
+def time_baselines(dy, x, N, K) -> tuple[float, float]:
+    from triton.testing import do_bench
+
+    gemm = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True)
+
+    def step():
+        p.grad = torch.mm(dy.t(), x)
+        opt.step()
+
+    step()  # allocate states
+    both = do_bench(step, return_mode="median")
+    return gemm, both
+
+
+def _record(base: dict, **fields) -> dict:
+    rec = results.empty_record() | base
+    rec.update(fields)
+    return rec
+
+
+def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path) -> None:
+    dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    base = dict(meta, model=model, shape_name=shape_name, T=T, N=N, K=K, status="ok",
+                **{f"ceiling_{k}": v for k, v in ceilings.items()})
+    gemm_ms, gemm_adamw_ms = time_baselines(dy, x, N, K)
+    flop_ms = 2 * T * N * K / (ceilings["matmul_tflops"] * 1e9)
+    bw = ceilings["copy_tbps"] * 1e9
+    rows = [("cublas_gemm", None, None, gemm_ms, max(flop_ms, 2 * (T * (N + K) + N * K) / bw)),
+            ("gemm_plus_fused_adamw", "adamw", "bf16", gemm_adamw_ms, max(flop_ms, baseline_min_bytes(T, N, K) / bw))]
+    for rule, state_dtype in variants:
+        try:
+            ms = time_forge(dy, x, N, K, rule, state_dtype)
+        except torch.OutOfMemoryError as e:
+            results.append(out, _record(base, variant="forge", rule=rule, state_dtype=state_dtype, status="oom",
+                                        error=str(e)[:300]))
+            continue
+        rows.append(("forge", rule, state_dtype, ms, max(flop_ms, forge_min_bytes(T, N, K, rule, state_dtype) / bw)))
+    for variant, rule, state_dtype, ms, floor in rows:
+        rec = _record(base, variant=variant, rule=rule, state_dtype=state_dtype, time_ms=ms,
+                      tflops=2 * T * N * K / ms / 1e9, ratio_to_gemm=ms / gemm_ms,
+                      ratio_to_gemm_adamw=ms / gemm_adamw_ms, floor_ms=floor, fraction_of_floor=floor / ms)
+        results.append(out, rec)
+        tag = f"{variant}" + (f"[{rule},{state_dtype}]" if variant == "forge" else "")
+        print(f"{model:12s} {shape_name:8s} T={T:6d} {tag:28s} {ms:8.3f} ms  x{ms / gemm_ms:5.2f} gemm  "
+              f"x{ms / gemm_adamw_ms:5.2f} gemm+adamw  {floor / ms:5.2f} of floor", flush=True)
+    del dy, x
+    torch.cuda.empty_cache()
+
+
+def tune(out: Path, meta: dict) -> None:
+    """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline."""
+    from forge.kernels.wgrad_update import KernelConfig
+
+    candidates = [KernelConfig(bn, bk, bt, 8, split, warps, stages)
+                  for bn, bk, bt, split, warps, stages in [
+                      (128, 128, 64, 2, 8, 4), (128, 128, 64, 4, 8, 4), (128, 128, 64, 1, 8, 4),
+                      (128, 256, 64, 2, 8, 3), (128, 256, 64, 4, 8, 3), (128, 256, 64, 4, 8, 4),
+                      (256, 128, 64, 4, 8, 3), (128, 128, 128, 2, 8, 3), (64, 256, 64, 2, 4, 4)]]
+    points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096), ("down", 4096, 14336)]
+    for (name, N, K), T, state_dtype in itertools.product(points, (2048, 8192), ("bf16", "int8")):
+        dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+        x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+        for cfg in candidates:
+            try:
+                ms = time_forge(dy, x, N, K, "adamw", state_dtype, config=cfg)
+                status, err = "ok", None
+            except Exception as e:  # a config that does not compile or fit is a result here
+                ms, status, err = None, "error", f"{type(e).__name__}: {str(e)[:200]}"
+            results.append(out, _record(meta, variant="forge_tune", shape_name=name, T=T, N=N, K=K, rule="adamw",
+                                        state_dtype=state_dtype, config=cfg.__dict__, time_ms=ms, status=status,
+                                        error=err, tflops=(2 * T * N * K / ms / 1e9) if ms else None))
+            print(f"tune {name:5s} T={T:5d} {state_dtype:4s} {cfg} -> {ms}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness kernels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="results/kernels", help="folder for the JSONL records")
+    parser.add_argument("--quick", action="store_true", help="Llama q/gate/down at T=2048 and 8192 only")
+    parser.add_argument("--tune", action="store_true", help="time candidate launch configs instead")
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("python -m harness kernels needs a CUDA GPU: it times kernels (the CPU interpreter is for tests)")
+        return 2
+    git = env.git_info()
+    meta = dict(sweep="kernels", env=env.collect(git), gpu_name=torch.cuda.get_device_name(), gpu_count=1,
+                time=time.strftime("%Y-%m-%dT%H:%M:%S"), method="kernel")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if args.tune:
+        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta)
+        return 0
+    ceilings = measure_ceilings()
+    print(f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, {ceilings['copy_tbps']:.2f} TB/s copy")
+    out = Path(args.out) / f"kernels-{stamp}.jsonl"
+    variants = list(itertools.product(("adamw", "lion", "sgd"), STATE_DTYPES))
+    for model in args.models:
+        shapes = linear_shapes(MODELS[model])
+        tokens = args.tokens
+        if args.quick:
+            shapes = {k: v for k, v in shapes.items() if k in ("q", "gate", "down")}
+            tokens = [2048, 8192]
+        for (name, (N, K)), T in itertools.product(shapes.items(), tokens):
+            bench_point(model, name, T, N, K, ceilings, meta, variants, out)
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
