@@ -163,12 +163,12 @@ def tune(out: Path, meta: dict) -> None:
     """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline."""
     from forge.kernels.wgrad_update import KernelConfig
 
-    candidates = [KernelConfig(bn, bk, bt, 8, split, warps, stages)
-                  for bn, bk, bt, split, warps, stages in [
-                      (128, 128, 64, 2, 8, 4), (128, 128, 64, 4, 8, 4), (128, 128, 64, 1, 8, 4),
-                      (128, 256, 64, 2, 8, 3), (128, 256, 64, 4, 8, 3), (128, 256, 64, 4, 8, 4),
-                      (256, 128, 64, 4, 8, 3), (128, 128, 128, 2, 8, 3), (64, 256, 64, 2, 4, 4)]]
-    points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096), ("down", 4096, 14336)]
+    candidates = [KernelConfig(bn, bk, bt, 8, split, warps, stages, maxnreg)
+                  for bn, bk, bt, split, warps, stages, maxnreg in [
+                      (128, 128, 64, 2, 8, 4, None), (128, 128, 64, 2, 8, 3, 128), (128, 128, 64, 4, 8, 3, 128),
+                      (128, 128, 64, 2, 8, 2, 128), (128, 128, 64, 4, 4, 3, 255), (128, 128, 64, 2, 4, 3, 255),
+                      (128, 64, 64, 1, 4, 3, 168), (64, 128, 64, 1, 4, 4, 128), (128, 128, 128, 2, 8, 3, None)]]
+    points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
     for (name, N, K), T, state_dtype in itertools.product(points, (2048, 8192), ("bf16", "int8")):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)

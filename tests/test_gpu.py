@@ -112,4 +112,5 @@ def test_fused_gradient_equals_fp64_gemm(T, N, K, dtype):
                  rule="sgd", flags=rule.flags(h), state_dtype="fp32", stochastic_rounding=False)
     ref = dy.double().t() @ x.double()
     rel = float(((w0 - w).double() - ref).norm() / ref.norm())
-    assert rel <= 1e-6, f"fused dW differs from the fp64 GEMM by {rel:.3g} (relative)"
+    # fp32 accumulation over T terms in another order: about sqrt(T) * 6e-8 relative.
+    assert rel <= 1e-5, f"fused dW differs from the fp64 GEMM by {rel:.3g} (relative)"

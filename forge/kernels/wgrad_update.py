@@ -161,6 +161,7 @@ class KernelConfig:
     epilogue_split: int = 1
     num_warps: int = 8
     num_stages: int = 3
+    maxnreg: int | None = None  # a register cap lets two programs share a multiprocessor
 
 
 def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool) -> KernelConfig:
@@ -236,4 +237,5 @@ def wgrad_update(
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not on_interpreter else {}),
     )
