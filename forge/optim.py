@@ -58,6 +58,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._version: dict[torch.Tensor, int] = {}
         self._index: dict[torch.Tensor, int] = {}
         self._group_of: dict[torch.Tensor, dict] = {}
+        self._slot_cache: dict[torch.Tensor, tuple] = {}
         self.param_names: dict[torch.Tensor, str] = {}
         super().__init__(params, resolve_hparams(self.rule, hparams))
 
@@ -112,12 +113,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 state[slot.name] = torch.full_like(p, init, dtype=STATE_DTYPES[self.state_dtype])
 
     def _slot_tensors(self, p: torch.Tensor, group: dict):
-        state = self.state[p]
-        slots = self._slots(group)
-        states = tuple(state[s.name] if s else None for s in slots)
-        scales = tuple(state.get(s.name + "_absmax") if s else None for s in slots)
-        signed = tuple(bool(s and s.signed) for s in slots)
-        return states, scales, signed
+        """(states, scales, signed) for the kernels, cached: the tensors are updated in place only."""
+        cached = self._slot_cache.get(p)
+        if cached is None:
+            state = self.state[p]
+            slots = self._slots(group)
+            states = tuple(state[s.name] if s else None for s in slots)
+            scales = tuple(state.get(s.name + "_absmax") if s else None for s in slots)
+            signed = tuple(bool(s and s.signed) for s in slots)
+            cached = self._slot_cache[p] = (states, scales, signed)
+        return cached
 
     # ------------------------------------------------------------------ the updates (called in backward)
 

@@ -169,8 +169,11 @@ def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool)
         # Few, small programs: the interpreter's cost is per program and per operation.
         block_n = 16 if N <= 16 else 32
         return KernelConfig(block_n=block_n, block_k=64, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
-    # Hopper, measured offline (docs/perf-notes.md, `python -m harness kernels --tune`).
-    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=2, num_warps=8, num_stages=4)
+    # Hopper, measured offline (docs/perf-notes.md, `python -m harness kernels --tune`): capping
+    # registers at 128 lets two programs share a multiprocessor, so one's epilogue (memory-bound)
+    # overlaps the other's main loop (tensor cores); three stages keep both within shared memory.
+    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
+                        num_stages=3, maxnreg=128)
 
 
 def _can_use_tma(t: torch.Tensor) -> bool:
