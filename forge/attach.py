@@ -12,8 +12,11 @@ every trainable parameter, one group), then:
 Parameters left out of `params` are not touched: they keep ordinary gradients for another optimizer.
 `detach(model)` restores plain `nn.Linear` classes and removes the hooks; the weights stay as trained.
 
+Tensor parallelism (DTensor weights from `parallelize_module`'s colwise and rowwise plans, sequence
+parallel included) is supported: see `forge.distributed` for what runs on each rank and why it is exact.
+
 Refused, with what to do instead: data-parallel wrappers (DDP, FSDP), which need an all-reduce of the
-full gradient before the update; attaching twice.
+full gradient before the update; DTensors on meshes of more than one dimension; attaching twice.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from forge.distributed import linear_layout
 from forge.nn import ForgeLinear
 from forge.optim import ForgeOptimizer
 
@@ -43,14 +47,22 @@ def attach(
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer."""
     _refuse_data_parallel(model)
     if getattr(model, _ATTR, None) is not None:
-        raise RuntimeError("FORGE is already attached to this model; call forge.detach(model) before attaching again")
+        raise RuntimeError(
+            "FORGE is already attached to this model; call forge.detach(model) before attaching again"
+        )
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
     names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
     optimizer = ForgeOptimizer.__new__(ForgeOptimizer)
     optimizer.param_names = names
     ForgeOptimizer.__init__(
-        optimizer, params, rule, state_dtype=state_dtype, stochastic_rounding=stochastic_rounding, seed=seed, **hparams
+        optimizer,
+        params,
+        rule,
+        state_dtype=state_dtype,
+        stochastic_rounding=stochastic_rounding,
+        seed=seed,
+        **hparams,
     )
     trained = {p for g in optimizer.param_groups for p in g["params"]}
     fused = _fuse_linears(model, optimizer, trained, names)
@@ -83,6 +95,8 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
         w = getattr(module, "weight", None)
         if type(module) is not nn.Linear or w is None or w not in trained or uses[id(w)] != 1:
             continue
+        if linear_layout(names.get(w, "weight"), w) == "hook":
+            continue  # a replicated DTensor weight: its gradient may need a reduction, the hook does it
         module.__class__ = ForgeLinear
         module._forge_optimizer = optimizer
         module._forge_name = names.get(w, "weight")
@@ -115,9 +129,3 @@ def _refuse_data_parallel(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FullyShardedDataParallel | FSDPModule):
             raise RuntimeError(f"forge.attach got a model sharded with FSDP ({type(module).__name__}). {why}")
-    for name, p in model.named_parameters():
-        if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
-            raise NotImplementedError(
-                f"parameter {name} is a DTensor (tensor-parallel or FSDP2 sharding); FORGE does not support "
-                "DTensor parameters yet"
-            )

@@ -15,7 +15,7 @@ from forge.rules import IGNORED_OPTIONS, get_rule
 
 
 class Lion(torch.optim.Optimizer):
-    """Lion: update = sign(beta1 m + (1 - beta1) g); w <- w (1 - lr wd) - lr update; m <- beta2 m + (1 - beta2) g."""
+    """Lion: u = sign(beta1 m + (1 - beta1) g); w <- w (1 - lr wd) - lr u; m <- beta2 m + (1 - beta2) g."""
 
     def __init__(self, params: Iterable, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
         if lr < 0:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge.distributed import is_dtensor, local, tp_linear_forward
+
 
 class ForgeLinearFunction(torch.autograd.Function):
     """y = x W^T + b whose backward updates W in place instead of returning dW."""
@@ -37,7 +39,7 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.name = name
         ctx.version = optimizer.version(weight)
         ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
+        return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -48,13 +50,14 @@ class ForgeLinearFunction(torch.autograd.Function):
                 f"FORGE: {ctx.name} was already updated since this forward pass. A second backward through "
                 "the same graph (retain_graph=True), or one nn.Linear called twice in a forward, would apply "
                 "the optimizer step twice. FORGE needs one backward per forward and one use of each fused "
-                "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary gradient."
+                "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary "
+                "gradient."
             )
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
         dx = db = None
         if ctx.needs_input_grad[0]:
-            dx = (dy2 @ weight.to(dy2.dtype)).reshape(x.shape).to(x.dtype)  # old W, before the update
+            dx = (dy2 @ local(weight).to(dy2.dtype)).reshape(x.shape).to(x.dtype)  # old W, before the update
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         _fused_step(optimizer, weight, dy2, x2)
@@ -77,4 +80,6 @@ class ForgeLinear(nn.Linear):
         opt = self._forge_optimizer
         if opt is None or not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
+        if is_dtensor(self.weight):
+            return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
         return ForgeLinearFunction.apply(x, self.weight, self.bias, opt, self._forge_name)

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import torch
 
+from forge.distributed import check_param, like_param, local, local_grad
 from forge.kernels import interpreting, quant
 from forge.kernels.elementwise_update import elementwise_update
 from forge.kernels.wgrad_update import wgrad_update
@@ -51,7 +52,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
     ):
         self.rule = get_rule(rule)
         if state_dtype not in STATE_DTYPES:
-            raise ValueError(f"state_dtype={state_dtype!r} is not supported; choose one of {list(STATE_DTYPES)}")
+            raise ValueError(
+                f"state_dtype={state_dtype!r} is not supported; choose one of {list(STATE_DTYPES)}"
+            )
         self.state_dtype = state_dtype
         self.stochastic_rounding = bool(stochastic_rounding)
         self.seed = int(seed)
@@ -59,7 +62,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._index: dict[torch.Tensor, int] = {}
         self._group_of: dict[torch.Tensor, dict] = {}
         self._slot_cache: dict[torch.Tensor, tuple] = {}
-        self.param_names: dict[torch.Tensor, str] = {}
+        # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
+        self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
         super().__init__(params, resolve_hparams(self.rule, hparams))
 
     # ------------------------------------------------------------------ groups and states
@@ -79,20 +83,25 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _check_param(self, p: torch.Tensor) -> None:
         name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
+        check_param(name, p)  # a tensor-parallel DTensor: 1-D mesh, sharded or replicated
         if p.dtype not in WEIGHT_DTYPES:
             raise TypeError(
                 f"{name} has dtype {p.dtype}; FORGE updates fp32 and bf16 weights only. "
                 "Convert the model (model.to(torch.bfloat16) or .float()) before forge.attach."
             )
         if not p.is_contiguous():
-            raise ValueError(f"{name} is not contiguous; FORGE updates weights in place and needs them contiguous")
+            raise ValueError(
+                f"{name} is not contiguous; FORGE updates weights in place and needs them contiguous"
+            )
         if p.device.type == "cpu" and not interpreting():
             raise RuntimeError(
                 f"{name} is on the CPU but Triton's interpreter is off. Move the model to a CUDA device, "
                 "or set TRITON_INTERPRET=1 before importing forge to run the kernels on the CPU (slow)."
             )
         if p.device.type not in ("cuda", "cpu"):
-            raise RuntimeError(f"{name} is on {p.device}; FORGE's kernels run on CUDA devices (or the CPU interpreter)")
+            raise RuntimeError(
+                f"{name} is on {p.device}; FORGE's kernels run on CUDA devices (or the CPU interpreter)"
+            )
 
     def _slots(self, group: dict):
         return self.rule.slots(group)
@@ -101,16 +110,17 @@ class ForgeOptimizer(torch.optim.Optimizer):
         state = self.state[p]
         state["step"] = 0
         state.update(self.rule.host_state)
+        shard = local(p)  # a DTensor's states hold only this rank's shard, laid out like p
         for slot in self._slots(group):
             if slot is None:
                 continue
             init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
             if self.state_dtype == "int8":
-                codes, scale = quant.quantize(torch.full_like(p, init, dtype=torch.float32), slot.signed)
-                state[slot.name] = codes
-                state[slot.name + "_absmax"] = scale
+                codes, scale = quant.quantize(torch.full_like(shard, init, dtype=torch.float32), slot.signed)
+                state[slot.name] = like_param(p, codes)
+                state[slot.name + "_absmax"] = like_param(p, scale)
             else:
-                state[slot.name] = torch.full_like(p, init, dtype=STATE_DTYPES[self.state_dtype])
+                state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=STATE_DTYPES[self.state_dtype]))
 
     def _slot_tensors(self, p: torch.Tensor, group: dict):
         """(states, scales, signed) for the kernels, cached: the tensors are updated in place only."""
@@ -118,8 +128,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         if cached is None:
             state = self.state[p]
             slots = self._slots(group)
-            states = tuple(state[s.name] if s else None for s in slots)
-            scales = tuple(state.get(s.name + "_absmax") if s else None for s in slots)
+            states = tuple(local(state[s.name]) if s else None for s in slots)
+            scales = tuple(local(state.get(s.name + "_absmax")) if s else None for s in slots)
             signed = tuple(bool(s and s.signed) for s in slots)
             cached = self._slot_cache[p] = (states, scales, signed)
         return cached
@@ -154,14 +164,15 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused."""
         group, coefficients, seed = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        wgrad_update(weight, states, scales, signed, dy, x, coefficients, seed, **self._kernel_options(group))
+        wgrad_update(local(weight), states, scales, signed, dy, x, coefficients, seed, **self._kernel_options(group))
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """One step of any parameter from its materialized gradient (element-wise kernel)."""
         group, coefficients, seed = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
-        elementwise_update(p, grad, states, scales, signed, coefficients, seed, **self._kernel_options(group))
+        grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
+        elementwise_update(local(p), grad, states, scales, signed, coefficients, seed, **self._kernel_options(group))
 
     def version(self, p: torch.Tensor) -> int:
         """How many updates `p` has received from this optimizer (guards double backward)."""
@@ -199,11 +210,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
         for key, value in saved.items():
             current = state.get(key)
             if isinstance(current, torch.Tensor):
-                if not isinstance(value, torch.Tensor) or value.shape != current.shape or value.dtype != current.dtype:
+                if (
+                    not isinstance(value, torch.Tensor)
+                    or value.shape != current.shape
+                    or value.dtype != current.dtype
+                ):
                     raise ValueError(
                         f"state {key!r} of {name} was saved as {getattr(value, 'dtype', type(value))} "
                         f"{tuple(getattr(value, 'shape', ()))}, this optimizer holds {current.dtype} "
-                        f"{tuple(current.shape)}: attach with the same rule, options and state_dtype as the run that saved it"
+                        f"{tuple(current.shape)}: attach with the same rule, options and state_dtype as "
+                        "the run that saved it"
                     )
                 current.copy_(value)
             else:
@@ -211,4 +227,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes held by optimizer states (codes, scales and buffers) across all parameters."""
-        return sum(t.numel() * t.element_size() for s in self.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+        return sum(
+            local(t).numel() * t.element_size()
+            for s in self.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor)
+        )

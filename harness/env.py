@@ -38,8 +38,24 @@ def git_info(repo: Path = REPO) -> dict[str, Any]:
         return out.stdout.strip() if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return _stamped_commit(repo)
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _stamped_commit(repo: Path) -> dict[str, Any]:
+    """The GPU machine gets a copy of the tree without .git: `scripts/stamp_commit.sh` writes the
+    commit (and whether tracked files differed from it) into .device-commit, carried with the run."""
+    stamp = repo / ".device-commit"
+    if not stamp.is_file():
+        return {"git_commit": None, "git_dirty": None}
+    commit, _, dirty = stamp.read_text().strip().partition(" ")
+    return {
+        "git_commit": commit or None,
+        "git_dirty": dirty == "dirty",
+        "git_commit_source": ".device-commit",
+    }
 
 
 def gpu_info() -> dict[str, Any]:

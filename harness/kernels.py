@@ -48,8 +48,16 @@ def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
     """(N, K) = (out_features, in_features) of each linear layer of a decoder block, and lm_head."""
     h, i = cfg["hidden"], cfg["intermediate"]
     q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
-    return {"q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q), "gate": (i, h), "up": (i, h), "down": (h, i),
-            "lm_head": (cfg["vocab"], h)}
+    return {
+        "q": (q, h),
+        "k": (kv, h),
+        "v": (kv, h),
+        "o": (h, q),
+        "gate": (i, h),
+        "up": (i, h),
+        "down": (h, i),
+        "lm_head": (cfg["vocab"], h),
+    }
 
 
 def measure_ceilings() -> dict[str, float]:
@@ -101,10 +109,13 @@ def time_forge(dy, x, N, K, rule, state_dtype, config=None) -> float:
         fn = lambda: wgrad_update(w, states, scales, signed, dy, x, coeffs, 1, config=config, **kw)
     ms = do_bench(fn, return_mode="median")
     assert torch.isfinite(w).all(), "weights became non-finite during timing"
-    del layer, opt, w, fn
-    gc.collect()  # the optimizer and its ForgeLinear reference each other: free the states now
-    torch.cuda.empty_cache()
     return ms
+
+
+def _release() -> None:
+    """Free the last layer's states now: the optimizer and its ForgeLinear reference each other."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def time_baselines(dy, x, N, K) -> tuple[float, float]:
@@ -132,29 +143,70 @@ def _record(base: dict, **fields) -> dict:
 def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path) -> None:
     dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    base = dict(meta, model=model, shape_name=shape_name, T=T, N=N, K=K, status="ok",
-                **{f"ceiling_{k}": v for k, v in ceilings.items()})
+    base = dict(
+        meta,
+        model=model,
+        shape_name=shape_name,
+        T=T,
+        N=N,
+        K=K,
+        status="ok",
+        **{f"ceiling_{k}": v for k, v in ceilings.items()},
+    )
     gemm_ms, gemm_adamw_ms = time_baselines(dy, x, N, K)
     flop_ms = 2 * T * N * K / (ceilings["matmul_tflops"] * 1e9)
     bw = ceilings["copy_tbps"] * 1e9
-    rows = [("cublas_gemm", None, None, gemm_ms, max(flop_ms, 2 * (T * (N + K) + N * K) / bw)),
-            ("gemm_plus_fused_adamw", "adamw", "bf16", gemm_adamw_ms, max(flop_ms, baseline_min_bytes(T, N, K) / bw))]
+    rows = [
+        ("cublas_gemm", None, None, gemm_ms, max(flop_ms, 2 * (T * (N + K) + N * K) / bw)),
+        (
+            "gemm_plus_fused_adamw",
+            "adamw",
+            "bf16",
+            gemm_adamw_ms,
+            max(flop_ms, baseline_min_bytes(T, N, K) / bw),
+        ),
+    ]
     for rule, state_dtype in variants:
         try:
             ms = time_forge(dy, x, N, K, rule, state_dtype)
+            _release()
         except torch.OutOfMemoryError as e:
-            results.append(out, _record(base, variant="forge", rule=rule, state_dtype=state_dtype, status="oom",
-                                        error=str(e)[:300]))
+            _release()
+            results.append(
+                out,
+                _record(
+                    base,
+                    variant="forge",
+                    rule=rule,
+                    state_dtype=state_dtype,
+                    status="oom",
+                    error=str(e)[:300],
+                ),
+            )
             continue
-        rows.append(("forge", rule, state_dtype, ms, max(flop_ms, forge_min_bytes(T, N, K, rule, state_dtype) / bw)))
+        rows.append(
+            ("forge", rule, state_dtype, ms, max(flop_ms, forge_min_bytes(T, N, K, rule, state_dtype) / bw))
+        )
     for variant, rule, state_dtype, ms, floor in rows:
-        rec = _record(base, variant=variant, rule=rule, state_dtype=state_dtype, time_ms=ms,
-                      tflops=2 * T * N * K / ms / 1e9, ratio_to_gemm=ms / gemm_ms,
-                      ratio_to_gemm_adamw=ms / gemm_adamw_ms, floor_ms=floor, fraction_of_floor=floor / ms)
+        rec = _record(
+            base,
+            variant=variant,
+            rule=rule,
+            state_dtype=state_dtype,
+            time_ms=ms,
+            tflops=2 * T * N * K / ms / 1e9,
+            ratio_to_gemm=ms / gemm_ms,
+            ratio_to_gemm_adamw=ms / gemm_adamw_ms,
+            floor_ms=floor,
+            fraction_of_floor=floor / ms,
+        )
         results.append(out, rec)
         tag = f"{variant}" + (f"[{rule},{state_dtype}]" if variant == "forge" else "")
-        print(f"{model:12s} {shape_name:8s} T={T:6d} {tag:28s} {ms:8.3f} ms  x{ms / gemm_ms:5.2f} gemm  "
-              f"x{ms / gemm_adamw_ms:5.2f} gemm+adamw  {floor / ms:5.2f} of floor", flush=True)
+        print(
+            f"{model:12s} {shape_name:8s} T={T:6d} {tag:28s} {ms:8.3f} ms  x{ms / gemm_ms:5.2f} gemm  "
+            f"x{ms / gemm_adamw_ms:5.2f} gemm+adamw  {floor / ms:5.2f} of floor",
+            flush=True,
+        )
     del dy, x
     torch.cuda.empty_cache()
 
@@ -163,11 +215,20 @@ def tune(out: Path, meta: dict) -> None:
     """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline."""
     from forge.kernels.wgrad_update import KernelConfig
 
-    candidates = [KernelConfig(bn, bk, bt, 8, split, warps, stages, maxnreg)
-                  for bn, bk, bt, split, warps, stages, maxnreg in [
-                      (128, 128, 64, 2, 8, 4, None), (128, 128, 64, 2, 8, 3, 128), (128, 128, 64, 4, 8, 3, 128),
-                      (128, 128, 64, 2, 8, 2, 128), (128, 128, 64, 4, 4, 3, 255), (128, 128, 64, 2, 4, 3, 255),
-                      (128, 64, 64, 1, 4, 3, 168), (64, 128, 64, 1, 4, 4, 128), (128, 128, 128, 2, 8, 3, None)]]
+    candidates = [
+        KernelConfig(bn, bk, bt, 8, split, warps, stages, maxnreg)
+        for bn, bk, bt, split, warps, stages, maxnreg in [
+            (128, 128, 64, 2, 8, 4, None),
+            (128, 128, 64, 2, 8, 3, 128),
+            (128, 128, 64, 4, 8, 3, 128),
+            (128, 128, 64, 2, 8, 2, 128),
+            (128, 128, 64, 4, 4, 3, 255),
+            (128, 128, 64, 2, 4, 3, 255),
+            (128, 64, 64, 1, 4, 3, 168),
+            (64, 128, 64, 1, 4, 4, 128),
+            (128, 128, 128, 2, 8, 3, None),
+        ]
+    ]
     points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
     for (name, N, K), T, state_dtype in itertools.product(points, (2048, 8192), ("bf16", "int8")):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
@@ -176,11 +237,27 @@ def tune(out: Path, meta: dict) -> None:
             try:
                 ms = time_forge(dy, x, N, K, "adamw", state_dtype, config=cfg)
                 status, err = "ok", None
+                _release()
             except Exception as e:  # a config that does not compile or fit is a result here
                 ms, status, err = None, "error", f"{type(e).__name__}: {str(e)[:200]}"
-            results.append(out, _record(meta, variant="forge_tune", shape_name=name, T=T, N=N, K=K, rule="adamw",
-                                        state_dtype=state_dtype, config=cfg.__dict__, time_ms=ms, status=status,
-                                        error=err, tflops=(2 * T * N * K / ms / 1e9) if ms else None))
+            results.append(
+                out,
+                _record(
+                    meta,
+                    variant="forge_tune",
+                    shape_name=name,
+                    T=T,
+                    N=N,
+                    K=K,
+                    rule="adamw",
+                    state_dtype=state_dtype,
+                    config=cfg.__dict__,
+                    time_ms=ms,
+                    status=status,
+                    error=err,
+                    tflops=(2 * T * N * K / ms / 1e9) if ms else None,
+                ),
+            )
             print(f"tune {name:5s} T={T:5d} {state_dtype:4s} {cfg} -> {ms}", flush=True)
 
 
@@ -193,17 +270,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("python -m harness kernels needs a CUDA GPU: it times kernels (the CPU interpreter is for tests)")
+        print(
+            "python -m harness kernels needs a CUDA GPU: it times kernels (the CPU interpreter is for tests)"
+        )
         return 2
     git = env.git_info()
-    meta = dict(sweep="kernels", env=env.collect(git), gpu_name=torch.cuda.get_device_name(), gpu_count=1,
-                time=time.strftime("%Y-%m-%dT%H:%M:%S"), method="kernel")
+    meta = dict(
+        sweep="kernels",
+        env=env.collect(git),
+        gpu_name=torch.cuda.get_device_name(),
+        gpu_count=1,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        method="kernel",
+    )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.tune:
         tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta)
         return 0
     ceilings = measure_ceilings()
-    print(f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, {ceilings['copy_tbps']:.2f} TB/s copy")
+    print(
+        f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, "
+        f"{ceilings['copy_tbps']:.2f} TB/s copy"
+    )
     out = Path(args.out) / f"kernels-{stamp}.jsonl"
     variants = list(itertools.product(("adamw", "lion", "sgd"), STATE_DTYPES))
     for model in args.models:

@@ -79,9 +79,12 @@ def load_records(
 
 
 def split_kinds(records: Iterable[Record]) -> tuple[list[Record], list[Record]]:
-    """(step records, kernel records)."""
+    """(step records, kernel records). Offline tuning records (`variant: forge_tune`, from
+    `python -m harness kernels --tune`) are neither: docs/perf-notes.md summarizes them."""
     steps, kernels = [], []
     for record in records:
+        if record.get("variant") == "forge_tune":
+            continue
         (kernels if not missing(record.get("variant")) else steps).append(record)
     return steps, kernels
 

@@ -23,8 +23,12 @@ for bias in (False, True):
         g_ref = ref.weight.grad.clone()
         opt.step()
         d = (layer.weight - ref.weight).abs()
-        m_err = (opt_f.state[layer.weight]["exp_avg"] - opt.state[ref.weight]["exp_avg"]).norm() / opt.state[ref.weight]["exp_avg"].norm()
-        print(f"bias={bias} step {step + 1}: weight rel {float(d.norm() / ref.weight.norm()):.3g}, "
-              f"max abs {float(d.max()):.3g} at {tuple(int(i) for i in divmod(int(d.argmax()), K))}, "
-              f"elements > 1e-6: {int((d > 1e-6).sum())}, exp_avg rel {float(m_err):.3g}, "
-              f"|g_ref| there {float(g_ref.flatten()[d.argmax()]):.4g}")
+        m_err = (opt_f.state[layer.weight]["exp_avg"] - opt.state[ref.weight]["exp_avg"]).norm() / opt.state[
+            ref.weight
+        ]["exp_avg"].norm()
+        print(
+            f"bias={bias} step {step + 1}: weight rel {float(d.norm() / ref.weight.norm()):.3g}, "
+            f"max abs {float(d.max()):.3g} at {tuple(int(i) for i in divmod(int(d.argmax()), K))}, "
+            f"elements > 1e-6: {int((d > 1e-6).sum())}, exp_avg rel {float(m_err):.3g}, "
+            f"|g_ref| there {float(g_ref.flatten()[d.argmax()]):.4g}"
+        )

@@ -106,7 +106,10 @@ def main():
 
 
 def table(spread):
-    print("| first moment | second moment | mean update rel err | max update rel err | weight-delta rel err | v entries at 0 |")
+    print(
+        "| first moment | second moment | mean update rel err | max update rel err "
+        "| weight-delta rel err | v entries at 0 |"
+    )
     print("|---|---|---|---|---|---|")
     for sname, s in [("linear", signed_linear), ("companded", signed_companded)]:
         for pname, p in [

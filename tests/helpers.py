@@ -37,18 +37,35 @@ def train_pair(model: nn.Module, rule: str, steps: int, make_batch, loss_fn, for
 def tiny_llama(vocab: int = 96, tie: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tie, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(cfg).float()
 
 
 def tiny_qwen3(vocab: int = 96, tie: bool = True):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                      tie_word_embeddings=tie, attn_implementation="sdpa")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        attn_implementation="sdpa",
+    )
     return Qwen3ForCausalLM(cfg).float()
 
 

@@ -4,10 +4,10 @@ import copy
 
 import pytest
 import torch
+from helpers import relative_error
 from torch import nn
 
 import forge
-from helpers import relative_error
 
 
 def _mlp():
@@ -61,7 +61,10 @@ def test_state_dict_resumes_bit_exactly(state_dtype, tmp_path):
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
     for batch in batches[:3]:
         _step(first, batch)
-    torch.save({"model": first.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, tmp_path / "ckpt.pt")
+    torch.save(
+        {"model": first.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()},
+        tmp_path / "ckpt.pt",
+    )
 
     resumed = copy.deepcopy(base)
     opt2 = forge.attach(resumed, "adamw", **kwargs)
@@ -171,11 +174,14 @@ def test_unsupported_dtype_says_what_to_do():
         forge.attach(_mlp().half(), "adamw")
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(state_dtype="fp8"), "state_dtype='fp8' is not supported"),
-    (dict(amsgrad=True), "amsgrad=True is not supported"),
-    (dict(momentum=0.9), "unexpected hyperparameter"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(state_dtype="fp8"), "state_dtype='fp8' is not supported"),
+        (dict(amsgrad=True), "amsgrad=True is not supported"),
+        (dict(momentum=0.9), "unexpected hyperparameter"),
+    ],
+)
 def test_bad_options_are_refused(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         forge.attach(_mlp(), "adamw", **bad)

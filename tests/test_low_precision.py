@@ -26,9 +26,19 @@ def _sgd_step(param: torch.Tensor, grad: torch.Tensor, lr: float, seed: int, rul
     rule = get_rule(rule_name)
     h = resolve_hparams(rule, dict(lr=lr, weight_decay=0.0))
     states = tuple(torch.zeros_like(param, dtype=torch.float32) if s else None for s in rule.slots(h))
-    elementwise_update(param, grad, states, (None, None, None), tuple(bool(s and s.signed) for s in rule.slots(h)),
-                       rule.coefficients(h, 1, {}), seed, rule=rule_name, flags=rule.flags(h),
-                       state_dtype="fp32", stochastic_rounding=True)
+    elementwise_update(
+        param,
+        grad,
+        states,
+        (None, None, None),
+        tuple(bool(s and s.signed) for s in rule.slots(h)),
+        rule.coefficients(h, 1, {}),
+        seed,
+        rule=rule_name,
+        flags=rule.flags(h),
+        state_dtype="fp32",
+        stochastic_rounding=True,
+    )
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
@@ -98,9 +108,10 @@ def test_bf16_weights_track_fp32_master(lr, weight_scale, steps, factor):
 
     Sub-ulp updates (small lr on large weights) are the dead zone: torch's bf16 AdamW rounds them
     away, FORGE must be closer to fp32 once the lost updates add up to more than the random walk of
-    stochastic rounding (after about ulp / update steps; 200 here). With updates of about an ulp, stochastic rounding trades
-    bias for variance (per-step error variance up to ulp^2/4 against ulp^2/12 for nearest), so there
-    the check is the usual factor 2 (STYLE.md: dist(forge) <= 2 dist(torch bf16)).
+    stochastic rounding (after about ulp / update steps; 200 here). With updates of about an ulp,
+    stochastic rounding trades bias for variance (per-step error variance up to ulp^2/4 against
+    ulp^2/12 for nearest), so there the check is the usual factor 2 (STYLE.md: dist(forge) <= 2
+    dist(torch bf16)).
     """
     base = _regression_model()
     with torch.no_grad():
@@ -126,10 +137,16 @@ def test_bf16_weights_track_fp32_master(lr, weight_scale, steps, factor):
     _train(fg, lambda: None, batches16)
 
     def dist(m):
-        return math.sqrt(sum(float((p.detach().double() - r.detach().double()).norm() ** 2)
-                             for p, r in zip(m.parameters(), ref.parameters())))
+        return math.sqrt(
+            sum(
+                float((p.detach().double() - r.detach().double()).norm() ** 2)
+                for p, r in zip(m.parameters(), ref.parameters())
+            )
+        )
 
-    assert dist(fg) <= factor * dist(bf), f"FORGE bf16+SR {dist(fg):.4g} vs torch bf16 {dist(bf):.4g} from fp32 master"
+    assert dist(fg) <= factor * dist(bf), (
+        f"FORGE bf16+SR {dist(fg):.4g} vs torch bf16 {dist(bf):.4g} from fp32 master"
+    )
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
@@ -160,9 +177,19 @@ def test_int8_kernel_states_match_the_pytorch_twin():
     grads = [torch.randn_like(p) * torch.exp(torch.randn(33, 1)) for _ in range(3)]
     buf = torch.zeros_like(p)
     for step, g in enumerate(grads, start=1):
-        elementwise_update(p, g, (codes, None, None), (scale, None, None), (True, False, False),
-                           rule.coefficients(h, step, {}), 0, rule="sgd", flags=rule.flags(h),
-                           state_dtype="int8", stochastic_rounding=False)
+        elementwise_update(
+            p,
+            g,
+            (codes, None, None),
+            (scale, None, None),
+            (True, False, False),
+            rule.coefficients(h, step, {}),
+            0,
+            rule="sgd",
+            flags=rule.flags(h),
+            state_dtype="int8",
+            stochastic_rounding=False,
+        )
         buf = g.clone() if step == 1 else 0.9 * buf + g
     decoded = quant.dequantize(codes, scale, True)
     absmax = quant._grouped(decoded.abs()).amax(-1).repeat_interleave(64, -1)[:, :130]

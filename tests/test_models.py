@@ -11,15 +11,18 @@ import copy
 
 import pytest
 import torch
+from helpers import lm_batch, lm_loss, relative_error, tiny_llama, tiny_qwen3, train_pair
 
 import forge
-from helpers import lm_batch, lm_loss, relative_error, tiny_llama, tiny_qwen3, train_pair
 
 MODELS = {"llama": tiny_llama, "qwen3-tied": tiny_qwen3}
 
 
-@pytest.mark.parametrize("rule, hparams", [("adamw", dict(lr=1e-3, weight_decay=0.1)), ("lion", dict(lr=1e-4))],
-                         ids=["adamw", "lion"])
+@pytest.mark.parametrize(
+    "rule, hparams",
+    [("adamw", dict(lr=1e-3, weight_decay=0.1)), ("lion", dict(lr=1e-4))],
+    ids=["adamw", "lion"],
+)
 @pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
 def test_tiny_model_matches_torch_optim(build, rule, hparams):
     model = build()

@@ -8,9 +8,8 @@ of dW over tokens inside the GEMM (about 1e-7 relative in fp32).
 
 import pytest
 import torch
-from torch import nn
-
 from helpers import relative_error, train_pair
+from torch import nn
 
 RULE_CASES = {
     "adamw": dict(lr=1e-2, weight_decay=0.1),
@@ -18,7 +17,9 @@ RULE_CASES = {
     "nadam": dict(lr=1e-2, weight_decay=0.1),
     "nadam-decoupled": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
     "radam": dict(lr=1e-2, weight_decay=0.1),
-    "radam-decoupled-rectified": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, betas=(0.9, 0.5)),
+    "radam-decoupled-rectified": dict(
+        lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, betas=(0.9, 0.5)
+    ),
     "lion": dict(lr=1e-3, weight_decay=0.1),
     "rmsprop": dict(lr=1e-3, weight_decay=0.1),
     "rmsprop-centered-momentum": dict(lr=1e-3, weight_decay=0.1, centered=True, momentum=0.9),
@@ -36,7 +37,9 @@ SHAPES = {"1x1": ((1,), 1, 1), "17x23": ((5,), 23, 17), "9x41x341": ((3, 3), 341
 def _model(in_features: int, out_features: int) -> nn.Module:
     # LayerNorm at the end (7 features): a norm over one feature has an all-zero gradient, whose
     # rounding noise an eps-normalized rule (RMSprop) would turn into arbitrary steps.
-    return nn.Sequential(nn.Linear(in_features, out_features), nn.Tanh(), nn.Linear(out_features, 7), nn.LayerNorm(7))
+    return nn.Sequential(
+        nn.Linear(in_features, out_features), nn.Tanh(), nn.Linear(out_features, 7), nn.LayerNorm(7)
+    )
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
@@ -48,7 +51,9 @@ def test_rule_matches_torch(case, shape):
     make_batch = lambda: (torch.randn(*batch_dims, k), torch.randn(*batch_dims, 7))
     loss_fn = lambda m, batch: ((m(batch[0]) - batch[1]) ** 2).mean()
 
-    a, b, opt_f, opt_t = train_pair(model, rule, 3, make_batch, loss_fn, dict(state_dtype="fp32"), **RULE_CASES[case])
+    a, b, opt_f, opt_t = train_pair(
+        model, rule, 3, make_batch, loss_fn, dict(state_dtype="fp32"), **RULE_CASES[case]
+    )
 
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert relative_error(pa, pb) <= 1e-5, f"{name}: weights differ"

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from forge.kernels import interpreting
+from forge.kernels import _cdiv, interpreting
 from forge.kernels.update_tile import update_tile
 
 
@@ -227,10 +227,10 @@ def wgrad_update(
     dummy = weight
     s = [t if t is not None else dummy for t in states]
     q = [t if t is not None else dummy for t in scales]
-    grid = (triton.cdiv(N, cfg.block_n) * triton.cdiv(K, cfg.block_k),)
+    grid = (_cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k),)
     _wgrad_update_kernel[grid](
         weight, s[0], s[1], s[2], q[0], q[1], q[2], dy_src, x_src,
-        T, N, K, triton.cdiv(K, 64),
+        T, N, K, _cdiv(K, 64),
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
         *coefficients, seed,
         RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
