@@ -62,7 +62,8 @@ def like_param(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     if not is_dtensor(p):
         return t
     if t.shape == local(p).shape:
-        return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        mesh, placements = p.device_mesh, p.placements
+        return DTensor.from_local(t, mesh, placements, run_check=False, shape=p.shape, stride=p.stride())
     return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False)
 
 
@@ -85,9 +86,10 @@ def check_param(name: str, p: torch.Tensor) -> None:
         return
     if p.device_mesh.ndim != 1:
         raise NotImplementedError(
-            f"{name} is a DTensor on a {p.device_mesh.ndim}-D device mesh {tuple(p.device_mesh.shape)}. FORGE "
-            "supports tensor/sequence parallelism on a 1-D mesh; a data-parallel mesh dimension (HSDP, FSDP2 "
-            "with TP) needs an all-reduce of the gradient before the update, which FORGE never materializes."
+            f"{name} is a DTensor on a {p.device_mesh.ndim}-D device mesh {tuple(p.device_mesh.shape)}. "
+            "FORGE supports tensor/sequence parallelism on a 1-D mesh; a data-parallel mesh dimension "
+            "(HSDP, FSDP2 with TP) needs an all-reduce of the gradient before the update, which FORGE "
+            "never materializes."
         )
     if p.placements[0].is_partial():
         raise NotImplementedError(f"{name} is a Partial DTensor: a parameter must be sharded or replicated")
