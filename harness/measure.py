@@ -15,6 +15,7 @@ and helper objects walked down to their storages), gradients (modelled per metho
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -31,7 +32,11 @@ def gib(n_bytes: float | None) -> float | None:
 
 
 def timed_steps(step: Callable[[], torch.Tensor], n: int, device: str) -> tuple[list[float], list[float]]:
-    """Run `step` n times; return (losses, step times in ms). Stops early on a non-finite loss."""
+    """Run `step` n times; return (losses, step times in ms). Stops early on a non-finite loss.
+    Under tensor parallelism the ranks are lined up by a barrier first (rank 0's times count)."""
+    from harness.tensor_parallel import barrier
+
+    barrier()
     losses: list[float] = []
     times: list[float] = []
     for _ in range(n):
@@ -72,7 +77,9 @@ class NvmlSampler:
     the baseline excludes this point's CUDA context. Unavailable NVML gives None everywhere.
     """
 
-    def __init__(self, index: int = 0, period_s: float = 0.005) -> None:
+    def __init__(self, index: int | None = None, period_s: float = 0.005) -> None:
+        if index is None:  # this process's GPU: under torchrun, its local rank
+            index = int(os.environ.get("LOCAL_RANK", "0"))
         self.period_s = period_s
         self.peak_bytes: int | None = None
         self._stop = threading.Event()

@@ -60,7 +60,21 @@ def build(
     if activation_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
+    _shard_if_distributed(model, device)
     return model.train()
+
+
+def _shard_if_distributed(model: torch.nn.Module, device: str) -> None:
+    """Under torchrun (gpus > 1), shard the whole model just built with the TP plan of
+    `harness.tensor_parallel` and free the unsharded copies before anything is measured."""
+    from harness import tensor_parallel
+
+    mesh = tensor_parallel.current_mesh()
+    if mesh is None:
+        return
+    tensor_parallel.parallelize(model, mesh)
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness import config as config_mod
-from harness import env, methods, results
+from harness import env, launch, methods, results
 from harness.config import compose_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +53,8 @@ class Point:
 def point_id(cfg: DictConfig) -> str:
     """A stable id from what defines the point (the resume key)."""
     ac = "/ac" if cfg.activation_checkpointing else ""
-    return f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}{ac}/{cfg.gpu.name}"
+    tp = f"/tp{cfg.gpus}" if cfg.gpus > 1 else ""
+    return f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}{ac}{tp}/{cfg.gpu.name}"
 
 
 def _axes(cfg: DictConfig) -> dict[str, list[Any]]:
@@ -135,11 +136,12 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         spec = {"point": point.id, "config": config_mod.to_dict(point.cfg), "git": git}
         spec["config"]["device"] = device
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "harness.worker", str(spec_path), str(record_path)]
+        gpus = point.cfg.gpus
+        cmd = launch.command(gpus, [str(spec_path), str(record_path)])
         proc = subprocess.Popen(
             cmd,
             cwd=REPO,
-            env=_child_env(device),
+            env=launch.child_env(_child_env(device), gpus),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -154,6 +156,8 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         except BaseException:  # Ctrl-C: the worker is in its own session and would outlive us
             _kill_group(proc)
             raise
+        if gpus > 1 and (ranks := launch.rank_records(record_path, gpus)):
+            return launch.merge(ranks)
         if record_path.exists():
             return json.loads(record_path.read_text())
     status = "oom" if "out of memory" in stderr.lower() else "error"

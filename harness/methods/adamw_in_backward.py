@@ -16,6 +16,7 @@ from harness.methods.fused_adamw import AdamWOptions
 
 class AdamWInBackward(Method):
     name = "adamw_in_backward"
+    tensor_parallel = True
     Options = AdamWOptions
 
     def setup(self) -> None:

@@ -40,6 +40,7 @@ class Method:
     requires: ClassVar[tuple[str, ...]] = ()  # import names that must be installed
     needs_cuda: ClassVar[str | None] = None  # why it cannot run without CUDA, if it cannot
     trains: ClassVar[bool] = True  # False for the no-optimizer floor: skip the "did it train" check
+    tensor_parallel: ClassVar[bool] = False  # runs on DTensor (TP-sharded) parameters, gpus > 1
 
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
@@ -87,7 +88,7 @@ class Method:
 
     def gradient_bytes(self) -> int:
         """Peak bytes of gradients alive at once. Default: every trainable parameter's gradient."""
-        return sum(p.numel() * p.element_size() for p in self.params())
+        return sum(local_numel(p) * p.element_size() for p in self.params())
 
     def master_weights(self) -> str:
         """The precision of the weights the update is applied to (recorded as master_weights)."""
@@ -100,7 +101,13 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "f
 
 def largest_param_bytes(params: Iterable[torch.Tensor]) -> int:
     """Bytes of the largest parameter: the gradient peak of one-parameter-at-a-time methods."""
-    return max((p.numel() * p.element_size() for p in params), default=0)
+    return max((local_numel(p) * p.element_size() for p in params), default=0)
+
+
+def local_numel(p: torch.Tensor) -> int:
+    """Elements this process holds: a tensor-parallel DTensor's local shard, else all of them."""
+    to_local = getattr(p, "to_local", None)
+    return (to_local() if callable(to_local) else p).numel()
 
 
 def state_tensors_of(optimizer: torch.optim.Optimizer) -> Iterator[Any]:

@@ -37,6 +37,7 @@ class ForgeOptions:
 
 class Forge(Method):
     name = "forge"
+    tensor_parallel = True
     Options = ForgeOptions
     requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
 

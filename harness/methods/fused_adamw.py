@@ -23,6 +23,7 @@ class AdamWOptions:
 
 class FusedAdamW(Method):
     name = "fused_adamw"
+    tensor_parallel = True
     Options = AdamWOptions
 
     def setup(self) -> None:

@@ -13,6 +13,7 @@ from harness.methods.base import Method, largest_param_bytes
 
 class NoOptimizer(Method):
     name = "no_optimizer"
+    tensor_parallel = True
     trains = False
 
     def setup(self) -> None:
