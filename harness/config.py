@@ -69,6 +69,7 @@ class MethodConfig:
     label: str = MISSING  # unique within a sweep; by convention the conf/method file name
     lr: float = 1e-4
     options: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None  # weight dtype for this method (one of DTYPES); None: the top-level dtype
 
 
 @dataclass
@@ -97,6 +98,32 @@ class SweepConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One phase of a convergence run: `steps` steps on one corpus (harness.data.CORPORA)."""
+
+    name: str = MISSING  # e.g. "pretrain", "cpt"
+    corpus: str = MISSING  # a key of harness.data.CORPORA
+    steps: int = MISSING
+    lr_scale: float = 1.0  # peak lr of this phase = method.lr * lr_scale
+    warmup_steps: int = 0  # linear warm-up, then cosine decay to min_lr_ratio * peak
+
+
+@dataclass
+class ConvergenceConfig:
+    """Train on real text and record every step's loss (issue 7; harness.convergence).
+
+    Off by default: a point then measures step time on a fixed random batch (harness.runner)."""
+
+    enabled: bool = False
+    phases: list[PhaseConfig] = field(default_factory=list)
+    eval_every: int = 100  # held-out loss every N steps (and at each phase's start and end)
+    eval_batches: int = 4  # held-out batches of batch_size x seq_len tokens
+    min_lr_ratio: float = 0.1
+    reference: str | None = None  # method label whose curve the others are compared with
+    data_dir: str = ".cache/convergence"  # prepared corpora and tokenizers (relative: to the repo)
+
+
+@dataclass
 class Config:
     """One point (and, through `sweep`, the grid it belongs to)."""
 
@@ -116,6 +143,7 @@ class Config:
     timeout_s: float = 1800.0  # per point, then status=error
     check_training: bool = True  # require that parameters moved and the loss fell
     results_dir: str = "results"
+    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
@@ -184,6 +212,21 @@ def _validate_sweep(sweep: Any) -> None:
         _positive("sweep.seq_lens entry", s)
 
 
+def _validate_convergence(conv: Any) -> None:
+    from harness.data import CORPORA  # light: no tokenizer or torch import
+
+    if not conv.enabled:
+        return
+    if not conv.phases:
+        raise ConfigError("convergence.enabled=true needs at least one entry in convergence.phases")
+    for i, phase in enumerate(conv.phases):
+        _choice(f"convergence.phases[{i}].corpus", phase.corpus, sorted(CORPORA))
+        _positive(f"convergence.phases[{i}].steps", phase.steps)
+        _positive(f"convergence.phases[{i}].lr_scale", phase.lr_scale)
+    for key in ("eval_every", "eval_batches"):
+        _positive(f"convergence.{key}", conv[key])
+
+
 def validate(cfg: DictConfig) -> None:
     """Check what the types cannot: choices, ranges, the method and its options. Raises ConfigError."""
     from harness import methods
@@ -196,13 +239,21 @@ def validate(cfg: DictConfig) -> None:
     _positive("gpu.memory_cap_gib", cfg.gpu.memory_cap_gib)
     if not 0 <= cfg.warmup_steps < cfg.steps:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
+    if cfg.method.dtype is not None:
+        _choice("method.dtype", cfg.method.dtype, DTYPES)
     _validate_sweep(cfg.sweep)
+    _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "
             + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
         )
+
+
+def weight_dtype(cfg: DictConfig) -> str:
+    """The dtype the point's weights are built in: the method's own, else the top-level one."""
+    return cfg.method.dtype or cfg.dtype
 
 
 def to_dict(cfg: DictConfig) -> dict[str, Any]:

@@ -72,10 +72,13 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         emulated=cfg.gpu.memory_cap_gib is not None,
         steps=cfg.steps,
         warmup_steps=cfg.warmup_steps,
-        dtype=cfg.dtype,
+        dtype=config_mod.weight_dtype(cfg),
         notes=[],
         config=config_mod.to_dict(cfg),
     )
+    if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
+        r["method_options"]["weights"] = r["dtype"]
+        r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
     return r
 
 
@@ -115,16 +118,24 @@ def _moved_fraction(before: list[torch.Tensor], params: list[torch.Tensor]) -> f
     return sum(moved) / max(1, len(moved))
 
 
-def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
-    """Build, time the steps, collect memory: the measured fields of the record."""
-    model = models.build(cfg.model, cfg.dtype, device, cfg.activation_checkpointing, cfg.seed)
-    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
+def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods.Method]:
+    """The point's model (from its seed, in its weight dtype) and its method, set up."""
+    model = models.build(
+        cfg.model, config_mod.weight_dtype(cfg), device, cfg.activation_checkpointing, cfg.seed
+    )
     options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
     try:
         method.setup()
     except ImportError as e:
         raise Unavailable(f"{cfg.method.name} cannot be imported here: {type(e).__name__}: {e}") from e
+    return model, method
+
+
+def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+    """Build, time the steps, collect memory: the measured fields of the record."""
+    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
+    model, method = build_method(cfg, device)
     params = method.params()
     before = _snapshot(params)
     if device == "cuda":
@@ -159,6 +170,31 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
             peaks["peak_alloc"],
         )
     )
+    return out
+
+
+def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+    """A convergence point (harness.convergence): real text, every step's loss, held-out losses."""
+    from harness import convergence
+
+    model, method = build_method(cfg, device)
+    params = method.params()
+    before = _snapshot(params)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    out = convergence.train(cfg, method, device)
+    peaks = measure.cuda_peaks(device)
+    out.update(
+        n_params=models.n_params(model),
+        master_weights=method.master_weights(),
+        params_moved_frac=_moved_fraction(before, params),
+        peak_alloc_gib=gib(peaks["peak_alloc"]),
+        peak_reserved_gib=gib(peaks["peak_reserved"]),
+        notes=list(method.notes),
+        _trains=method.trains,
+        _flops_per_token=models.flops_per_token(model, cfg.model, cfg.seq_len),
+    )
+    out.update(measure.time_stats(out["step_times_ms"]))
     return out
 
 
@@ -209,7 +245,7 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
         return record
     try:
         note = apply_memory_cap(cfg.gpu.memory_cap_gib, device)
-        measured = train_and_measure(cfg, device, sampler)
+        measured = (train_on_text if cfg.convergence.enabled else train_and_measure)(cfg, device, sampler)
     except Unavailable as e:
         sampler.stop()
         record.update(status="unavailable", error=str(e))
