@@ -1,11 +1,22 @@
 """Shared test setup: CPU tests run FORGE's kernels in Triton's interpreter; GPU tests are marked."""
 
+import os
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
 
-import forge  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, before kernels compile)
+# The harness tests name misbehaving methods as "tests.harness_fakes:Class" and run them in worker
+# subprocesses: the repository root must be importable here and in every child, whatever way the
+# package was installed (an editable install maps only forge and harness).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+
+import forge  # noqa: E402, F401  (sets TRITON_INTERPRET=1 without a GPU, before kernels compile)
 
 
 def pytest_collection_modifyitems(config, items):

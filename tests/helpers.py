@@ -34,39 +34,30 @@ def train_pair(model: nn.Module, rule: str, steps: int, make_batch, loss_fn, for
     return a, b, opt_forge, opt_torch
 
 
+# Small but real: GQA (4 heads, 2 kv heads), two layers, SDPA attention, random init.
+_TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    attn_implementation="sdpa",
+)
+
+
 def tiny_llama(vocab: int = 96, tie: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(cfg).float()
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=tie, **_TINY)).float()
 
 
 def tiny_qwen3(vocab: int = 96, tie: bool = True):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        attn_implementation="sdpa",
-    )
-    return Qwen3ForCausalLM(cfg).float()
+    return Qwen3ForCausalLM(
+        Qwen3Config(vocab_size=vocab, tie_word_embeddings=tie, head_dim=16, **_TINY)
+    ).float()
 
 
 def lm_batch(vocab: int = 96, batch: int = 2, seq: int = 16):

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels import _cdiv, _next_power_of_2, interpreting
-from forge.kernels.update_tile import update_tile
+from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
 
 
 @triton.jit
@@ -73,16 +73,11 @@ def elementwise_update(
     else:
         block_c = 64 if cols <= 64 else 256 if cols <= 1024 else 512
     block_r = max(1, min(_next_power_of_2(rows), 4096 // block_c))
-    dummy = param
-    s = [t if t is not None else dummy for t in states]
-    q = [t if t is not None else dummy for t in scales]
     grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
     _elementwise_update_kernel[grid](
-        param, s[0], s[1], s[2], q[0], q[1], q[2], grad,
+        param, *slot_arguments(param, states, scales), grad,
         rows, cols, _cdiv(cols, 64), *coefficients, seed,
-        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
-        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
-        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
-        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+        **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                              stochastic_rounding=stochastic_rounding),
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )

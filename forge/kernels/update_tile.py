@@ -62,3 +62,20 @@ def update_tile(
         store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED)
     if HAS_S3:
         store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED)
+
+
+def slot_arguments(param, states: tuple, scales: tuple) -> list:
+    """The six state and scale pointers of a launch: each slot's tensor, or `param` where the rule
+    has no such slot (never dereferenced: its HAS_S* flag is False)."""
+    return [t if t is not None else param for t in (*states, *scales)]
+
+
+def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,
+                        stochastic_rounding: bool) -> dict:
+    """The compile-time arguments of `update_tile` shared by both kernels."""
+    return dict(
+        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
+        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
+        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
+        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+    )

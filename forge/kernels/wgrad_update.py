@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels import _cdiv, interpreting
-from forge.kernels.update_tile import update_tile
+from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
 
 
 @triton.jit
@@ -224,19 +224,15 @@ def wgrad_update(
         x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
     else:
         dy_src, x_src = dy, x
-    dummy = weight
-    s = [t if t is not None else dummy for t in states]
-    q = [t if t is not None else dummy for t in scales]
     grid = (_cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k),)
     _wgrad_update_kernel[grid](
-        weight, s[0], s[1], s[2], q[0], q[1], q[2], dy_src, x_src,
+        weight, *slot_arguments(weight, states, scales), dy_src, x_src,
         T, N, K, _cdiv(K, 64),
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
         *coefficients, seed,
-        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
-        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
-        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
-        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding, USE_TMA=use_tma,
+        **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                              stochastic_rounding=stochastic_rounding),
+        USE_TMA=use_tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
