@@ -308,7 +308,8 @@ class Rule:
     host_state: dict[str, float] = field(default_factory=dict)  # scalar per-param state, e.g. NAdam's mu_product
 
     def coefficients(self, hparams: dict, step: int, host_state: dict) -> tuple[float, ...]:
-        """The kernel's scalar arguments for this step, padded to NUM_COEFFICIENTS."""
+        """The kernel's scalar arguments for step `step`, padded to NUM_COEFFICIENTS. Call it once
+        per step: it advances the rule's host state (NAdam's running `mu_product`)."""
         c = tuple(float(x) for x in self.coefficients_fn(hparams, step, host_state))
         return c + (0.0,) * (NUM_COEFFICIENTS - len(c))
 
