@@ -13,6 +13,10 @@ order (mean |delta| near 1e-4 nats or below); the paper puts bf16 with stochasti
 states within 0.001 nats; plain bf16 write-back without stochastic rounding stalls (its curve
 flattens and the distance grows over the run, so the last 10% tells more than the mean).
 
+A run in phases (pretraining, then continued pretraining on a second text) lists them in
+`phases` (`name`, `first_step`, `steps`): each phase gets its own row, with the held-out losses
+whose `heldout_steps` fall in it.
+
 No convergence records, no table: the report skips this section.
 """
 
@@ -69,14 +73,14 @@ def convergence(records: Sequence[Record]) -> Selection | None:
     rows = []
     for key in sorted(groups):
         rows += _group_rows(groups[key])
-    header = ["Sweep", "Model", "Method", "Master weights", "Steps", "First loss", "Last loss"]
+    header = ["Sweep", "Model", "Method", "Master weights", "Phase", "Steps", "First loss", "Last loss"]
     header += ["Mean |d| (all)", "Mean |d| (last 10%)", "Held-out mean |d|"]
     table = Table(
         name="convergence",
         title="Convergence: mean absolute loss difference to the reference, in nats",
         header=header,
         rows=rows,
-        align="llll" + "r" * 6,
+        align="lllll" + "r" * 6,
         notes=[paper.CONVERGENCE_NOTE, "The reference row is marked (ref); |d| is in nats."],
     )
     return Selection(table, runs)
@@ -90,6 +94,28 @@ def _order(record: Record) -> tuple:
     )
 
 
+def phases_of(record: Record, n_steps: int) -> list[tuple[str, int, int]]:
+    """(name, first step, end step) of each phase of a run; the whole run when it has none."""
+    phases = record.get("phases") or []
+    spans = [
+        (
+            str(p.get("name")),
+            int(p.get("first_step", 0)),
+            int(p.get("first_step", 0)) + int(p.get("steps", 0)),
+        )
+        for p in phases
+    ]
+    return spans or [("all", 0, n_steps)]
+
+
+def _heldout_in(record: Record, values: list[float] | None, start: int, end: int) -> list[float] | None:
+    """The held-out losses measured at steps in [start, end); all of them when steps are not recorded."""
+    steps = record.get("heldout_steps")
+    if values is None or steps is None:
+        return values
+    return [v for v, step in zip(values, steps) if start <= int(step) < end]
+
+
 def _group_rows(group: list[Record]) -> list[list[str]]:
     reference = reference_of(group)
     ref_curve = curve(reference) if reference else None
@@ -98,18 +124,22 @@ def _group_rows(group: list[Record]) -> list[list[str]]:
     for record in sorted(group, key=_order):
         losses = curve(record) or []
         heldout = curve(record, HELDOUT_FIELDS)
-        label = display_name(record)
-        label += " (ref)" if record is reference else ""
-        rows.append(
-            [
-                str(record.get("sweep")),
-                str(record.get("model")),
-                label,
-                str(record.get("master_weights") or NONE),
-            ]
-            + [str(len(losses)), _loss(losses[0] if losses else None), _loss(losses[-1] if losses else None)]
-            + _deltas(record is reference, losses, heldout, ref_curve, ref_heldout)
-        )
+        label = display_name(record) + (" (ref)" if record is reference else "")
+        for phase, start, end in phases_of(record, len(losses)):
+            part = losses[start:end]
+            ref_part = ref_curve[start:end] if ref_curve else None
+            rows.append(
+                [str(record.get("sweep")), str(record.get("model")), label]
+                + [str(record.get("master_weights") or NONE), phase]
+                + [str(len(part)), _loss(part[0] if part else None), _loss(part[-1] if part else None)]
+                + _deltas(
+                    record is reference,
+                    part,
+                    _heldout_in(record, heldout, start, end),
+                    ref_part,
+                    _heldout_in(reference, ref_heldout, start, end) if reference else None,
+                )
+            )
     return rows
 
 

@@ -23,7 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.convergence_table import curve, reference_of  # noqa: E402
 from harness.points import display_name  # noqa: E402
-from harness.records import Record  # noqa: E402
+from harness.records import (
+    HELDOUT_FIELDS,
+    Record,  # noqa: E402
+)
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
@@ -220,9 +223,11 @@ def kernel_speed(series: dict[str, dict[str, list[tuple[int, float]]]], title: s
 
 @styled
 def convergence_curves(group: Sequence[Record], title: str, path: Path) -> Path:
-    """Loss per step for every method, and its difference to the reference below."""
-    fig, axes = _figure(7.0, 6.0, 2, 1)
-    top, bottom = axes[0][0], axes[1][0]
+    """Training loss per step for every method, its difference to the reference (a 50-step moving
+    mean, so that drift shows through the noise), and the held-out loss; a dotted line marks where
+    a new phase (continued pretraining) starts."""
+    fig, axes = _figure(7.0, 8.5, 3, 1)
+    top, middle, bottom = axes[0][0], axes[1][0], axes[2][0]
     reference = reference_of(group)
     ref_curve = curve(reference) if reference else None
     for record in group:
@@ -230,12 +235,38 @@ def convergence_curves(group: Sequence[Record], title: str, path: Path) -> Path:
         top.plot(range(len(losses)), losses, linewidth=0.8, label=_label(record))
         if ref_curve and record is not reference:
             n = min(len(losses), len(ref_curve))
-            bottom.plot(range(n), [losses[i] - ref_curve[i] for i in range(n)], linewidth=0.8)
+            deltas = [losses[i] - ref_curve[i] for i in range(n)]
+            middle.plot(range(n), _moving_mean(deltas, 50), linewidth=0.8)
+        heldout, steps = curve(record, HELDOUT_FIELDS), record.get("heldout_steps")
+        if heldout:
+            bottom.plot(
+                steps if steps and len(steps) == len(heldout) else range(len(heldout)),
+                heldout,
+                linewidth=0.8,
+                marker=".",
+                markersize=2,
+            )
+    for phase in (reference or (group[0] if group else {})).get("phases") or []:
+        if int(phase.get("first_step", 0)) > 0:
+            for ax in (top, middle, bottom):
+                ax.axvline(int(phase["first_step"]), color="gray", linestyle=":", linewidth=0.8)
     top.set_ylabel("training loss, nats")
     top.set_title(title)
     top.legend(fontsize=7)
-    bottom.axhline(0.0, color="black", linewidth=0.8)
+    middle.axhline(0.0, color="black", linewidth=0.8)
+    middle.set_ylabel("loss - reference, nats\n(50-step mean)")
     bottom.set_xlabel("step")
-    bottom.set_ylabel("loss - reference, nats")
+    bottom.set_ylabel("held-out loss, nats")
     fig.tight_layout()
     return save(fig, path)
+
+
+def _moving_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the (window - 1) before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
