@@ -7,21 +7,12 @@ scales instead of 4). Its step synchronizes the GPU after every parameter (0.44+
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from harness.methods.base import Method, state_tensors_of
+from harness.methods.base import AdamWOptions, StepOptimizerMethod
 
 
-@dataclass
-class BnbOptions:
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-
-
-class BnbAdamW8bit(Method):
+class BnbAdamW8bit(StepOptimizerMethod):
     name = "adamw8bit_bnb"
-    Options = BnbOptions
+    Options = AdamWOptions
     requires = ("bitsandbytes",)
     needs_cuda = "bitsandbytes' 8-bit optimizers are compared on CUDA only"
 
@@ -32,10 +23,3 @@ class BnbAdamW8bit(Method):
         self.opt = bnb.optim.AdamW8bit(
             self.params(), lr=self.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
         )
-
-    def update(self) -> None:
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-    def optimizer_state_tensors(self):
-        return state_tensors_of(self.opt)

@@ -8,21 +8,12 @@ inner codes and scales.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from harness.methods.base import Method, state_tensors_of
+from harness.methods.base import AdamWOptions, StepOptimizerMethod
 
 
-@dataclass
-class TorchaoOptions:
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-
-
-class TorchaoAdamW8bit(Method):
+class TorchaoAdamW8bit(StepOptimizerMethod):
     name = "adamw8bit_torchao"
-    Options = TorchaoOptions
+    Options = AdamWOptions
     requires = ("torchao",)
     needs_cuda = "torchao's AdamW8bit is compared on CUDA only (it compiles a CUDA step per parameter)"
 
@@ -33,10 +24,3 @@ class TorchaoAdamW8bit(Method):
         self.opt = AdamW8bit(
             self.params(), lr=self.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
         )
-
-    def update(self) -> None:
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-    def optimizer_state_tensors(self):
-        return state_tensors_of(self.opt)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.methods.base import Method, largest_param_bytes, state_tensors_of
-from harness.methods.fused_adamw import AdamWOptions
+from harness.methods.base import AdamWOptions, Method, largest_param_bytes, state_tensors_of
 
 
 class AdamWInBackward(Method):

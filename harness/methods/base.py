@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -115,3 +115,25 @@ def state_tensors_of(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
     and any helper objects holding tensors (FlashOptim's); `measure.nbytes` walks both."""
     for state in optimizer.state.values():
         yield from state.values()
+
+
+@dataclass
+class AdamWOptions:
+    """AdamW's hyperparameters as torch.optim names them (the learning rate is `method.lr`)."""
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+class StepOptimizerMethod(Method):
+    """A method whose optimizer `self.opt` runs `step()` after backward, every gradient present."""
+
+    opt: Any
+
+    def update(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def optimizer_state_tensors(self):
+        return state_tensors_of(self.opt)

@@ -7,21 +7,12 @@ the point runs the plain (for-each) AdamW and says so in its notes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from harness.methods.base import Method, state_tensors_of
+from harness.methods.base import AdamWOptions, StepOptimizerMethod
 
 
-@dataclass
-class AdamWOptions:
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-
-
-class FusedAdamW(Method):
+class FusedAdamW(StepOptimizerMethod):
     name = "fused_adamw"
     tensor_parallel = True
     Options = AdamWOptions
@@ -39,10 +30,3 @@ class FusedAdamW(Method):
             weight_decay=o.weight_decay,
             fused=fused,
         )
-
-    def update(self) -> None:
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-    def optimizer_state_tensors(self):
-        return state_tensors_of(self.opt)
