@@ -120,7 +120,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 state[slot.name] = like_param(p, codes)
                 state[slot.name + "_absmax"] = like_param(p, scale)
             else:
-                state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=STATE_DTYPES[self.state_dtype]))
+                state[slot.name] = like_param(
+                    p, torch.full_like(shard, init, dtype=STATE_DTYPES[self.state_dtype])
+                )
 
     def _slot_tensors(self, p: torch.Tensor, group: dict):
         """(states, scales, signed) for the kernels, cached: the tensors are updated in place only."""
@@ -164,7 +166,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused."""
         group, coefficients, seed = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        wgrad_update(local(weight), states, scales, signed, dy, x, coefficients, seed, **self._kernel_options(group))
+        wgrad_update(
+            local(weight), states, scales, signed, dy, x, coefficients, seed, **self._kernel_options(group)
+        )
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
@@ -172,7 +176,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         group, coefficients, seed = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
-        elementwise_update(local(p), grad, states, scales, signed, coefficients, seed, **self._kernel_options(group))
+        elementwise_update(
+            local(p), grad, states, scales, signed, coefficients, seed, **self._kernel_options(group)
+        )
 
     def version(self, p: torch.Tensor) -> int:
         """How many updates `p` has received from this optimizer (guards double backward)."""

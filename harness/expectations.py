@@ -6,7 +6,7 @@ floor"). Per parameter, with bf16 weights:
 
     fused AdamW (bf16 states)   2 weights + 2 gradient + 2x2 states        = 8 B
     FORGE (bf16 states)         2 weights + 0 gradient + 2x2 states        = 6 B  (-2 B: the gradient)
-    FORGE (int8 states)         2 weights + 0 gradient + 2x(1 + 4/64)      = 4.125 B
+    FORGE (int8 states)         2 weights + 0 gradient + 2x(1 + 2/64)      = 4.0625 B
 
 FORGE saves the gradient's 2 B/param outright; state compression (int8) saves more on top, and is
 orthogonal. At Llama-3.1-8B's 8.03 B parameters, 2 B/param is 15.0 GiB.
@@ -90,7 +90,7 @@ def _forge(opts: Mapping[str, Any], weights: float) -> Footprint:
     hparams = opts.get("hparams") if isinstance(opts.get("hparams"), Mapping) else {}
     if rule == "sgd" and not (opts.get("momentum") or hparams.get("momentum")):
         n_states = 0
-    states = n_states * _state_bytes(str(opts.get("state_dtype") or "bf16"), block=64)
+    states = n_states * _state_bytes(str(opts.get("state_dtype") or "bf16"), block=64, scale_bytes=2.0)
     return Footprint(weights, 0.0, states, 2 * weights + 2 * states)
 
 

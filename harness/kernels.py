@@ -16,7 +16,7 @@ token count T, side by side in one process on one GPU, timed with
 The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
 bandwidth), both ceilings measured at the start of the same run. The minimum bytes of the fused
 kernel: dy and x read once, W read and written once, each state read and written once (int8: codes
-plus one fp32 scale per 64). Each record carries the run's metadata (harness.env).
+plus one bf16 scale per 64). Each record carries the run's metadata (harness.env).
 
 Timing re-runs the in-place kernel on scratch tensors: states drift over the repetitions but stay
 finite (the rules are bounded), which is fine for a timing and never done on a model's weights.
@@ -41,7 +41,7 @@ MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
 STATE_DTYPES = ("fp32", "bf16", "int8")
-STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 64}
+STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 2.0 / 64}
 
 
 def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:

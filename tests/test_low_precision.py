@@ -161,7 +161,8 @@ def test_int8_roundtrip_error_bound_per_block(signed, cols):
     # Bound per block of 64: signed codes step at most 2/127 of absmax in u near |u| = 1 (half of it
     # by rounding); positive codes step rootmax/255 in sqrt(x), so x moves by at most about absmax/255.
     absmax = quant._grouped(x.abs()).amax(-1)
-    bound = (absmax / 127 if signed else absmax / 255 * 1.01)[..., None].expand(-1, -1, 64)
+    # The scales are rounded up to bf16 (at most 2^-8 relative), hence the 1% slack.
+    bound = (absmax / 127 * 1.01 if signed else absmax / 255 * 1.01)[..., None].expand(-1, -1, 64)
     bound = bound.reshape(x.shape[0], -1)[:, :cols].reshape(x.shape) + 1e-30
     assert bool((err <= bound).all()), f"worst error / bound = {float((err / bound).max()):.3f}"
     if not signed:

@@ -171,7 +171,7 @@ def test_markup_escapes_latex_and_pipes():
     [
         ("fused_adamw", {}, 8.0),
         ("forge", {"state_dtype": "bf16"}, 6.0),
-        ("forge", {"state_dtype": "int8"}, 4.125),
+        ("forge", {"state_dtype": "int8"}, 4.0625),  # 2 x (1 + 2/64): bf16 scale per 64
         ("forge", {"state_dtype": "fp32"}, 10.0),
         ("forge", {"rule": "sgd", "state_dtype": "bf16", "hparams": {"momentum": 0.9}}, 4.0),
         ("forge", {"rule": "sgd", "state_dtype": "bf16"}, 2.0),

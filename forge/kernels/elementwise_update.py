@@ -21,7 +21,7 @@ from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, updat
 def _elementwise_update_kernel(
     w_ptr,  # (R, C) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (R, C) state slots, updated in place
-    q1_ptr, q2_ptr, q3_ptr,  # (R, NUM_GROUPS) fp32 int8 block scales, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # (R, NUM_GROUPS) bf16 int8 block scales, updated in place
     g_ptr,  # (R, C) the gradient, contiguous, any float dtype
     R, C, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step

@@ -1,8 +1,10 @@
 """Int8 optimizer states: one absmax scale per 64 contiguous elements, quantized in registers.
 
-FORGE stores a state tensor of shape (N, K) as int8 or uint8 codes of the same shape plus one fp32
-scale per 64 contiguous elements along K, a scales tensor of shape (N, ceil(K / 64)): 1.06 bytes per
-element instead of 4 (fp32) or 2 (bf16). The fused kernel dequantizes a tile's states after its
+FORGE stores a state tensor of shape (N, K) as int8 or uint8 codes of the same shape plus one bf16
+scale per 64 contiguous elements along K, a scales tensor of shape (N, ceil(K / 64)): 1.03 bytes per
+element instead of 4 (fp32) or 2 (bf16). A scale is rounded UP to bf16 before the codes are
+computed against it, so |x| / scale never exceeds 1 and the codes stay in range (bf16 keeps fp32's
+exponent range, so tiny second moments do not underflow as they would in fp16). The fused kernel dequantizes a tile's states after its
 gradient is complete, updates them in fp32 and quantizes them again before the store; nothing but
 the codes and scales ever reaches memory. Blocks of 64 keep the quantization error local (the
 paper contrasts this with the 2048-element blocks of common 8-bit optimizers; bitsandbytes and
@@ -34,6 +36,13 @@ GROUP = 64
 
 
 @triton.jit
+def _round_up_to_bf16(x):
+    """x: fp32 >= 0. The smallest bf16 value >= x, as fp32 (clear the low 16 bits, carrying up)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0xFFFF) & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _round_half_away(x):
     return tl.where(x >= 0, tl.floor(x + 0.5), -tl.floor(0.5 - x))
 
@@ -47,8 +56,8 @@ def dequantize_signed(q, absmax):
 
 @triton.jit
 def quantize_signed(x):
-    """x: fp32 (R, G, 64). Returns int8 codes and fp32 absmax (R, G)."""
-    absmax = tl.max(tl.abs(x), axis=2)
+    """x: fp32 (R, G, 64). Returns int8 codes and the absmax (R, G), rounded up to bf16."""
+    absmax = _round_up_to_bf16(tl.max(tl.abs(x), axis=2))
     u = x / tl.maximum(absmax, 1e-30)[:, :, None]
     code = _round_half_away(254.0 * u / (1.0 + tl.abs(u)))
     return code.to(tl.int8), absmax
@@ -65,7 +74,7 @@ def dequantize_positive(q, rootmax):
 def quantize_positive(x):
     """x: fp32 (R, G, 64), >= 0. Returns uint8 codes of sqrt(x) and the fp32 max of sqrt(x) (R, G)."""
     r = tl.sqrt_rn(tl.maximum(x, 0.0))
-    rootmax = tl.max(r, axis=2)
+    rootmax = _round_up_to_bf16(tl.max(r, axis=2))
     code = tl.floor(r / tl.maximum(rootmax, 1e-30)[:, :, None] * 255.0 + 0.5)
     code = tl.where(r > 0, tl.maximum(code, 1.0), code)
     return code.to(tl.uint8), rootmax
@@ -74,7 +83,7 @@ def quantize_positive(x):
 @triton.jit
 def load_state(
     ptr,  # state codes or values, same layout as the weight
-    scale_ptr,  # (rows, ceil(cols / 64)) fp32 block scales; only read for int8
+    scale_ptr,  # (rows, ceil(cols / 64)) bf16 block scales; only read for int8
     offs,  # (ROWS, COLS) int64 element offsets
     scale_offs,  # (ROWS, COLS // 64) int64 scale offsets
     mask,  # (ROWS, COLS) bool
@@ -87,7 +96,7 @@ def load_state(
     """A tile of one state slot as fp32 (ROWS, COLS); masked elements read as 0."""
     if STATE_DTYPE == "int8":
         q = tl.reshape(tl.load(ptr + offs, mask=mask, other=0), (ROWS, COLS // 64, 64))
-        scale = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0)[:, :, None]
+        scale = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0).to(tl.float32)[:, :, None]
         if SIGNED:
             x = dequantize_signed(q, scale)
         else:
@@ -114,7 +123,7 @@ def store_state(
         else:
             q, scale = quantize_positive(x3)
         tl.store(ptr + offs, tl.reshape(q, (ROWS, COLS)), mask=mask)
-        tl.store(scale_ptr + scale_offs, scale, mask=scale_mask)
+        tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask)  # exact: rounded up
     elif STATE_DTYPE == "bf16":
         tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)
     else:
@@ -141,28 +150,35 @@ def num_groups(cols: int) -> int:
     return -(-cols // GROUP)
 
 
+def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 value >= x (x >= 0, fp32), as fp32: the kernels' `_round_up_to_bf16`."""
+    bits = x.float().contiguous().view(torch.int32).to(torch.int64)
+    return ((bits + 0xFFFF) & 0xFFFF0000).to(torch.int32).view(torch.float32)
+
+
 def quantize(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes shaped like x and scales shaped (rows, ceil(cols / 64)), rows = numel // cols."""
+    """Codes shaped like x and bf16 scales shaped (rows, ceil(cols / 64)), rows = numel // cols."""
     g = _grouped(x)
     if signed:
-        absmax = g.abs().amax(-1)
+        absmax = round_up_to_bf16(g.abs().amax(-1))
         u = g / absmax.clamp_min(1e-30)[..., None]
         y = 254.0 * u / (1 + u.abs())
         code = torch.where(y >= 0, torch.floor(y + 0.5), -torch.floor(0.5 - y))
         scale = absmax
     else:
         r = g.clamp_min(0).sqrt()
-        scale = r.amax(-1)
+        scale = round_up_to_bf16(r.amax(-1))
         code = torch.floor(r / scale.clamp_min(1e-30)[..., None] * 255 + 0.5)
         code = torch.where(r > 0, code.clamp_min(1), code)
     cols = x.shape[-1] if x.dim() > 1 else x.numel()
     codes = code.reshape(code.shape[0], -1)[:, :cols].to(code_dtype(signed))
-    return codes.reshape(x.shape), scale
+    return codes.reshape(x.shape), scale.to(torch.bfloat16)
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
     """fp32 values from codes and per-64 scales (the inverse of `quantize`, up to rounding)."""
     g = _grouped(codes)
+    scale = scale.float()
     if signed:
         y = g / 127.0
         x = y / (2 - y.abs()) * scale[..., None]

@@ -6,7 +6,7 @@ states are loaded, the rule is applied in fp32 (`forge.rules.apply_rule`), and t
 with optional stochastic rounding, or fp32) and states (fp32, bf16 or int8) are stored back.
 
 Layout shared by every parameter: a tensor is viewed as (rows, cols) = (numel / last dim, last dim)
-(a vector as one row), row-major and contiguous; int8 states have one fp32 scale per 64 contiguous
+(a vector as one row), row-major and contiguous; int8 states have one bf16 scale per 64 contiguous
 elements of a row, in a (rows, ceil(cols / 64)) tensor. A tile starts at a column that is a
 multiple of 64 and spans whole groups, so its scales are its own.
 """

@@ -46,7 +46,7 @@ def _halves(tile, ROWS: tl.constexpr, COLS: tl.constexpr):
 def _wgrad_update_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
-    q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) fp32 int8 block scales, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place
     dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (USE_TMA) or a pointer
     x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (USE_TMA) or a pointer
     T, N, K, NUM_GROUPS,
