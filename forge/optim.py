@@ -230,12 +230,3 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
-
-    def state_bytes(self) -> int:
-        """Bytes held by optimizer states (codes, scales and buffers) across all parameters."""
-        return sum(
-            local(t).numel() * t.element_size()
-            for s in self.state.values()
-            for t in s.values()
-            if isinstance(t, torch.Tensor)
-        )

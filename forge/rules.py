@@ -219,7 +219,7 @@ def _coefficients_sgd(h: dict, step: int, st: dict) -> tuple[float, ...]:
 
 
 def _ref_adamw(w, g, s, c, flags):
-    decay, omb1, b2, omb2, inv_sqrt_bias2, eps, step_size = c
+    decay, omb1, b2, omb2, inv_sqrt_bias2, eps, step_size, *_ = c  # the rest is padding
     w = w * decay
     s[0] = s[0] + (g - s[0]) * omb1
     s[1] = s[1] * b2 + omb2 * g * g
@@ -227,7 +227,7 @@ def _ref_adamw(w, g, s, c, flags):
 
 
 def _ref_nadam(w, g, s, c, flags):
-    decay, coupled, omb1, b2, omb2, inv_bias2, eps, grad_step, moment_step = c
+    decay, coupled, omb1, b2, omb2, inv_bias2, eps, grad_step, moment_step, *_ = c  # the rest is padding
     g = g + coupled * w
     w = w * decay
     s[0] = s[0] + (g - s[0]) * omb1
@@ -237,7 +237,7 @@ def _ref_nadam(w, g, s, c, flags):
 
 
 def _ref_radam(w, g, s, c, flags):
-    decay, coupled, omb1, b2, omb2, eps, adaptive, plain = c
+    decay, coupled, omb1, b2, omb2, eps, adaptive, plain, *_ = c  # the rest is padding
     g = g + coupled * w
     w = w * decay
     s[0] = s[0] + (g - s[0]) * omb1
@@ -246,14 +246,14 @@ def _ref_radam(w, g, s, c, flags):
 
 
 def _ref_lion(w, g, s, c, flags):
-    decay, b1, b2, omb1, omb2, lr = c
+    decay, b1, b2, omb1, omb2, lr, *_ = c  # the rest is padding
     update = torch.sign(b1 * s[0] + omb1 * g)
     s[0] = b2 * s[0] + omb2 * g
     return w * decay - lr * update
 
 
 def _ref_rmsprop(w, g, s, c, flags):
-    coupled, alpha, oma, eps, momentum, lr = c
+    coupled, alpha, oma, eps, momentum, lr, *_ = c  # the rest is padding
     g = g + coupled * w
     s[0] = s[0] * alpha + oma * g * g
     if flags["centered"]:
@@ -268,14 +268,14 @@ def _ref_rmsprop(w, g, s, c, flags):
 
 
 def _ref_adagrad(w, g, s, c, flags):
-    coupled, eps, clr = c
+    coupled, eps, clr, *_ = c  # the rest is padding
     g = g + coupled * w
     s[0] = s[0] + g * g
     return w - clr * g / (s[0].sqrt() + eps)
 
 
 def _ref_sgd(w, g, s, c, flags):
-    coupled, buf_decay, grad_scale, grad_keep, buf_mix, lr = c
+    coupled, buf_decay, grad_scale, grad_keep, buf_mix, lr, *_ = c  # the rest is padding
     g = g + coupled * w
     if flags["momentum"]:
         s[0] = s[0] * buf_decay + grad_scale * g

@@ -146,10 +146,6 @@ def code_dtype(signed: bool) -> torch.dtype:
     return torch.int8 if signed else torch.uint8
 
 
-def num_groups(cols: int) -> int:
-    return -(-cols // GROUP)
-
-
 def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """The smallest bf16 value >= x (x >= 0, fp32), as fp32: the kernels' `_round_up_to_bf16`."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64)
