@@ -95,6 +95,9 @@ class SweepConfig:
     exclude: list[str] = field(default_factory=list)  # fnmatch patterns on point ids to leave out
     max_batch_size: int = 64  # capacity mode: stop doubling here
     scratch: bool = False  # results_dir is throwaway: the harness puts a .gitignore in it
+    # Points run at once on one GPU. Sharing the GPU falsifies step times and the device's memory
+    # peak, so more than 1 is allowed only for convergence sweeps, which claim losses, not speed.
+    concurrent_points: int = 1
 
 
 @dataclass
@@ -204,8 +207,14 @@ def _positive(key: str, value: int | float | None) -> None:
         raise ConfigError(f"{key}={value} must be positive")
 
 
-def _validate_sweep(sweep: Any) -> None:
+def _validate_sweep(sweep: Any, convergence: bool) -> None:
     _choice("sweep.mode", sweep.mode, SWEEP_MODES)  # method and model names: Hydra checks them
+    _positive("sweep.concurrent_points", sweep.concurrent_points)
+    if sweep.concurrent_points > 1 and not convergence:
+        raise ConfigError(
+            f"sweep.concurrent_points={sweep.concurrent_points}: points that share a GPU time and "
+            "measure memory wrongly; run more than one at a time only with convergence.enabled=true"
+        )
     for b in sweep.batch_sizes:
         _positive("sweep.batch_sizes entry", b)
     for s in sweep.seq_lens:
@@ -241,7 +250,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
     if cfg.method.dtype is not None:
         _choice("method.dtype", cfg.method.dtype, DTYPES)
-    _validate_sweep(cfg.sweep)
+    _validate_sweep(cfg.sweep, cfg.convergence.enabled)
     _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:

@@ -81,6 +81,7 @@ EXTRA_FIELDS = (
     "device",  # "cuda" or "cpu"
     "dtype",  # dtype of the model weights
     "sweep_mode",  # "grid" or "capacity"
+    "concurrent_points",  # points of the sweep sharing the GPU at once (>1: losses only, no timing)
     "step_times_ms",  # every timed step (warm-up dropped), in order
     "losses",  # loss of every step, warm-up included
     "params_moved_frac",  # fraction of trainable parameter tensors that changed

@@ -56,6 +56,7 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         sweep=cfg.sweep.name,
         point=point,
         sweep_mode=cfg.sweep.mode,
+        concurrent_points=cfg.sweep.concurrent_points,
         time=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         method=cfg.method.name,
         method_label=cfg.method.label,

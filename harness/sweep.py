@@ -14,6 +14,10 @@
 
 `sweep.mode=capacity` searches instead for the largest batch that fits, per method, model and
 sequence length: doubling from 1 until OOM, then bisecting; every try is a recorded point.
+
+`sweep.concurrent_points=N` runs N points at once on the same GPU: for convergence sweeps only,
+whose claim is the loss curve; step times measured that way are not comparable and say so
+(`concurrent_points` in the record).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +112,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+_live_workers: set[subprocess.Popen] = set()  # running workers, killed together on Ctrl-C
+_live_lock = threading.Lock()
+
+
+def _kill_live_workers() -> None:
+    with _live_lock:
+        for proc in list(_live_workers):
+            _kill_group(proc)
+
+
 def _child_env(device: str) -> dict[str, str]:
     child = dict(os.environ, PYTHONUNBUFFERED="1")
     child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -147,6 +163,8 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
             text=True,
             start_new_session=True,
         )
+        with _live_lock:
+            _live_workers.add(proc)
         try:
             _, stderr = proc.communicate(timeout=point.cfg.timeout_s)
         except subprocess.TimeoutExpired:
@@ -156,6 +174,9 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         except BaseException:  # Ctrl-C: the worker is in its own session and would outlive us
             _kill_group(proc)
             raise
+        finally:
+            with _live_lock:
+                _live_workers.discard(proc)
         if gpus > 1 and (ranks := launch.rank_records(record_path, gpus)):
             return launch.merge(ranks)
         if record_path.exists():
@@ -246,23 +267,41 @@ class Progress:
             self.bar = tqdm(total=total, desc=desc, unit="point", file=sys.stderr, dynamic_ncols=True)
         except ImportError:
             self.bar = None
+        self.lock = threading.Lock()  # points that run concurrently report from their threads
 
     def point(self, record: dict[str, Any], ran: bool) -> None:
         line = summary(record, ran)
-        if self.bar is None:
-            print(line, flush=True)
-        else:
-            self.bar.write(line)
-            self.bar.update(1)
+        with self.lock:
+            if self.bar is None:
+                print(line, flush=True)
+            else:
+                self.bar.write(line)
+                self.bar.update(1)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _run_grid(points: list[Point], git: dict, path: Path, done: dict, progress: Progress) -> None:
-    for point in points:
-        progress.point(*run_or_skip(point, git, path, done))
+def _run_grid(
+    points: list[Point], git: dict, path: Path, done: dict, progress: Progress, concurrent: int = 1
+) -> None:
+    if concurrent == 1:
+        for point in points:
+            progress.point(*run_or_skip(point, git, path, done))
+        return
+    # Convergence sweeps only (config.validate): each worker is still its own process; the
+    # threads just wait on them. A Ctrl-C kills every running worker, as in the serial case.
+    pool = ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="point")
+    try:
+        futures = [pool.submit(run_or_skip, point, git, path, done) for point in points]
+        for future in as_completed(futures):
+            progress.point(*future.result())
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_live_workers()
+        raise
+    pool.shutdown()
 
 
 def _run_capacity(
@@ -292,7 +331,7 @@ def run_sweep(overrides: list[str]) -> Path:
     progress = Progress(len(points) if points is not None else None, cfg.sweep.name)
     try:
         if points is not None:
-            _run_grid(points, git, path, done, progress)
+            _run_grid(points, git, path, done, progress, cfg.sweep.concurrent_points)
         else:
             _run_capacity(cfg, overrides, git, path, done, progress)
     finally:

@@ -135,3 +135,33 @@ def test_cli_run_one_point(tmp_path, capsys):
     assert "[ok]  no_optimizer/tiny-llama/b1/s16/cpu" in capsys.readouterr().out
     (record,) = results.read(tmp_path / "adhoc.jsonl")
     assert record["status"] == "ok" and (tmp_path / ".gitignore").exists()
+
+
+def test_concurrent_points_are_refused_outside_convergence():
+    from harness.config import ConfigError, compose_config
+
+    with pytest.raises(ConfigError, match="only with convergence.enabled=true"):
+        compose_config(["+exp=smoke", "sweep.concurrent_points=2"])
+
+
+def test_convergence_points_run_concurrently_and_each_is_recorded(tmp_path, monkeypatch):
+    """Workers replaced by a stand-in that waits until two run at once: the sweep must start the
+    second before the first returns, and record both, each saying it shared the GPU."""
+    import threading
+
+    from harness import runner
+
+    both_running = threading.Barrier(2, timeout=30)
+
+    def run(point, git):
+        both_running.wait()  # a serial sweep would block here and time out
+        record = runner.base_record(point.cfg, point.id, "cpu")
+        record["status"] = "ok"
+        return record
+
+    monkeypatch.setattr(sweep, "run_isolated", run)
+    overrides = ["+exp=convergence_smoke", f"results_dir={tmp_path}", "sweep.concurrent_points=2"]
+    overrides.append("sweep.methods=[fused_adamw_fp32,forge_fp32_exact]")
+    records = results.read(sweep.run_sweep(overrides))
+    assert sorted(r["method_label"] for r in records) == ["forge_fp32_exact", "fused_adamw_fp32"]
+    assert all(r["status"] == "ok" and r["concurrent_points"] == 2 for r in records)
