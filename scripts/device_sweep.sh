@@ -1,19 +1,55 @@
 #!/usr/bin/env bash
-# Run (or resume) a sweep on the GPU machine inside one device command's time limit, and hand
-# back the results files it wrote. From the repository root, with .whl carried:
+# Run (or resume) sweeps on the GPU machine inside one device command's time limit, and hand back
+# the results files they wrote. From the repository root, with .whl (and, for convergence sweeps,
+# .cache/convergence/v8192) carried:
 #
-#   bash scripts/device_sweep.sh +exp=llama8b_h200 'sweep.batch_sizes=[1,2]' 'sweep.seq_lens=[1024]'
+#   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
+#   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
 #
-# The sweep gets SWEEP_BUDGET_S seconds (default 540), then a Ctrl-C: the running point's worker
-# is killed, every finished point is already on disk. The JSONL files written during this call
-# are copied to $OUT; put them back under results/ here and the same command resumes the sweep.
+# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; anything else is the
+# overrides of one `python -m harness sweep` (split on spaces, never glob-expanded). Sweeps joined
+# by ' | ' inside one step run at the same time: for convergence sweeps only, which claim losses,
+# not step times.
+#
+# All steps share SWEEP_BUDGET_S seconds (default 540); at the deadline a running sweep gets a
+# Ctrl-C (its running points' workers are killed; every finished point is already on disk) and
+# the steps not started are listed. The JSONL files written during this call and the log go to
+# $OUT; put the JSONL back under results/ here, and the same command resumes where it stopped.
 set -uo pipefail
+set -f  # overrides like sweep.batch_sizes=[1,2] are not file patterns
 cd "$(dirname "$0")/.."
 . scripts/device_setup.sh || exit 1
-marker=$(mktemp)
-timeout -s INT -k 30 "${SWEEP_BUDGET_S:-540}" python3 -m harness sweep "$@"
-rc=$?
 out=${OUT:-results/out}
 mkdir -p "$out"
+log="$out/device_sweep.log"
+marker=$(mktemp)
+deadline=$(($(date +%s) + ${SWEEP_BUDGET_S:-540}))
+rc=0
+for step in "$@"; do
+  left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 20 ]; then
+    echo "device_sweep: out of time, not started: $step" | tee -a "$log"
+    rc=124
+    continue
+  fi
+  echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
+  if [ "$step" = tests ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+    timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee -a "$log" | tail -15
+    continue
+  fi
+  start=$(($(wc -l <"$log") + 1))
+  IFS='|' read -ra sweeps <<<"$step"
+  pids=()
+  for overrides in "${sweeps[@]}"; do
+    # shellcheck disable=SC2086  # word splitting is the point: one override per word
+    timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || rc=$?
+  done
+  tail -n +"$start" "$log" | tr '\r' '\n' | grep -v 'point/s' | tail -n 40
+done
 find results -name '*.jsonl' -newer "$marker" -exec cp {} "$out"/ \; -print
 exit $rc
