@@ -16,9 +16,9 @@
 # the steps not started are listed. The JSONL files written during this call and the log go to
 # $OUT; put the JSONL back under results/ here, and the same command resumes where it stopped.
 set -uo pipefail
-set -f  # overrides like sweep.batch_sizes=[1,2] are not file patterns
 cd "$(dirname "$0")/.."
 . scripts/device_setup.sh || exit 1
+set -f  # from here on, overrides like sweep.batch_sizes=[1,2] are not file patterns
 out=${OUT:-results/out}
 mkdir -p "$out"
 log="$out/device_sweep.log"
