@@ -114,9 +114,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 _live_workers: set[subprocess.Popen] = set()  # running workers, killed together on Ctrl-C
 _live_lock = threading.Lock()
+_stopping = threading.Event()  # set on Ctrl-C: a worker killed for it is no result, record nothing
+
+
+class SweepInterrupted(Exception):
+    """A concurrent point whose worker was killed because the sweep was stopped."""
 
 
 def _kill_live_workers() -> None:
+    _stopping.set()
     with _live_lock:
         for proc in list(_live_workers):
             _kill_group(proc)
@@ -177,6 +183,8 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         finally:
             with _live_lock:
                 _live_workers.discard(proc)
+        if _stopping.is_set():  # killed by the Ctrl-C of a concurrent sweep, not by its own fault
+            raise SweepInterrupted(point.id)
         if gpus > 1 and (ranks := launch.rank_records(record_path, gpus)):
             return launch.merge(ranks)
         if record_path.exists():
@@ -293,6 +301,7 @@ def _run_grid(
     # Convergence sweeps only (config.validate): each worker is still its own process; the
     # threads just wait on them. A Ctrl-C kills every running worker, as in the serial case.
     pool = ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="point")
+    _stopping.clear()
     try:
         futures = [pool.submit(run_or_skip, point, git, path, done) for point in points]
         for future in as_completed(futures):
