@@ -8,6 +8,7 @@ written (the results file is tracked, so reading it later would always say "dirt
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -27,8 +28,16 @@ LIBRARIES = (
 )
 
 
+STAMP_VARIABLE = "FORGE_BENCH_COMMIT_STAMP"  # set by scripts/device_setup.sh on the GPU machine
+
+
 def git_info(repo: Path = REPO) -> dict[str, Any]:
-    """Commit hash and whether tracked files differ from it (None outside a git checkout)."""
+    """Commit hash and whether tracked files differ from it (None outside a git checkout).
+
+    On the GPU machine the stamp written by `scripts/stamp_commit.sh` wins: the copy of the tree
+    sent there may hold a .git of another commit (seen: the session's first one, marked dirty)."""
+    if os.environ.get(STAMP_VARIABLE):
+        return _stamped_commit(Path(os.environ[STAMP_VARIABLE]))
 
     def git(*args: str) -> str | None:
         try:
@@ -39,15 +48,14 @@ def git_info(repo: Path = REPO) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return _stamped_commit(repo)
+        return _stamped_commit(repo / ".device-commit")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
-def _stamped_commit(repo: Path) -> dict[str, Any]:
-    """The GPU machine gets a copy of the tree without .git: `scripts/stamp_commit.sh` writes the
-    commit (and whether tracked files differed from it) into .device-commit, carried with the run."""
-    stamp = repo / ".device-commit"
+def _stamped_commit(stamp: Path) -> dict[str, Any]:
+    """`scripts/stamp_commit.sh` writes the commit sent to the GPU machine (and whether tracked
+    files differed from it) into .device-commit, carried with the run."""
     if not stamp.is_file():
         return {"git_commit": None, "git_dirty": None}
     commit, _, dirty = stamp.read_text().strip().partition(" ")

@@ -10,6 +10,12 @@ else
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# The records' commit: the stamp of scripts/stamp_commit.sh, not whatever .git the copy holds.
+if [ -f .device-commit ]; then
+  export FORGE_BENCH_COMMIT_STAMP="$PWD/.device-commit"
+else
+  echo "device_setup: no .device-commit (run scripts/stamp_commit.sh and carry it); records get .git's commit" >&2
+fi
 # Keep NVLink multicast off (the machines' rule), also for the worker subprocesses.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c "import torch, hydra; print('device_setup: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'hydra', hydra.__version__)"

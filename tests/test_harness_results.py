@@ -39,3 +39,16 @@ def test_load_directory_recurses_and_keeps_all_columns(tmp_path):
     df = results.load(tmp_path)
     assert sorted(df.point) == ["a", "b"]
     assert "extra_field" in df.columns and "peak_nvml_gib" in df.columns
+
+
+def test_the_device_stamp_names_the_commit_when_set(tmp_path, monkeypatch):
+    """On the GPU machine the copy may hold a stale .git: the stamp of stamp_commit.sh wins."""
+    from harness import env
+
+    stamp = tmp_path / ".device-commit"
+    stamp.write_text("0123abcd clean\n")
+    monkeypatch.setenv(env.STAMP_VARIABLE, str(stamp))
+    expected = {"git_commit": "0123abcd", "git_dirty": False, "git_commit_source": ".device-commit"}
+    assert env.git_info() == expected
+    monkeypatch.delenv(env.STAMP_VARIABLE)
+    assert env.git_info().get("git_commit_source") is None  # here: this checkout's own git
