@@ -162,7 +162,10 @@ def convergence_preamble() -> str:
     return (
         "Every method trains from the same seed on the same data order, so loss curves compare step by "
         "step. With fp32 weights and states FORGE equals torch.optim up to the GEMM's summation order "
-        "(mean |d| near 1e-4 nats or below); the paper puts bf16 with stochastic rounding and int8 states "
+        "(mean |d| near 1e-4 nats or below) for as long as training does not amplify rounding: past the "
+        "warm-up, at peak learning rate, a 1-ulp difference can grow into a visible one, and the distance "
+        "between two torch AdamW implementations in fp32 (torch_adamw_fp32, when run) is that floor. "
+        "The paper puts bf16 with stochastic rounding and int8 states "
         "within 0.001 nats; plain bf16 write-back without stochastic rounding stalls, so its distance "
         "grows over the run (the last 10% tells more than the mean)."
     )
