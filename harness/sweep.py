@@ -13,7 +13,9 @@
 4. Each record is appended atomically (`results.append`) and summarized on one line.
 
 `sweep.mode=capacity` searches instead for the largest batch that fits, per method, model and
-sequence length: doubling from 1 until OOM, then bisecting; every try is a recorded point.
+sequence length, under the GPU's memory cap: batches 1 and 2, then the batch their reserved peaks
+predict (linear in the batch) and its neighbour, bisecting only if the prediction was off; without
+a cap (or peaks), doubling from 1 until OOM, then bisecting. Every try is a recorded point.
 
 `sweep.concurrent_points=N` runs N points at once on the same GPU: for convergence sweeps only,
 whose claim is the loss curve; step times measured that way are not comparable and say so
@@ -230,28 +232,63 @@ def summary(record: dict[str, Any], ran: bool = True) -> str:
     return "  ".join(parts)
 
 
-def largest_fitting(try_batch: Callable[[int], str], max_batch: int) -> int | None:
-    """Largest batch whose status is ok: double from 1 until an OOM, then bisect. None if even 1
-    does not fit; a status other than ok/oom (error, unavailable) ends the search there."""
-    fits, fails, b = 0, None, 1
-    while b <= max_batch:
+def largest_fitting(
+    try_batch: Callable[[int], str], max_batch: int, guess: Callable[[], int | None] | None = None
+) -> int | None:
+    """Largest batch whose status is ok. None if even 1 does not fit; a status other than ok/oom
+    (error, unavailable) ends the search there.
+
+    Without `guess`: double from 1 until an OOM, then bisect. With it: after batches 1 and 2 fit,
+    `guess()` predicts the largest from their measured peaks (`predict_largest`); the search tries
+    that batch and its neighbour, and only falls back to bisecting if the prediction was off.
+    Either way the answer is proven by measurement: b fits and b + 1 (or max_batch) was tried."""
+    fits, fails = 0, None
+
+    def probe(b: int) -> str:
+        nonlocal fits, fails
         status = try_batch(b)
-        if status != "ok":
-            fails = b
-            if status != "oom":
-                return fits or None
-            break
-        fits, b = b, b * 2
-    while fails is not None and fails - fits > 1:
-        mid = (fits + fails) // 2
-        status = try_batch(mid)
         if status == "ok":
-            fits = mid
+            fits = max(fits, b)
         elif status == "oom":
-            fails = mid
-        else:
+            fails = b if fails is None else min(fails, b)
+        return status
+
+    b = 1
+    while b <= max_batch and fails is None:
+        if probe(b) not in ("ok", "oom"):
+            return fits or None
+        predicted = guess() if guess is not None and fits == 2 and fails is None else None
+        if predicted is not None:
+            predicted = min(max(predicted, 2), max_batch)
+            status = probe(predicted) if predicted > 2 else "ok"  # 2 is known to fit
+            if status not in ("ok", "oom"):
+                return fits or None
+            neighbour = predicted + 1 if status == "ok" else predicted - 1
+            if 2 < neighbour <= max_batch and probe(neighbour) not in ("ok", "oom"):
+                return fits or None
+            if fails is not None or fits == max_batch:
+                break
+            b = fits * 2  # the prediction was low: go on doubling from what fits
+            continue
+        b = fits * 2 if fits else b * 2
+    while fails is not None and fails - fits > 1:
+        if probe((fits + fails) // 2) not in ("ok", "oom"):
             break
     return fits or None
+
+
+def predict_largest(small: dict, large: dict, cap_gib: float | None) -> int | None:
+    """The largest batch whose reserved peak stays under `cap_gib`, extrapolated linearly from two
+    recorded points (batch sizes b1 < b2). None when it cannot be told (no cap, no peaks, or the
+    peak did not grow with the batch: then another part of the step, not activations, sets it)."""
+    if cap_gib is None:
+        return None
+    b1, b2 = small.get("batch_size"), large.get("batch_size")
+    p1, p2 = small.get("peak_reserved_gib"), large.get("peak_reserved_gib")
+    if None in (b1, b2, p1, p2) or b2 <= b1 or p2 <= p1:
+        return None
+    per_sample = (p2 - p1) / (b2 - b1)
+    return b2 + int((cap_gib - p2) // per_sample)
 
 
 def results_path(cfg: DictConfig) -> Path:
@@ -321,13 +358,18 @@ def _run_capacity(
     groups = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
     groups = [v for v in groups if not excluded(make_point(overrides, batch_size=1, **v).id, cfg)]
     for values in groups:  # validated above, before running any
+        tried: dict[int, dict] = {}
 
-        def try_batch(b: int, values: dict = values) -> str:
+        def try_batch(b: int, values: dict = values, tried: dict = tried) -> str:
             record, ran = run_or_skip(make_point(overrides, batch_size=b, **values), git, path, done)
             progress.point(record, ran)
+            tried[b] = record
             return record["status"]
 
-        largest_fitting(try_batch, cfg.sweep.max_batch_size)
+        def guess(tried: dict = tried) -> int | None:
+            return predict_largest(tried[1], tried[2], cfg.gpu.memory_cap_gib)
+
+        largest_fitting(try_batch, cfg.sweep.max_batch_size, guess)
 
 
 def run_sweep(overrides: list[str]) -> Path:

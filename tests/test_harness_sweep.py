@@ -109,6 +109,49 @@ def test_largest_fitting_stops_at_an_error():
     assert sweep.largest_fitting(lambda b: "ok" if b < 4 else "error", 64) == 2
 
 
+def _memory_model(static_gib, per_sample_gib, cap_gib):
+    """try_batch and guess for a step whose reserved peak is static + per_sample x batch."""
+    calls, tried = [], {}
+
+    def try_batch(b):
+        calls.append(b)
+        peak = static_gib + per_sample_gib * b
+        tried[b] = {"batch_size": b, "peak_reserved_gib": peak if peak <= cap_gib else None}
+        return "ok" if peak <= cap_gib else "oom"
+
+    def guess():
+        return sweep.predict_largest(tried[1], tried[2], cap_gib)
+
+    return try_batch, guess, calls
+
+
+@pytest.mark.parametrize(
+    "static, per_sample, expected, most_calls",
+    [(20, 2.5, 8, 4), (30, 0.3, 33, 4), (39, 0.4, 2, 3), (10, 0.2, 64, 3), (38.5, 1.0, 1, 2)],
+    ids=["fits-8", "fits-33", "fits-2", "fits-max", "fits-1"],
+)
+def test_a_predicted_capacity_search_needs_few_tries(static, per_sample, expected, most_calls):
+    try_batch, guess, calls = _memory_model(static, per_sample, cap_gib=40)
+    assert sweep.largest_fitting(try_batch, 64, guess) == expected
+    assert len(calls) <= most_calls, calls
+    assert sweep.largest_fitting(_memory_model(static, per_sample, 40)[0], 64) == expected  # no guess
+
+
+@pytest.mark.parametrize("off_by", [-3, -1, 1, 4])
+def test_a_wrong_prediction_still_finds_the_largest_batch(off_by):
+    try_batch, guess, calls = _memory_model(20, 2.5, cap_gib=40)  # 8 fits, 9 does not
+    assert sweep.largest_fitting(try_batch, 64, lambda: guess() + off_by) == 8
+    assert 8 in calls and 9 in calls  # the answer is always proven by its neighbour
+
+
+def test_predict_largest_needs_a_cap_and_growing_peaks():
+    small, large = {"batch_size": 1, "peak_reserved_gib": 22.5}, {"batch_size": 2, "peak_reserved_gib": 25.0}
+    assert sweep.predict_largest(small, large, 40.0) == 8
+    assert sweep.predict_largest(small, large, None) is None
+    assert sweep.predict_largest(small, dict(large, peak_reserved_gib=22.5), 40.0) is None
+    assert sweep.predict_largest(small, dict(large, peak_reserved_gib=None), 40.0) is None
+
+
 def test_results_never_record_nan(failure_sweep):
     _, _, path = failure_sweep
     assert _by_label(path)["fake_nan"]["loss_first"] is None  # NaN is written as null
