@@ -124,8 +124,8 @@ class SweepInterrupted(Exception):
 
 
 def _kill_live_workers() -> None:
-    _stopping.set()
     with _live_lock:
+        _stopping.set()
         for proc in list(_live_workers):
             _kill_group(proc)
 
@@ -162,16 +162,18 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         spec_path.write_text(json.dumps(spec))
         gpus = point.cfg.gpus
         cmd = launch.command(gpus, [str(spec_path), str(record_path)])
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=launch.child_env(_child_env(device), gpus),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        with _live_lock:
+        with _live_lock:  # registered atomically, so a Ctrl-C either kills it or stops its start
+            if _stopping.is_set():
+                raise SweepInterrupted(point.id)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=launch.child_env(_child_env(device), gpus),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             _live_workers.add(proc)
         try:
             _, stderr = proc.communicate(timeout=point.cfg.timeout_s)
@@ -338,14 +340,14 @@ def _run_grid(
     # Convergence sweeps only (config.validate): each worker is still its own process; the
     # threads just wait on them. A Ctrl-C kills every running worker, as in the serial case.
     pool = ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="point")
-    _stopping.clear()
     try:
         futures = [pool.submit(run_or_skip, point, git, path, done) for point in points]
         for future in as_completed(futures):
             progress.point(*future.result())
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)  # no point starts from here on
         _kill_live_workers()
+        pool.shutdown(wait=True)  # the threads return once their worker is dead
         raise
     pool.shutdown()
 
@@ -376,6 +378,7 @@ def run_sweep(overrides: list[str]) -> Path:
     """Run (or resume) the sweep the overrides compose; returns the results file."""
     cfg = compose_config(overrides)
     points = expand(cfg, overrides) if cfg.sweep.mode == "grid" else None  # validates every point
+    _stopping.clear()  # a sweep stopped earlier in this process does not stop this one
     path = results_path(cfg)
     git = env.git_info()
     done = results.recorded_points(path)

@@ -208,3 +208,29 @@ def test_convergence_points_run_concurrently_and_each_is_recorded(tmp_path, monk
     records = results.read(sweep.run_sweep(overrides))
     assert sorted(r["method_label"] for r in records) == ["forge_fp32_exact", "fused_adamw_fp32"]
     assert all(r["status"] == "ok" and r["concurrent_points"] == 2 for r in records)
+
+
+def test_a_stopped_concurrent_sweep_records_nothing_for_its_killed_points(tmp_path, monkeypatch):
+    """Ctrl-C while two convergence points run: both workers are killed, and neither becomes an
+    `error` record (that would make the resumed sweep skip them)."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    monkeypatch.setattr(
+        sweep.launch, "command", lambda gpus, args: [sys.executable, "-c", "import time; time.sleep(120)"]
+    )
+    overrides = ["+exp=convergence_smoke", f"results_dir={tmp_path}", "sweep.concurrent_points=2"]
+    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGINT))  # a real Ctrl-C
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run_sweep(overrides)
+    finally:
+        timer.cancel()
+    assert results.recorded_points(tmp_path / "convergence_smoke.jsonl") == {}
+    assert not sweep._live_workers  # every worker was reaped
+    monkeypatch.undo()  # real workers again
+    sweep.run_sweep([*TINY, f"results_dir={tmp_path}", "sweep.name=after", "sweep.methods=[no_optimizer]"])
+    assert results.read(tmp_path / "after.jsonl")[0]["status"] == "ok"  # the next sweep is not stopped
