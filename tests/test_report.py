@@ -152,11 +152,22 @@ def test_convergence_table_is_skipped_without_curves(records, tmp_path):
 
 def test_convergence_distances(rendered):
     rows = {row[2]: row for row in _rows((rendered / "tables" / "convergence.md").read_text())}
-    # Columns: sweep, model, method, master weights, phase, steps, first, last, |d| all, |d| last 10%.
-    assert rows["fused_adamw (ref)"][8] == "ref"
+    # Columns: sweep, model, method, master weights, phase, steps, first, last, |d| all, |d| last 10%,
+    # held-out |d|, steps within 1e-4.
+    assert rows["fused_adamw (ref)"][8] == "ref" and rows["fused_adamw (ref)"][11] == "ref"
     assert float(rows["forge_bf16"][8]) < 1e-4  # fp32 twin: noise only
     assert float(rows["forge_int8"][8]) < 1e-3  # the paper's bound
     assert float(rows["forge_bf16_nosr"][9]) > float(rows["forge_bf16_nosr"][8])  # drifts away
+    assert int(rows["forge_bf16_nosr"][11]) < int(rows["forge_bf16_nosr"][5])  # parts from the reference
+
+
+def test_steps_within_finds_where_two_curves_part():
+    from harness.convergence_table import steps_within
+
+    reference = [5.0, 4.0, 3.0, 2.5, 2.0]
+    assert steps_within(reference, reference) == 5
+    assert steps_within([5.0, 4.00005, 3.001, 2.5, 2.0], reference) == 2
+    assert steps_within([], reference) is None
 
 
 def test_markup_escapes_latex_and_pipes():
