@@ -3,6 +3,8 @@
 Time. On CUDA, a pair of CUDA events brackets each whole step (forward, backward, update); the
 loss is read after each step (a sync, outside the bracket) to catch divergence. On a CPU,
 `time.perf_counter` brackets the step. Warm-up steps are timed too but dropped from the statistics.
+`JitCompiles` counts the Triton kernels compiled during each step (a hook on Triton's JIT), so a
+slow timed step can be told apart as compile time rather than a slow step.
 
 Memory. `torch.cuda.max_memory_allocated/reserved` after `reset_peak_memory_stats` give the
 allocator's peaks; an `NvmlSampler` thread polls the device's used memory every few milliseconds
@@ -31,29 +33,64 @@ def gib(n_bytes: float | None) -> float | None:
     return None if n_bytes is None else n_bytes / GIB
 
 
-def timed_steps(step: Callable[[], torch.Tensor], n: int, device: str) -> tuple[list[float], list[float]]:
+class JitCompiles:
+    """While entered, counts Triton JIT compiles (kernels missing from the in-memory cache, whether
+    built or read from Triton's disk cache) in `.count`. Chains any hook already installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._knobs: Any = None
+        self._previous: Any = None
+
+    def __enter__(self) -> JitCompiles:
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton here: nothing can compile
+            return self
+        self._knobs, self._previous = knobs, knobs.runtime.jit_post_compile_hook
+
+        def hook(**kwargs: Any) -> Any:
+            self.count += 1
+            return self._previous(**kwargs) if self._previous else None
+
+        knobs.runtime.jit_post_compile_hook = hook
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._knobs is not None:
+            self._knobs.runtime.jit_post_compile_hook = self._previous
+
+
+def timed_steps(
+    step: Callable[[], torch.Tensor], n: int, device: str, compiles: list[int] | None = None
+) -> tuple[list[float], list[float]]:
     """Run `step` n times; return (losses, step times in ms). Stops early on a non-finite loss.
-    Under tensor parallelism the ranks are lined up by a barrier first (rank 0's times count)."""
+    Under tensor parallelism the ranks are lined up by a barrier first (rank 0's times count).
+    `compiles`, when given, gets the number of Triton kernels compiled during each step."""
     from harness.tensor_parallel import barrier
 
     barrier()
     losses: list[float] = []
     times: list[float] = []
-    for _ in range(n):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            loss = step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            loss = step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        losses.append(float(loss))
-        if not torch.isfinite(torch.tensor(losses[-1])):
-            break
+    with JitCompiles() as jit:
+        for _ in range(n):
+            before = jit.count
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                loss = step()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                loss = step()
+                times.append((time.perf_counter() - t0) * 1e3)
+            losses.append(float(loss))
+            if compiles is not None:
+                compiles.append(jit.count - before)
+            if not torch.isfinite(torch.tensor(losses[-1])):
+                break
     return losses, times
 
 

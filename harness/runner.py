@@ -143,8 +143,15 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     sampler.start()
-    losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device)
+    compiles: list[int] = []
+    losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device, compiles)
     nvml_peak = sampler.stop()
+    late = {i: c for i, c in enumerate(compiles) if c and i >= cfg.warmup_steps}
+    if late:
+        method.notes.append(
+            f"Triton compiled {sum(late.values())} kernel(s) during timed steps "
+            f"{sorted(late)} (0-based, warm-up included): those steps' times include compiling"
+        )
     peaks = measure.cuda_peaks(device)
     weights = measure.nbytes(params)
     out = {

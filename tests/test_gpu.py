@@ -149,3 +149,25 @@ def test_fused_gradient_equals_fp64_gemm(T, N, K, dtype):
     rel = float(((w0 - w).double() - ref).norm() / ref.norm())
     # fp32 accumulation over T terms in another order: about sqrt(T) * 6e-8 relative.
     assert rel <= 1e-5, f"fused dW differs from the fp64 GEMM by {rel:.3g} (relative)"
+
+
+def test_a_new_seed_never_compiles_a_new_kernel(monkeypatch):
+    """Seeds change every step; the kernels must not be specialized on them (a seed divisible by
+    16, or equal to 1, would otherwise compile another variant mid-training: seen as a 0.7-1.6 s
+    step in the H200 sweeps). After the first step, no step may compile anything."""
+    from triton import knobs
+
+    compiles = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: compiles.append(kw.get("repr")))
+    model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.Linear(512, 64)).cuda().bfloat16()
+    opt = forge.attach(model, "adamw", lr=1e-3, state_dtype="bf16")
+    special = [16, 1, 32, 64, 2**30]  # the classes Triton could specialize an int on: == 1, % 16 == 0
+    monkeypatch.setattr(opt, "_seed_for", lambda p, step: 7 if step == 1 else special[step % len(special)])
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    model(x).float().pow(2).mean().backward()
+    torch.cuda.synchronize()
+    first = len(compiles)
+    for _ in range(6):
+        model(x).float().pow(2).mean().backward()
+    torch.cuda.synchronize()
+    assert len(compiles) == first, f"compiled after the first step: {compiles[first:]}"

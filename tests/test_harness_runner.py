@@ -54,3 +54,34 @@ def test_a_package_that_cannot_load_makes_the_point_unavailable():
     cfg = compose_config([*TINY, f"hydra.searchpath=[file://{fakes}]", "method=fake_brokenimport"])
     record = runner.run_point(cfg)
     assert record["status"] == "unavailable" and "libcudart" in record["error"]
+
+
+def test_timed_steps_count_triton_compiles_per_step():
+    """A step during which Triton compiles (simulated by calling its post-compile hook, as its JIT
+    does) is counted as such; the hook already installed is chained and then restored."""
+    import torch
+    from triton import knobs
+
+    from harness import measure
+
+    outer = []
+
+    def outer_hook(**kw):
+        outer.append(kw)
+
+    knobs.runtime.jit_post_compile_hook = outer_hook
+    try:
+        calls = iter(range(4))
+
+        def step():
+            if next(calls) == 2:
+                knobs.runtime.jit_post_compile_hook(key="k", repr="kernel")
+            return torch.tensor(1.0)
+
+        compiles: list[int] = []
+        losses, times = measure.timed_steps(step, 4, "cpu", compiles)
+        assert compiles == [0, 0, 1, 0] and len(times) == 4
+        assert outer == [{"key": "k", "repr": "kernel"}]  # chained
+        assert knobs.runtime.jit_post_compile_hook is outer_hook  # restored
+    finally:
+        knobs.runtime.jit_post_compile_hook = None

@@ -17,7 +17,9 @@ from forge.kernels import _cdiv, _next_power_of_2, interpreting
 from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
 
 
-@triton.jit
+# `seed` changes every step: specializing on its value (== 1, divisible by 16) would compile a new
+# variant whenever a step's seed first falls in another class, in the middle of training.
+@triton.jit(do_not_specialize=["seed"])
 def _elementwise_update_kernel(
     w_ptr,  # (R, C) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (R, C) state slots, updated in place

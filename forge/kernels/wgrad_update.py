@@ -42,7 +42,9 @@ def _halves(tile, ROWS: tl.constexpr, COLS: tl.constexpr):
     return tl.split(tl.permute(tl.reshape(tile, (2, ROWS // 2, COLS)), (1, 2, 0)))
 
 
-@triton.jit
+# `seed` changes every step: specializing on its value (== 1, divisible by 16) would compile a new
+# variant whenever a step's seed first falls in another class, in the middle of training.
+@triton.jit(do_not_specialize=["seed"])
 def _wgrad_update_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
