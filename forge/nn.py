@@ -8,6 +8,11 @@ Backward of `y = x W^T + b` for x (T, K), W (N, K), dy (T, N), in this order:
   3. the bias gradient dy.sum(0) is returned as usual: a post-accumulate-grad hook on the bias
      updates it with the element-wise kernel (see `forge.optim`).
 
+Mixed precision. Under torch.autocast the input is cast to the autocast dtype before the
+Function (as autocast's linear does), the forward's F.linear casts the weight, and the backward
+gets dy and the saved x in that dtype: the kernel's tensor-core path, with dW accumulated in fp32
+and applied to the fp32 weight without ever being rounded to bf16.
+
 Guards. A raw Triton write does not bump a tensor's autograd version counter, so autograd would not
 notice a weight updated twice. The forward records how many updates the weight had; the backward
 refuses to run if that number moved (a second backward through a retained graph, or one weight used
@@ -82,4 +87,14 @@ class ForgeLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if is_dtensor(self.weight):
             return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
-        return ForgeLinearFunction.apply(x, self.weight, self.bias, opt, self._forge_name)
+        return ForgeLinearFunction.apply(_autocast_input(x), self.weight, self.bias, opt, self._forge_name)
+
+
+def _autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """Under torch.autocast, x in the autocast dtype, as autocast's own linear casts it: the forward
+    saves that copy, so the backward hands the fused kernel bf16 operands (tensor cores, fp32
+    accumulation) and keeps half the activation bytes; the weight stays the fp32 Parameter."""
+    device_type = x.device.type
+    if not x.is_floating_point() or not torch.is_autocast_enabled(device_type):
+        return x
+    return x.to(torch.get_autocast_dtype(device_type))

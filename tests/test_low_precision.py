@@ -151,11 +151,22 @@ def test_bf16_weights_track_fp32_master(lr, weight_scale, steps, factor):
     )
 
 
-def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp():
+def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp(monkeypatch):
     """torch.autocast (bf16 compute, fp32 master weights and states), the usual mixed-precision
     recipe: FORGE must train under it and stay at least as close to full-fp32 AdamW as torch's AdamW
     under the same autocast. (FORGE accumulates dW from the bf16 operands in fp32 and never rounds
-    it to bf16, which torch's autocast backward does.)"""
+    it to bf16, which torch's autocast backward does.) The fused kernel must get bf16 operands, as
+    autocast's linear would: fp32 ones would take the slow exact path and save twice the bytes."""
+    import forge.optim
+
+    operands = set()
+    fused = forge.optim.wgrad_update
+
+    def spy(weight, states, scales, signed, dy, x, *args, **kwargs):
+        operands.add((weight.dtype, dy.dtype, x.dtype))
+        return fused(weight, states, scales, signed, dy, x, *args, **kwargs)
+
+    monkeypatch.setattr(forge.optim, "wgrad_update", spy)
     base, teacher = _regression_model(), _regression_model()
     batches = [(x, teacher(x).detach()) for x in (torch.randn(32, 64) for _ in range(12))]
     hp = dict(lr=1e-3, weight_decay=0.01)
@@ -173,6 +184,7 @@ def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp():
     _train(fg, lambda: None, batches, autocast=True)
 
     assert all(p.dtype == torch.float32 for p in fg.parameters())
+    assert operands == {(torch.float32, torch.bfloat16, torch.bfloat16)}
     assert _distance(fg, base) > 10 * _distance(fg, ref)  # it trained, and close to fp32
     assert _distance(fg, ref) <= 2 * _distance(amp, ref), (
         f"FORGE under autocast {_distance(fg, ref):.4g} vs torch AMP {_distance(amp, ref):.4g} from fp32"
