@@ -32,6 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 DTYPES = ("bf16", "fp32")
+AUTOCAST_DTYPES = ("bf16",)
 DEVICES = ("auto", "cuda", "cpu")
 FAMILIES = ("llama", "qwen3")
 SWEEP_MODES = ("grid", "capacity")
@@ -70,6 +71,9 @@ class MethodConfig:
     lr: float = 1e-4
     options: dict[str, Any] = field(default_factory=dict)
     dtype: str | None = None  # weight dtype for this method (one of DTYPES); None: the top-level dtype
+    # "bf16": forward and loss under torch.autocast to bf16 (mixed precision over the method's
+    # weights, normally fp32: the usual fp32-master-weights recipe); None: plain, in the weight dtype
+    autocast: str | None = None
 
 
 @dataclass
@@ -250,6 +254,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
     if cfg.method.dtype is not None:
         _choice("method.dtype", cfg.method.dtype, DTYPES)
+    if cfg.method.autocast is not None:
+        _choice("method.autocast", cfg.method.autocast, AUTOCAST_DTYPES)
     _validate_sweep(cfg.sweep, cfg.convergence.enabled)
     _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))

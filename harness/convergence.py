@@ -72,12 +72,15 @@ def heldout_windows(tokens: torch.Tensor, seq_len: int, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, inputs: torch.Tensor, batch_size: int, device: str) -> float:
-    """Mean causal-LM loss over `inputs`, batch by batch."""
-    losses = [
-        model(input_ids=chunk.to(device), labels=chunk.to(device)).loss.float().item()
-        for chunk in inputs.split(batch_size)
-    ]
+def evaluate(method: Any, inputs: torch.Tensor, batch_size: int) -> float:
+    """Mean causal-LM loss over `inputs`, batch by batch, in the precision the method trains in."""
+    with method.autocast_context():
+        losses = [
+            method.model(input_ids=chunk.to(method.device), labels=chunk.to(method.device))
+            .loss.float()
+            .item()
+            for chunk in inputs.split(batch_size)
+        ]
     return sum(losses) / len(losses)
 
 
@@ -96,18 +99,18 @@ class Curves:
 class Evaluator:
     """Held-out losses of every corpus, each evaluated at most once per step."""
 
-    def __init__(self, corpora: dict[str, data.Corpus], cfg: DictConfig, device: str) -> None:
+    def __init__(self, corpora: dict[str, data.Corpus], cfg: DictConfig) -> None:
         n = cfg.convergence.eval_batches * cfg.batch_size
         self.inputs = {name: heldout_windows(_ids(c.heldout), cfg.seq_len, n) for name, c in corpora.items()}
-        self.batch_size, self.device = cfg.batch_size, device
+        self.batch_size = cfg.batch_size
         self.last_step: int | None = None
 
-    def __call__(self, model: torch.nn.Module, step: int, current: str, curves: Curves) -> None:
+    def __call__(self, method: Any, step: int, current: str, curves: Curves) -> None:
         if self.last_step != step:
             for name, inputs in self.inputs.items():
                 entry = curves.by_corpus.setdefault(name, {"steps": [], "losses": []})
                 entry["steps"].append(step)
-                entry["losses"].append(evaluate(model, inputs, self.batch_size, self.device))
+                entry["losses"].append(evaluate(method, inputs, self.batch_size))
             self.last_step = step
         curves.heldout_steps.append(step)
         curves.heldout_losses.append(curves.by_corpus[current]["losses"][-1])
@@ -150,7 +153,7 @@ def run_phase(
             warmup_steps=phase.warmup_steps,
         )
     )
-    ev(method.model, first, phase.corpus, curves)
+    ev(method, first, phase.corpus, curves)
     device = method.device
     for step in range(phase.steps):
         set_lr(opt, lr_at(step, phase.steps, peak, phase.warmup_steps, conv.min_lr_ratio))
@@ -162,14 +165,14 @@ def run_phase(
             return False
         done = len(curves.losses)
         if (done - first) % conv.eval_every == 0 or step == phase.steps - 1:
-            ev(method.model, done, phase.corpus, curves)
+            ev(method, done, phase.corpus, curves)
     return True
 
 
-def train(cfg: DictConfig, method: Any, device: str) -> dict[str, Any]:
+def train(cfg: DictConfig, method: Any) -> dict[str, Any]:
     """Run every phase; return the record's measured fields (see the module docstring)."""
     corpora = load_corpora(cfg)
-    ev = Evaluator(corpora, cfg, device)
+    ev = Evaluator(corpora, cfg)
     curves = Curves()
     for i, phase in enumerate(cfg.convergence.phases):
         if not run_phase(i, cfg, method, corpora[phase.corpus], ev, curves):

@@ -77,6 +77,8 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         notes=[],
         config=config_mod.to_dict(cfg),
     )
+    if cfg.method.autocast is not None:  # mixed precision: the same weights, another configuration
+        r["method_options"]["autocast"] = cfg.method.autocast
     if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
         r["method_options"]["weights"] = r["dtype"]
         r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
@@ -126,6 +128,7 @@ def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods
     )
     options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
+    method.autocast = cfg.method.autocast
     try:
         method.setup()
     except ImportError as e:
@@ -190,7 +193,7 @@ def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) ->
     before = _snapshot(params)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    out = convergence.train(cfg, method, device)
+    out = convergence.train(cfg, method)
     peaks = measure.cuda_peaks(device)
     out.update(
         n_params=models.n_params(model),

@@ -85,3 +85,20 @@ def test_timed_steps_count_triton_compiles_per_step():
         assert knobs.runtime.jit_post_compile_hook is outer_hook  # restored
     finally:
         knobs.runtime.jit_post_compile_hook = None
+
+
+@pytest.mark.parametrize("method", ["fused_adamw_amp", "forge_amp"])
+def test_a_mixed_precision_point_trains_and_says_so(method):
+    """method.autocast=bf16: fp32 master weights, forward under torch.autocast; recorded in the
+    options so that it is never compared as the same configuration as the plain fp32 method."""
+    record = runner.run_point(compose_config([*TINY, f"method={method}"]))
+    assert record["status"] == "ok", record["error"]
+    assert record["method_options"]["autocast"] == "bf16" and record["master_weights"] == "fp32"
+    assert record["loss_last"] < record["loss_first"]
+
+
+def test_an_unknown_autocast_dtype_is_refused():
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match="method.autocast='fp16' is not valid; choose one of: bf16"):
+        compose_config([*TINY, "method=fused_adamw_amp", "method.autocast=fp16"])

@@ -4,6 +4,7 @@ A method turns "a model and a batch" into "a trained step". The runner calls, in
 
     reason = Method.unavailable_reason(device, options)  # cheap, no imports: None if it can run
     m = Method(model, lr, options, device)       # options: an instance of the method's Options
+    m.autocast = "bf16"                          # optional: loss() under torch.autocast
     m.setup()                                    # build the optimizer, register hooks
     loss = m.step(input_ids)                     # forward, backward and update; returns the loss
     m.optimizer_state_tensors()                  # for the memory breakdown
@@ -19,6 +20,7 @@ it, and the method then trains nothing while looking fast (DESIGN.md, "Measuring
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class Method:
     needs_cuda: ClassVar[str | None] = None  # why it cannot run without CUDA, if it cannot
     trains: ClassVar[bool] = True  # False for the no-optimizer floor: skip the "did it train" check
     tensor_parallel: ClassVar[bool] = False  # runs on DTensor (TP-sharded) parameters, gpus > 1
+    autocast: str | None = None  # "bf16": mixed precision (set from the config's method.autocast)
 
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
@@ -70,7 +73,14 @@ class Method:
 
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal-LM loss of the batch against itself (labels are shifted inside the model)."""
-        return self.model(input_ids=input_ids, labels=input_ids).loss
+        with self.autocast_context():
+            return self.model(input_ids=input_ids, labels=input_ids).loss
+
+    def autocast_context(self) -> contextlib.AbstractContextManager:
+        """torch.autocast to `self.autocast` (config `method.autocast`), or nothing."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.autocast])
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One whole training step. Default: forward, backward, then `update()`."""
@@ -97,6 +107,7 @@ class Method:
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
 
 
 def largest_param_bytes(params: Iterable[torch.Tensor]) -> int:
