@@ -11,7 +11,10 @@ way. When the update hides under the GEMM, FORGE costs what the GEMM costs (rati
 at the measured matmul rate and the minimum bytes at the measured copy bandwidth; fraction of
 floor = floor / time (1.0 is perfect).
 
-Two tables: every point, and a summary per (rule, state dtype) against issue 3's targets.
+Three tables: every point; a summary per (rule, state dtype) against issue 3's targets; and, per
+model and T, the kernel times summed over one training step's linear layers (each block's seven,
+times the model's layers, plus lm_head): what the weight-gradient work costs a whole step, to
+set beside the end-to-end step times of T1.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from harness.records import Record
 from harness.tables import Notes, Row, Selection, status_cell
 
 SHAPE_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+STEP_STATES = ("fp32", "bf16", "int8")  # FORGE AdamW columns of the per-step table
 GEMM, GEMM_ADAMW, FORGE = "cublas_gemm", "gemm_plus_fused_adamw", "forge"
 POINT_FIELDS = ("model", "shape_name", "T", "N", "K")
 
@@ -110,7 +114,11 @@ def t4_kernels(records: Sequence[Record]) -> list[Selection]:
         align="llrrll" + "r" * 7,
         notes=notes.lines(),
     )
-    return [Selection(table, chosen), Selection(_summary(points), chosen)]
+    return [
+        Selection(table, chosen),
+        Selection(_summary(points), chosen),
+        Selection(_per_step(points), chosen),
+    ]
 
 
 def _point_rows(point: tuple, variants: dict[str, list[Record]], notes: Notes) -> list[list[str]]:
@@ -189,3 +197,48 @@ def _summary(points: dict[tuple, dict[str, list[Record]]]) -> Table:
 def _first(variants: dict[str, list[Record]], name: str) -> Record | None:
     found = variants.get(name) or []
     return found[0] if found else None
+
+
+def _per_step(points: dict[tuple, dict[str, list[Record]]]) -> Table:
+    """Per (model, T): each variant's time summed over one step's linears (AdamW for FORGE)."""
+    from harness.kernels import MODELS  # layer counts of the benchmarked models
+
+    by_model_t: dict[tuple, dict[str, dict[str, Record | None]]] = {}
+    for (model, shape, t, _n, _k), variants in points.items():
+        columns = by_model_t.setdefault((model, t), {})
+        columns.setdefault(GEMM, {})[shape] = _first(variants, GEMM)
+        columns.setdefault(GEMM_ADAMW, {})[shape] = _first(variants, GEMM_ADAMW)
+        for record in variants.get(FORGE, []):
+            if record.get("rule") == "adamw":
+                columns.setdefault(f"forge_{record.get('state_dtype')}", {})[shape] = record
+    rows = []
+    for (model, t), columns in sorted(by_model_t.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        layers = MODELS.get(str(model), {}).get("layers")
+        sums = {name: _step_sum(shapes, layers) for name, shapes in columns.items()}
+        forge = [sums.get(f"forge_{dtype}") for dtype in STEP_STATES]
+        rows.append(
+            [str(model), _int(t), _int(layers)]
+            + [fmt_float(sums.get(GEMM), 1), fmt_float(sums.get(GEMM_ADAMW), 1)]
+            + [fmt_float(v, 1) for v in forge]
+            + [fmt_float(forge[1] - sums[GEMM] if forge[1] and sums.get(GEMM) else None, 1)]
+        )
+    header = ["Model", "T", "Layers", "GEMM ms", "GEMM+AdamW ms"]
+    header += [f"FORGE AdamW {dtype} ms" for dtype in STEP_STATES] + ["FORGE bf16 minus GEMM ms"]
+    return Table(
+        name="t4_kernels_per_step",
+        title="T4 per step: kernel times summed over one step's linear layers",
+        header=header,
+        rows=rows,
+        align="lrr" + "r" * 6,
+        notes=[
+            "Each block's q, k, v, o, gate, up and down times the model's layers, plus lm_head, at one T "
+            "(tokens per step); a sum needs every shape measured at that T, else it shows as "
+            f"{NONE}. Compare with the end-to-end step times of T1 at the same tokens per step."
+        ],
+    )
+
+
+def _step_sum(shapes: dict[str, Record | None], layers: int | None) -> float | None:
+    if not layers or any(not _ok(shapes.get(name)) for name in SHAPE_ORDER):
+        return None
+    return sum(_time(shapes[name]) * (1 if name == "lm_head" else layers) for name in SHAPE_ORDER)

@@ -35,8 +35,8 @@ import torch
 
 from harness import env, results
 
-LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256)
-QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936)
+LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
+QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
 MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}

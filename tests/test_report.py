@@ -24,6 +24,7 @@ TABLES = (
     "t3_capacity",
     "t4_kernels",
     "t4_kernels_summary",
+    "t4_kernels_per_step",
     "t5_activation_checkpointing",
     "convergence",
     "other_points",
@@ -199,3 +200,22 @@ def test_forge_saves_the_gradient_bytes():
     forge = expectations.footprint("forge", {"state_dtype": "bf16"}, "bf16+sr")
     assert fused.total - forge.total == 2.0
     assert fused.update_traffic - forge.update_traffic == 4.0  # gradient written and read back
+
+
+def test_kernel_times_sum_over_one_step_only_when_every_shape_is_measured():
+    """The per-step table: each block shape times the model's layers plus lm_head, per variant."""
+    from harness.kernel_table import SHAPE_ORDER, t4_kernels
+
+    def record(shape, variant, ms, **extra):
+        return {"model": "llama3.1-8b", "shape_name": shape, "T": 1024, "N": 8, "K": 8, "status": "ok",
+                "variant": variant, "time_ms": ms, "time": "t", **extra}  # fmt: skip
+
+    full = [record(s, "cublas_gemm", 1.0) for s in SHAPE_ORDER]
+    full += [record(s, "forge", 2.0, rule="adamw", state_dtype="bf16") for s in SHAPE_ORDER]
+    table = t4_kernels(full)[2].table
+    (row,) = table.rows
+    assert row[:5] == ["llama3.1-8b", "1024", "32", "225.0", "—"]  # 7 shapes x 32 layers + lm_head
+    assert row[6] == "450.0" and row[-1] == "225.0"
+    partial = [r for r in full if r["shape_name"] != "lm_head" or r["variant"] != "forge"]
+    (row,) = t4_kernels(partial)[2].table.rows
+    assert row[6] == "—"  # no sum without every shape
