@@ -6,7 +6,8 @@ tests/test_tensor_parallel.py). Run under torchrun, one process per GPU:
 A Llama of the given size in fp32 weights, fp32 AdamW states, the same batches on every rank:
 the sharded model trained with FORGE and with torch.optim.AdamW under harness.tensor_parallel's
 plan, and (rank 0) the whole model trained with FORGE on one GPU. Prints the largest relative
-error per comparison and the per-GPU peak memory of each run; exits 1 when a bound fails.
+error per comparison (leaving out, and counting, the rare sign flips of Adam's first steps; see
+`worst`) and the per-GPU peak memory of each run; exits 1 when a bound fails.
 Works on CPUs too (gloo, Triton interpreter) at tiny sizes.
 """
 
@@ -18,8 +19,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-from transformers import LlamaConfig, LlamaForCausalLM
-
 import forge  # on a CPU: turns the Triton interpreter on before any kernel exists
 from forge.distributed import load_optimizer, local, save_optimizer
 from harness import tensor_parallel
@@ -28,15 +27,20 @@ HPARAMS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
 def build(args, device: str) -> torch.nn.Module:
+    # imported here, after forge: transformers may import Triton, which must see the interpreter
+    # switch that `import forge` sets on a CPU
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
+    heads = max(2, args.hidden // 128)  # at least one head per rank
     cfg = LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 7 // 2,
         num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 128 or 4,
-        num_key_value_heads=max(2, args.hidden // 512),
-        head_dim=min(128, args.hidden // 4),
+        num_attention_heads=heads,
+        num_key_value_heads=max(2, heads // 4),
+        head_dim=args.hidden // heads,
         tie_word_embeddings=False,
         attn_implementation="sdpa",
         use_cache=False,
@@ -64,10 +68,24 @@ def full(model) -> dict[str, torch.Tensor]:
     }
 
 
-def worst(a: dict, b: dict) -> tuple[float, str]:
-    errs = {n: float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-30)) for n in a}
+def worst(a: dict, b: dict) -> tuple[float, str, int, int]:
+    """Largest norm-relative error over parameters, leaving out flipped elements, and their count.
+
+    Adam's first steps move each weight by about lr * sign(g). Where |g| is within fp32 rounding
+    of zero, two correct reductions in different orders (cuBLAS vs the fused kernel, a full GEMM
+    vs two shards and an all-reduce) can disagree on the sign, and that weight then differs by
+    about lr: a flip, not an error of the method. Flips are counted and must stay rare.
+    """
+    errs, flipped, total = {}, 0, 0
+    for n in a:
+        diff = a[n] - b[n]
+        flip = diff.abs() > HPARAMS["lr"] / 2
+        flipped += int(flip.sum())
+        total += diff.numel()
+        keep = ~flip
+        errs[n] = float(diff[keep].norm() / b[n][keep].norm().clamp_min(1e-30))
     name = max(errs, key=errs.get)
-    return errs[name], name
+    return errs[name], name, flipped, total
 
 
 def peak_gib(device: str) -> float | None:
@@ -128,15 +146,16 @@ def main() -> int:
         forge.attach(single, "adamw", state_dtype="fp32", **HPARAMS)
         losses_s = train(single, batches)
         w_single = full(single)
-        e_t, n_t = worst(w_forge, w_torch)
-        e_s, n_s = worst(w_forge, w_single)
+        e_t, n_t, f_t, total = worst(w_forge, w_torch)
+        e_s, n_s, f_s, _ = worst(w_forge, w_single)
         tokens = args.batch * args.seq
         print(f"hidden={args.hidden} layers={args.layers} tokens/step={tokens} world={dist.get_world_size()}")
-        print(f"TP FORGE vs TP torch.optim : max rel err {e_t:.2e} ({n_t})")
-        print(f"TP FORGE vs 1-GPU FORGE    : max rel err {e_s:.2e} ({n_s})")
+        print(f"TP FORGE vs TP torch.optim : max rel err {e_t:.2e} ({n_t}); flipped {f_t} of {total}")
+        print(f"TP FORGE vs 1-GPU FORGE    : max rel err {e_s:.2e} ({n_s}); flipped {f_s} of {total}")
         print(f"losses TP FORGE {losses_f}\n       TP torch {losses_t}\n       1-GPU    {losses_s}")
         print(f"DCP round trip of sharded states: {'ok' if dcp_ok else 'MISMATCH'}; peaks {report}")
-        ok = ok and e_t <= 1e-5 and e_s <= 1e-4
+        rare = max(16, total // 1_000_000)
+        ok = ok and e_t <= 1e-5 and e_s <= 1e-4 and f_t <= rare and f_s <= rare
         print("PASS" if ok else "FAIL")
     dist.barrier()
     dist.destroy_process_group()
