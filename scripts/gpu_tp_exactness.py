@@ -19,6 +19,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+
 import forge  # on a CPU: turns the Triton interpreter on before any kernel exists
 from forge.distributed import load_optimizer, local, save_optimizer
 from harness import tensor_parallel
