@@ -71,6 +71,22 @@ def finish() -> None:
         dist.destroy_process_group()
 
 
+def layout_groups(params) -> list[dict]:
+    """torch.optim param groups that keep sharded (DTensor) and plain parameters apart.
+
+    Under this plan the norms stay plain tensors beside DTensor weights. A for-each or fused
+    torch.optim step runs one multi-tensor kernel per param group, and DTensor refuses a kernel
+    over both kinds ("got mixed torch.Tensor and DTensor"); one group per kind runs the same
+    update. Outside tensor parallelism this is one group of every parameter.
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (sharded, plain) if group]
+
+
 def decoder_plan(model: nn.Module, sequence_parallel: bool = False) -> dict:
     """The TP plan of a transformers Llama/Qwen3 causal LM (keys relative to `model`)."""
     from torch.distributed.tensor import Replicate, Shard

@@ -138,7 +138,11 @@ def main() -> int:
 
     tp_torch = tensor_parallel.parallelize(copy.deepcopy(base), mesh)
     peak_gib(device)
-    losses_t = train(tp_torch, batches, torch.optim.AdamW(tp_torch.parameters(), **HPARAMS))
+    losses_t = train(
+        tp_torch,
+        batches,
+        torch.optim.AdamW(tensor_parallel.layout_groups(tp_torch.parameters()), foreach=True, **HPARAMS),
+    )
     report["tp_torch_peak_gib"] = peak_gib(device)
     w_torch = full(tp_torch)
     ok = dcp_ok

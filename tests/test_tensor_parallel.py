@@ -175,9 +175,14 @@ def _worker(rank: int, tmp: str) -> None:
         out["tp_forge"] = _full(tp_forge)
         out["checkpoint"] = _check_checkpoint(base, mesh, opt, f"{tmp}/dcp")
 
+        from harness.tensor_parallel import layout_groups
+
         tp_torch = _sharded(base, mesh)
         out["tp_torch_losses"] = _train(
-            tp_torch, batches, torch.optim.AdamW(tp_torch.parameters(), **HPARAMS)
+            tp_torch,
+            batches,
+            # for-each, as on a GPU: one multi-tensor kernel per group refuses mixed layouts
+            torch.optim.AdamW(layout_groups(tp_torch.parameters()), foreach=True, **HPARAMS),
         )
         out["tp_torch"] = _full(tp_torch)
         out["errors"] = _errors(mesh)

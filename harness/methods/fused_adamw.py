@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from harness.methods.base import AdamWOptions, StepOptimizerMethod
+from harness.tensor_parallel import layout_groups
 
 
 class FusedAdamW(StepOptimizerMethod):
@@ -23,7 +24,7 @@ class FusedAdamW(StepOptimizerMethod):
             self.notes.append("no CUDA: plain torch.optim.AdamW (foreach) instead of fused=True")
         o = self.options
         self.opt = torch.optim.AdamW(
-            self.params(),
+            layout_groups(self.params()),
             lr=self.lr,
             betas=tuple(o.betas),
             eps=o.eps,
