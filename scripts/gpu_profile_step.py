@@ -2,6 +2,8 @@
 
     python scripts/gpu_profile_step.py method=forge_bf16 model=llama3.1-8b batch_size=1 seq_len=1024
     python scripts/gpu_profile_step.py method=no_optimizer model=tiny-llama device=cpu   # a dry run
+    torchrun --standalone --nproc-per-node=2 scripts/gpu_profile_step.py method=fused_adamw \
+        model=llama3.1-8b batch_size=1 seq_len=2048 gpus=2          # tensor parallel: rank 0 reports
 
 Takes the harness's Hydra overrides (one point), builds the model and method exactly as a sweep
 point does (`harness.runner.build_method`), runs `warmup` steps, then profiles `steps` steps with
@@ -32,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import models, runner  # noqa: E402
+from harness import models, runner, tensor_parallel  # noqa: E402
 from harness.config import compose_config  # noqa: E402
 
 
@@ -54,6 +56,9 @@ def main(argv: list[str]) -> int:
     steps = int(os.environ.get("PROFILE_STEPS", 3))
     cfg = compose_config(argv)
     device = runner.resolve_device(cfg.device)
+    world = tensor_parallel.world_size()
+    if world > 1:
+        tensor_parallel.init(device)  # models.build then shards onto its mesh, as in a sweep point
     batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
     model, method = runner.build_method(cfg, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -82,7 +87,8 @@ def main(argv: list[str]) -> int:
     step = sum(step_ms) / len(step_ms)
     busy = busy_ms(intervals) / steps if intervals else None
     report = {
-        "point": f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}",
+        "point": f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}"
+        + (f"/tp{world}" if world > 1 else ""),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "step_ms": step_ms,
@@ -98,10 +104,12 @@ def main(argv: list[str]) -> int:
             for k in by_host
         ],
     }
-    print(json.dumps(report, indent=1))
-    out = Path(os.environ.get("OUT", "."))
-    name = report["point"].replace("/", "_") + ".profile.json"
-    (out / name).write_text(json.dumps(report, indent=1) + "\n")
+    if tensor_parallel.rank() == 0:
+        print(json.dumps(report, indent=1))
+        out = Path(os.environ.get("OUT", "."))
+        name = report["point"].replace("/", "_") + ".profile.json"
+        (out / name).write_text(json.dumps(report, indent=1) + "\n")
+    tensor_parallel.finish()
     return 0
 
 
