@@ -28,6 +28,7 @@ CONFIG_FIELDS = (
     "gpu_name",
     "activation_checkpointing",
     "memory_cap_gib",
+    "gpu_count",  # GPUs one point ran on: a tensor-parallel point is not its one-GPU twin
 )
 
 REFERENCE_METHOD = "fused_adamw"

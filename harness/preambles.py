@@ -114,6 +114,21 @@ def step_preamble(records: Sequence[Record]) -> str:
     return "\n\n".join(parts)
 
 
+def tensor_parallel_preamble(records: Sequence[Record]) -> str:
+    """Expectation for T6: the one-GPU bytes per parameter, divided over the ranks."""
+    worlds = sorted({int(r.get("gpu_count") or 1) for r in records})
+    return (
+        f"Tensor parallelism over {' or '.join(map(str, worlds))} GPUs (the Megatron layout of "
+        "`harness.tensor_parallel`: attention and MLP projections, embedding and LM head sharded; "
+        "norms replicated) gives each GPU 1/G of the weights, gradients and states, so the static "
+        "bytes per GPU are about T1's divided by G, and FORGE's saving per GPU is the gradient's "
+        "2 B/param / G. Where the peak is set at the end of the forward pass (activations held, no "
+        "gradient allocated yet), the two methods peak alike. Step time adds two all-reduces per "
+        "block in each direction and DTensor's dispatch on the host; at small batches the host "
+        "sets the pace."
+    )
+
+
 def capacity_preamble(records: Sequence[Record]) -> str:
     """Expectation for T3: what is left for activations under the cap."""
     caps = sorted({float(r["memory_cap_gib"]) for r in records if r.get("memory_cap_gib") is not None})

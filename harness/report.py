@@ -41,6 +41,8 @@ from harness.tables import (
     t2_scaling,
     t3_capacity,
     t5_checkpointing,
+    t6_capacity,
+    t6_tensor_parallel,
 )
 
 DEFAULT_RESULTS = "results"
@@ -78,6 +80,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         _step_section(
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
+        _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
         _convergence_section(convergence(steps), out),
     ]
     used = [r for s in sections for r in s.records]
@@ -146,10 +149,28 @@ def _capacity_section(sel: Selection | None, out: Path) -> Section:
         return section
     section.selections = [sel]
     section.preamble = preambles.capacity_preamble(sel.records)
-    for (model, _gpu, seq, cap, _ckpt), entries in largest_batches(sel.records).items():
-        name = f"t3_largest_batch_{slug(str(model))}_s{seq}_cap{slug(f'{cap:g}')}.png"
+    section.plots = _largest_batch_plots("t3", sel.records, out)
+    return section
+
+
+def _largest_batch_plots(anchor: str, records: Sequence[Record], out: Path) -> list[Path]:
+    paths = []
+    for (model, gpu, seq, cap, _ckpt), entries in largest_batches(records).items():
+        name = f"{anchor}_largest_batch_{slug(str(model))}_s{seq}_cap{slug(f'{cap:g}')}.png"
         title = f"Largest micro-batch under {cap:g} GiB: {model}, seq {seq}"
-        section.plots.append(plots.largest_batch(entries, title, out / "plots" / name))
+        if anchor != "t3":
+            title += f", {gpu}"
+        paths.append(plots.largest_batch(entries, title, out / "plots" / name))
+    return paths
+
+
+def _tensor_parallel_section(grid: Selection | None, capacity: Selection | None, out: Path) -> Section:
+    section = Section("t6", "T6: tensor parallelism over two GPUs", _hint("tp2_h200"))
+    section.selections = [sel for sel in (grid, capacity) if sel is not None]
+    if grid is not None:
+        section.preamble = preambles.tensor_parallel_preamble(grid.records)
+    if capacity is not None:
+        section.plots = _largest_batch_plots("t6", capacity.records, out)
     return section
 
 

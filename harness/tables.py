@@ -1,4 +1,4 @@
-"""The report's tables, built from results records: T1-T5, convergence, and every other point.
+"""The report's tables, built from results records: T1-T6, convergence, and every other point.
 
 Each builder takes plain records (see `harness.records`) and returns a `Selection`: the `Table` and
 the records behind it (the report names their hardware, versions, commit and config). A builder
@@ -167,6 +167,7 @@ def _int_cell(name: str) -> Callable[[Row], str]:
 COL_MODEL = Col("Model", lambda r: str(r.record.get("model")), "l", measured=False)
 COL_GPU = Col("GPU", lambda r: str(r.record.get("gpu_name") or r.record.get("gpu") or NONE), "l", False)
 COL_PARAMS = Col("Params (B)", lambda r: fmt_float(_billions(r.record), 2), measured=False)
+COL_GPUS = Col("GPUs", lambda r: fmt_int(gpus(r.record)), measured=False)
 COL_BATCH = Col("Batch", _int_cell("batch_size"), measured=False)
 COL_SEQ = Col("Seq", _int_cell("seq_len"), measured=False)
 COL_AC = Col(
@@ -245,12 +246,18 @@ def _rows(records: Sequence[Record], all_records: Sequence[Record], notes: Notes
 
 
 def _plain_point(record: Record) -> bool:
-    """Neither capped nor checkpointed nor a convergence run."""
+    """One GPU, neither capped nor checkpointed nor a convergence run."""
     return (
         record.get("memory_cap_gib") is None
         and not record.get("activation_checkpointing")
         and not is_convergence(record)
+        and gpus(record) <= 1
     )
+
+
+def gpus(record: Record) -> int:
+    """GPUs one point ran on: its tensor-parallel world size (1 for a CPU or one-GPU point)."""
+    return max(1, _int(record.get("gpu_count")) or 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,14 +300,19 @@ def t2_scaling(records: Sequence[Record]) -> Selection | None:
 
 def t5_checkpointing(records: Sequence[Record]) -> Selection | None:
     """T5: configurations measured with activation checkpointing, beside the same without it."""
-    checkpointed = [r for r in records if r.get("activation_checkpointing") and not is_convergence(r)]
+    checkpointed = [
+        r for r in records if r.get("activation_checkpointing") and not is_convergence(r) and gpus(r) <= 1
+    ]
     if not checkpointed:
         return None
     configs = {_ac_group(r) for r in checkpointed}
     chosen = dedupe_sorted(
         r
         for r in records
-        if _ac_group(r) in configs and r.get("memory_cap_gib") is None and not is_convergence(r)
+        if _ac_group(r) in configs
+        and r.get("memory_cap_gib") is None
+        and not is_convergence(r)
+        and gpus(r) <= 1
     )
     notes = Notes()
     cols = [COL_MODEL, COL_BATCH, COL_SEQ, COL_AC, COL_METHOD, COL_ALLOC, COL_ACTS, COL_STEP, COL_TOKENS]
@@ -349,7 +361,45 @@ def other_points(records: Sequence[Record], used: Iterable[Record]) -> Selection
 
 
 def t3_capacity(records: Sequence[Record]) -> Selection | None:
-    """T3: under a memory cap, the largest micro-batch each method fits, and its throughput."""
+    """T3: under a memory cap on one GPU, the largest micro-batch each method fits, and its
+    throughput."""
+    capped = [r for r in records if gpus(r) <= 1]
+    title = "T3: capacity under a memory cap: largest micro-batch per method and its throughput"
+    return _capacity_table(capped, "t3_capacity", title, [paper.T3_NOTE])
+
+
+def t6_tensor_parallel(records: Sequence[Record]) -> Selection | None:
+    """T6: tensor-parallel points (several GPUs, one process each), uncapped: per-GPU peak memory
+    (the largest rank's) and step time, FORGE against fused AdamW under the same plan."""
+    chosen = dedupe_sorted(
+        r
+        for r in records
+        if gpus(r) > 1
+        and r.get("memory_cap_gib") is None
+        and not r.get("activation_checkpointing")
+        and not is_convergence(r)
+    )
+    if not chosen:
+        return None
+    notes = Notes()
+    cols = [COL_MODEL, COL_GPUS, COL_BATCH, COL_SEQ, COL_METHOD, COL_ALLOC, COL_RESERVED, COL_STEP]
+    cols += [COL_SPREAD, COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO]
+    title = "T6: tensor parallelism: peak memory per GPU and step time per method"
+    rows = _rows(chosen, records, notes)
+    return Selection(render_rows("t6_tensor_parallel", title, cols, rows, notes, [paper.T6_NOTE]), chosen)
+
+
+def t6_capacity(records: Sequence[Record]) -> Selection | None:
+    """T6 (capacity): T3's search with tensor parallelism, every GPU under the cap."""
+    title = "T6: capacity with tensor parallelism, every GPU under the cap"
+    return _capacity_table(
+        [r for r in records if gpus(r) > 1], "t6_capacity", title, [paper.T6_CAPACITY_NOTE], with_gpus=True
+    )
+
+
+def _capacity_table(
+    records: Sequence[Record], name: str, title: str, extra: list[str], with_gpus: bool = False
+) -> Selection | None:
     capped = dedupe_sorted(
         r for r in records if r.get("memory_cap_gib") is not None and not is_convergence(r)
     )
@@ -360,22 +410,23 @@ def t3_capacity(records: Sequence[Record]) -> Selection | None:
     rows = [_capacity_row(key, best, notes) for key in sorted(best, key=_capacity_order)]
     header = ["Model", "Seq", "Cap GiB", "Method", "Largest batch", "Peak alloc GiB", "Step ms (median)"]
     header += ["Tokens/s", "Throughput vs fused AdamW", "First failure", "Paper"]
-    table = Table(
-        name="t3_capacity",
-        title="T3: capacity under a memory cap: largest micro-batch per method and its throughput",
-        header=header,
-        rows=rows,
-        align="lrrl" + "r" * 6 + "l",
-        notes=[paper.T3_NOTE] + notes.lines(),
-    )
+    align = "lrrl" + "r" * 6 + "l"
+    if with_gpus:
+        world = {key: gpus(points[0]) for key, points in capacity_groups(capped).items()}
+        keys = sorted(best, key=_capacity_order)
+        rows = [row[:1] + [fmt_int(world[key])] + row[1:] for key, row in zip(keys, rows)]
+        header = header[:1] + ["GPUs"] + header[1:]
+        align = "lr" + align[1:]
+    table = Table(name=name, title=title, header=header, rows=rows, align=align, notes=extra + notes.lines())
     return Selection(table, capped)
 
 
 def capacity_groups(records: Iterable[Record]) -> dict[tuple, list[Record]]:
-    """Capped records by (model, GPU, seq, cap, checkpointing, method, options)."""
+    """Capped records by (model, GPU name and count, seq, cap, checkpointing, method, options)."""
     groups: dict[tuple, list[Record]] = {}
     for record in records:
-        group = (record.get("model"), record.get("gpu_name"), _int(record.get("seq_len")))
+        where = f"{record.get('gpu_name')}" + (f" x {gpus(record)}" if gpus(record) > 1 else "")
+        group = (record.get("model"), where, _int(record.get("seq_len")))
         group += (record.get("memory_cap_gib"), bool(record.get("activation_checkpointing")))
         group += (record.get("method"), options_key(record.get("method_options")))
         groups.setdefault(group, []).append(record)

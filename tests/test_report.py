@@ -15,7 +15,7 @@ import pytest
 from harness import expectations, report
 from harness.markup import Table, to_latex, to_markdown
 from harness.records import load_records, split_kinds
-from harness.tables import t1_llama, t2_scaling, t3_capacity
+from harness.tables import t1_llama, t2_scaling, t3_capacity, t6_capacity, t6_tensor_parallel
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 TABLES = (
@@ -26,6 +26,8 @@ TABLES = (
     "t4_kernels_summary",
     "t4_kernels_per_step",
     "t5_activation_checkpointing",
+    "t6_tensor_parallel",
+    "t6_capacity",
     "convergence",
     "other_points",
 )
@@ -114,6 +116,18 @@ def test_t3_largest_batch_per_method(records):
     assert rows["adamw_in_backward"][4] == "none fits"
 
 
+def test_tensor_parallel_points_have_their_own_tables(records):
+    # the fixture's TP=2 fused AdamW shares T1's b1/s1024 configuration but not its GPU count
+    assert t1_llama(records).table.rows == t1_llama([r for r in records if r["gpu_count"] == 1]).table.rows
+    assert all(row[3] != "forge_int8" or row[4] == "6" for row in t3_capacity(records).table.rows)
+    grid = {row[4]: row for row in t6_tensor_parallel(records).table.rows}
+    assert set(grid) == {"fused_adamw", "forge_bf16"} and grid["fused_adamw"][1] == "2"
+    assert grid["fused_adamw"][-1] == "1.00x"  # its reference is the TP=2 fused AdamW, not T1's
+    capacity = {row[4]: row for row in t6_capacity(records).table.rows}
+    assert capacity["forge_int8"][1] == "2" and capacity["forge_int8"][5] == "2"
+    assert capacity["forge_int8"][10] == "OOM at 3" and capacity["fused_adamw"][5] == "1"
+
+
 def test_readme_links_tables_names_sources_and_opens_with_expectation(rendered):
     text = (rendered / "README.md").read_text()
     for name in TABLES:
@@ -138,7 +152,7 @@ def test_default_input_skips_scratch_runs_and_prunes_stale_files(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert report.main([]) == 0
     text = (tmp_path / "reports" / "README.md").read_text()
-    assert text.count("No results yet.") == 6
+    assert text.count("No results yet.") == 7  # T1-T6 and convergence
     assert not stale.exists()
 
 
