@@ -30,4 +30,5 @@ class FusedAdamW(StepOptimizerMethod):
             eps=o.eps,
             weight_decay=o.weight_decay,
             fused=fused,
+            foreach=None if fused else True,  # the multi-tensor path on a CPU too, as the note says
         )
