@@ -50,8 +50,9 @@ T6_NOTE = (
 )
 T6_CAPACITY_NOTE = (
     "Paper (4 x A100-40GB): FORGE fits micro-batch 4 at 24.6 GiB where fused AdamW fits "
-    "micro-batch 1, for 2.42x throughput. Ours: H200s in the same tensor-parallel layout, each "
-    "capped at 40 GiB; the GPU count is in its column."
+    "micro-batch 1, for 2.42x throughput. Ours: H200s under tensor parallelism, each capped at "
+    "40 GiB; the GPU count is in its column. The paper's four-GPU layout needs the 4-GPU machine "
+    "kind, which was not lent when these ran; TP=2 is what two GPUs allow."
 )
 
 T5_NOTE = (
