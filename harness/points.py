@@ -29,6 +29,7 @@ CONFIG_FIELDS = (
     "activation_checkpointing",
     "memory_cap_gib",
     "gpu_count",  # GPUs one point ran on: a tensor-parallel point is not its one-GPU twin
+    "seed",  # weights and data order (config.seed): repeats of a run under other seeds stay apart
 )
 
 REFERENCE_METHOD = "fused_adamw"
@@ -136,9 +137,18 @@ def config_key(record: Mapping[str, Any]) -> tuple:
             key.append(options_key(record.get(field)))
         elif field == "activation_checkpointing":
             key.append(bool(_plain(record.get(field)) or False))
+        elif field == "seed":
+            key.append(seed_of(record))
         else:
             key.append(_plain(record.get(field)))
     return tuple(key)
+
+
+def seed_of(record: Mapping[str, Any]) -> int:
+    """The point's seed (its `config.seed`); 0, the default, where a record does not say."""
+    config = record.get("config")
+    seed = config.get("seed") if isinstance(config, Mapping) else None
+    return 0 if missing(seed) else int(seed)
 
 
 def sort_key(key: tuple) -> tuple:

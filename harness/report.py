@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import plots, preambles
-from harness.convergence_table import convergence
+from harness.convergence_table import convergence, convergence_seeds
 from harness.kernel_table import SHAPE_ORDER, t4_kernels
 from harness.markup import Table, to_latex, to_markdown
-from harness.points import display_name
+from harness.points import display_name, seed_of
 from harness.readme import render
 from harness.records import Record, load_records, split_kinds
 from harness.tables import (
@@ -81,7 +81,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
-        _convergence_section(convergence(steps), out),
+        _convergence_section(convergence(steps), convergence_seeds(steps), out),
     ]
     used = [r for s in sections for r in s.records]
     rest = other_points(steps, used)
@@ -216,20 +216,20 @@ def _kernel_order(record: Record) -> tuple:
     return (str(record.get("model")), rank, str(shape), int(record.get("T") or 0))
 
 
-def _convergence_section(sel: Selection | None, out: Path) -> Section:
+def _convergence_section(sel: Selection | None, seeds: Selection | None, out: Path) -> Section:
     section = Section("convergence", "Convergence", _hint("convergence"))
     if sel is None:
         return section
-    section.selections = [sel]
+    section.selections = [sel] + ([seeds] if seeds is not None else [])
     section.preamble = preambles.convergence_preamble()
-    for (sweep, model), members in _group(
-        sel.records, lambda r: (str(r.get("sweep")), str(r.get("model")))
+    for (sweep, model, seed), members in _group(
+        sel.records, lambda r: (str(r.get("sweep")), str(r.get("model")), seed_of(r))
     ).items():
         members = sorted(members, key=display_name)
-        name = f"convergence_{slug(sweep)}_{slug(model)}.png"
-        section.plots.append(
-            plots.convergence_curves(members, f"Loss curves: {model} ({sweep})", out / "plots" / name)
-        )
+        tag = f"_seed{seed}" if seed else ""
+        name = f"convergence_{slug(sweep)}_{slug(model)}{tag}.png"
+        title = f"Loss curves: {model} ({sweep}{f', seed {seed}' if seed else ''})"
+        section.plots.append(plots.convergence_curves(members, title, out / "plots" / name))
     return section
 
 

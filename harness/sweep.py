@@ -62,7 +62,9 @@ def point_id(cfg: DictConfig) -> str:
     """A stable id from what defines the point (the resume key)."""
     ac = "/ac" if cfg.activation_checkpointing else ""
     tp = f"/tp{cfg.gpus}" if cfg.gpus > 1 else ""
-    return f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}{ac}{tp}/{cfg.gpu.name}"
+    seed = f"/seed{cfg.seed}" if cfg.seed else ""  # the default seed 0 keeps the ids of old results
+    shape = f"b{cfg.batch_size}/s{cfg.seq_len}"
+    return f"{cfg.method.label}/{cfg.model.name}/{shape}{ac}{tp}{seed}/{cfg.gpu.name}"
 
 
 def _axes(cfg: DictConfig) -> dict[str, list[Any]]:

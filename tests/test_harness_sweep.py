@@ -180,6 +180,13 @@ def test_cli_run_one_point(tmp_path, capsys):
     assert record["status"] == "ok" and (tmp_path / ".gitignore").exists()
 
 
+def test_another_seed_is_another_point():
+    # seed 0 keeps the ids of results written before seeds were part of them
+    assert "/seed" not in sweep.make_point([*TINY, "method=no_optimizer"]).id
+    again = sweep.make_point([*TINY, "method=no_optimizer", "model=tiny-llama", "seed=2"])
+    assert again.id == "no_optimizer/tiny-llama/b1/s16/seed2/cpu"
+
+
 def test_concurrent_points_are_refused_outside_convergence():
     from harness.config import ConfigError, compose_config
 

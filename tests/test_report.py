@@ -29,6 +29,7 @@ TABLES = (
     "t6_tensor_parallel",
     "t6_capacity",
     "convergence",
+    "convergence_seeds",
     "other_points",
 )
 
@@ -166,14 +167,25 @@ def test_convergence_table_is_skipped_without_curves(records, tmp_path):
 
 
 def test_convergence_distances(rendered):
-    rows = {row[2]: row for row in _rows((rendered / "tables" / "convergence.md").read_text())}
-    # Columns: sweep, model, method, master weights, phase, steps, first, last, |d| all, |d| last 10%,
-    # held-out |d|, steps within 1e-4.
-    assert rows["fused_adamw (ref)"][8] == "ref" and rows["fused_adamw (ref)"][11] == "ref"
-    assert float(rows["forge_bf16"][8]) < 1e-4  # fp32 twin: noise only
-    assert float(rows["forge_int8"][8]) < 1e-3  # the paper's bound
-    assert float(rows["forge_bf16_nosr"][9]) > float(rows["forge_bf16_nosr"][8])  # drifts away
-    assert int(rows["forge_bf16_nosr"][11]) < int(rows["forge_bf16_nosr"][5])  # parts from the reference
+    rows = {(row[2], row[3]): row for row in _rows((rendered / "tables" / "convergence.md").read_text())}
+    # Columns: sweep, model, seed, method, master weights, phase, steps, first, last, |d| all,
+    # |d| last 10%, signed d last 10%, held-out |d|, steps within 1e-4.
+    assert rows[("0", "fused_adamw (ref)")][9] == "ref" and rows[("0", "fused_adamw (ref)")][13] == "ref"
+    assert float(rows[("0", "forge_bf16")][9]) < 1e-4  # fp32 twin: noise only
+    assert float(rows[("0", "forge_int8")][9]) < 1e-3  # the paper's bound
+    nosr = rows[("0", "forge_bf16_nosr")]
+    assert float(nosr[10]) > float(nosr[9])  # drifts away
+    assert nosr[11].startswith("+") and float(nosr[11]) == pytest.approx(float(nosr[10]))  # above, always
+    assert int(nosr[13]) < int(nosr[6])  # parts from the reference
+    assert rows[("1", "fused_adamw (ref)")][9] == "ref"  # each seed against its own reference
+
+
+def test_convergence_over_seeds(rendered):
+    rows = {row[2]: row for row in _rows((rendered / "tables" / "convergence_seeds.md").read_text())}
+    # Columns: sweep, model, method, phase, seeds, mean |d|, signed mean, signed range, above, within.
+    assert set(rows) == {"forge_bf16", "forge_bf16_nosr"}  # int8 ran under one seed only
+    assert rows["forge_bf16_nosr"][4] == "2" and rows["forge_bf16_nosr"][8] == "2 of 2"
+    assert float(rows["forge_bf16"][5]) < 1e-4
 
 
 def test_steps_within_finds_where_two_curves_part():
