@@ -214,23 +214,11 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
 def tune(out: Path, meta: dict) -> None:
     """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline."""
     from forge.kernels.wgrad_update import KernelConfig
+    from harness.kernel_build import candidates as candidate_fields
 
-    candidates = [
-        KernelConfig(bn, bk, bt, 8, split, warps, stages, maxnreg)
-        for bn, bk, bt, split, warps, stages, maxnreg in [
-            (128, 128, 64, 2, 8, 4, None),
-            (128, 128, 64, 2, 8, 3, 128),
-            (128, 128, 64, 4, 8, 3, 128),
-            (128, 128, 64, 2, 8, 2, 128),
-            (128, 128, 64, 4, 4, 3, 255),
-            (128, 128, 64, 2, 4, 3, 255),
-            (128, 64, 64, 1, 4, 3, 168),
-            (64, 128, 64, 1, 4, 4, 128),
-            (128, 128, 128, 2, 8, 3, None),
-        ]
-    ]
+    candidates = [KernelConfig(**fields) for fields in candidate_fields()]
     points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
-    for (name, N, K), T, state_dtype in itertools.product(points, (2048, 8192), ("bf16", "int8")):
+    for (name, N, K), T, state_dtype in itertools.product(points, (1024, 2048, 8192), ("bf16", "int8")):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         for cfg in candidates:

@@ -171,3 +171,49 @@ def test_a_new_seed_never_compiles_a_new_kernel(monkeypatch):
         model(x).float().pow(2).mean().backward()
     torch.cuda.synchronize()
     assert len(compiles) == first, f"compiled after the first step: {compiles[first:]}"
+
+
+def test_every_tuning_candidate_computes_the_same_update():
+    """The offline tuner's candidates (`harness.kernel_build.candidates`: other tiles, a persistent
+    grid) change the schedule, not the step: the same AdamW step with bf16 states and stochastic
+    rounding as the shipped config, to the last bit but for the rare element whose fp32 sum over
+    T rounds the other way in another MMA shape."""
+    from forge.kernels.wgrad_update import KernelConfig, wgrad_update
+    from forge.rules import get_rule, resolve_hparams
+    from harness.kernel_build import candidates
+
+    T, N, K = 2048, 4096, 1536
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
+    w0 = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
+    m0 = (torch.randn(N, K, device="cuda", generator=g) * 1e-3).bfloat16()
+    v0 = (torch.rand(N, K, device="cuda", generator=g) * 1e-6).bfloat16()
+    rule = get_rule("adamw")
+    h = resolve_hparams(rule, dict(lr=1e-3, weight_decay=0.01))
+
+    def step(fields):
+        w, m, v = w0.clone(), m0.clone(), v0.clone()
+        wgrad_update(
+            w,
+            (m, v, None),
+            (None,) * 3,
+            (True, False, False),
+            dy,
+            x,
+            rule.coefficients(h, 5, {}),
+            99,
+            rule="adamw",
+            flags=rule.flags(h),
+            state_dtype="bf16",
+            stochastic_rounding=True,
+            config=KernelConfig(**fields),
+        )
+        return w, m, v
+
+    shipped, *others = candidates()
+    reference = step(shipped)
+    for fields in others:
+        for got, want, name in zip(step(fields), reference, "wmv"):
+            differ = got != want
+            assert float(differ.float().mean()) <= 1e-3, f"{name} under {fields}: {int(differ.sum())} differ"

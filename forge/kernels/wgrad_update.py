@@ -23,9 +23,12 @@ tensor cores with fp32 accumulation, exactly as cuBLAS does.
 
 This kernel updates W and the states in place: it must never be re-run by an autotuner (each run
 would apply another optimizer step). Block shapes come from `_pick_config`, a table measured
-offline (see docs/perf-notes.md).
+offline (see docs/perf-notes.md). A `KernelConfig` may also ask for a persistent grid (a few
+programs per multiprocessor, each looping over tiles): the same arithmetic per tile, another
+schedule, offered to the offline tuner.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,16 +69,49 @@ def _wgrad_update_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr,  # tiles of N walked together, for L2 reuse of x
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: update the tile in this many row slices (registers)
+    PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
+    FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
 ):
-    # Grouped ordering: GROUP_N consecutive programs share a column of x tiles in L2.
-    pid = tl.program_id(0)
+    tiles = tl.cdiv(N, BLOCK_N) * tl.cdiv(K, BLOCK_K)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
+            _one_tile(tile, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
+                      T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+                      h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                      RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                      STATE_DTYPE, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                      BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
+    else:
+        _one_tile(tl.program_id(0), w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
+                  T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+                  h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                  RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                  STATE_DTYPE, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                  BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
+
+
+@triton.jit
+def _one_tile(
+    tile, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
+    T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+):
+    """Accumulate the gradient of one (BLOCK_N, BLOCK_K) tile of W over all T, then update it."""
+    # Grouped ordering: GROUP_N consecutive tiles share a column of x tiles in L2.
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_k = tl.cdiv(K, BLOCK_K)
     per_group = GROUP_N * tiles_k
-    first_n = (pid // per_group) * GROUP_N
+    first_n = (tile // per_group) * GROUP_N
     group_rows = min(tiles_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_rows
-    pid_k = (pid % per_group) // group_rows
+    pid_n = first_n + (tile % per_group) % group_rows
+    pid_k = (tile % per_group) // group_rows
     n0 = pid_n * BLOCK_N
     k0 = pid_k * BLOCK_K
 
@@ -164,6 +200,11 @@ class KernelConfig:
     num_warps: int = 8
     num_stages: int = 3
     maxnreg: int | None = None  # a register cap lets two programs share a multiprocessor
+    # A fixed grid of `programs_per_sm` programs per multiprocessor looping over the tiles (0: one
+    # program per tile); with `flatten`, Triton pipelines the tile loop and the T loop as one, so
+    # the next tile's first loads are in flight during this tile's epilogue.
+    programs_per_sm: int = 0
+    flatten: bool = False
 
 
 def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool) -> KernelConfig:
@@ -176,6 +217,14 @@ def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool)
     # overlaps the other's main loop (tensor cores); three stages keep both within shared memory.
     return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
                         num_stages=3, maxnreg=128)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (the CPU interpreter: a few, to exercise the loop)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _can_use_tma(t: torch.Tensor) -> bool:
@@ -226,7 +275,9 @@ def wgrad_update(
         x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
     else:
         dy_src, x_src = dy, x
-    grid = (_cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k),)
+    tiles = _cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k)
+    persistent = cfg.programs_per_sm > 0
+    grid = (min(tiles, cfg.programs_per_sm * _multiprocessors(dy.device)) if persistent else tiles,)
     _wgrad_update_kernel[grid](
         weight, *slot_arguments(weight, states, scales), dy_src, x_src,
         T, N, K, _cdiv(K, 64),
@@ -237,6 +288,7 @@ def wgrad_update(
         USE_TMA=use_tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
-        EPILOGUE_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EPILOGUE_SPLIT=cfg.epilogue_split, PERSISTENT=persistent, FLATTEN=cfg.flatten,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not on_interpreter else {}),
     )

@@ -1,0 +1,246 @@
+"""Build the fused kernel for a GPU architecture on any machine, and read what it costs on chip.
+
+    python -m harness.kernel_build                     # the shipped Hopper config and the candidates
+    python -m harness.kernel_build --arch 90 --json    # one JSON line per config
+
+Triton compiles to PTX and, with the toolchain it ships, to a cubin without a GPU. `cuobjdump`
+then says what each program of the kernel holds: registers per thread, the stack frame where
+spilled registers live (and the spill instructions in the machine code), and the shared memory
+the pipeline buffers take. From those and the multiprocessor's budget
+(Hopper: 64 Ki registers, 228 KiB of shared memory, 2048 threads) follows how many programs share
+a multiprocessor, which is what lets one program's epilogue (memory-bound) run beside another's
+main loop (tensor cores). None of this is a timing: it tells which configurations are worth a GPU
+run (no spills, two programs per multiprocessor), and a CI test uses it to check that the kernel
+still compiles for Hopper on a machine without one.
+
+It must run with TRITON_INTERPRET=0 (a kernel defined under the interpreter cannot be compiled):
+`resources()` starts its own process for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HOPPER = {"registers": 65536, "shared_bytes": 228 * 1024, "threads": 2048, "reserved_shared": 1024}
+STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
+
+
+def candidates() -> list[dict[str, Any]]:
+    """The launch configs worth timing on a GPU (`python -m harness kernels --tune`), as KernelConfig
+    fields, the shipped Hopper config first. At 128 registers (two programs per multiprocessor) a
+    128 x 128 tile spills in its epilogue (the accumulator alone takes 64 registers); 128 x 64 and
+    64 x 128 tiles do not, at the price of reading one operand twice as often from L2."""
+    base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
+    return [
+        dict(base, block_n=128, block_k=128, maxnreg=128),  # shipped: two per SM, spills
+        dict(base, block_n=128, block_k=128, maxnreg=None),  # no spills, one per SM
+        dict(base, block_n=128, block_k=64, maxnreg=128),  # no spills, two per SM
+        dict(base, block_n=128, block_k=64, maxnreg=128, num_stages=4),
+        dict(base, block_n=64, block_k=128, maxnreg=128),
+        dict(base, block_n=128, block_k=64, maxnreg=None, num_warps=4, num_stages=4),
+        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=2),  # the tuning's runner-up
+        dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
+        dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
+    ]
+
+
+def _compile(
+    config: dict[str, Any], arch: int, state_dtype: str, tma: bool, stochastic_rounding: bool = True
+):
+    """The CompiledKernel of the AdamW update (bf16 weights) under `config` for sm_<arch>."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel
+
+    tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma else "*bf16"
+    signature: dict[str, str] = {"w_ptr": "*bf16"}
+    signature.update({f"s{i}_ptr": STATE_POINTER[state_dtype] for i in (1, 2, 3)})
+    signature.update({f"q{i}_ptr": "*bf16" for i in (1, 2, 3)})
+    signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
+    for name in ("T", "N", "K", "NUM_GROUPS", "stride_dy_t", "stride_dy_n", "stride_x_t", "stride_x_k"):
+        signature[name] = "i32"
+    signature.update({f"h{i}": "fp32" for i in range(9)})
+    signature["seed"] = "i32"
+    constants = dict(
+        RULE="adamw",
+        HAS_MOMENTUM=False,
+        CENTERED=False,
+        HAS_S1=True,
+        HAS_S2=True,
+        HAS_S3=False,
+        S1_SIGNED=True,
+        S2_SIGNED=False,
+        S3_SIGNED=False,
+        STATE_DTYPE=state_dtype,
+        STOCHASTIC_ROUNDING=True,
+        USE_TMA=tma,
+        UPCAST_DOT=False,
+        DOT_PRECISION="tf32",
+        BLOCK_N=config["block_n"],
+        BLOCK_K=config["block_k"],
+        BLOCK_T=config["block_t"],
+        GROUP_N=config["group_n"],
+        EPILOGUE_SPLIT=config["epilogue_split"],
+        PERSISTENT=config.get("programs_per_sm", 0) > 0,
+        FLATTEN=config.get("flatten", False),
+    )
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+    )
+    options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if config.get("maxnreg"):
+        options["maxnreg"] = config["maxnreg"]
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _cubin_report(cubin: bytes) -> tuple[str, str]:
+    """(`cuobjdump -res-usage`, `cuobjdump -sass`) of a cubin, with the cuobjdump Triton ships
+    (unlike its ptxas, it reads what any Triton version's own toolchain produced)."""
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        run = lambda flag: (
+            subprocess.run(
+                [str(cuobjdump), flag, str(path)], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        return run("-res-usage"), run("-sass")
+
+
+def _number(pattern: str, text: str) -> int:
+    found = re.search(pattern, text)
+    return int(found.group(1)) if found else 0
+
+
+def programs_per_multiprocessor(registers: int, shared_bytes: int, threads: int) -> int:
+    """How many programs fit on one Hopper multiprocessor at once (registers are allocated per
+    warp in units of 256; each program also reserves 1 KiB of shared memory)."""
+    warps = threads // 32
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = HOPPER["registers"] // (per_warp * warps)
+    by_shared = HOPPER["shared_bytes"] // (shared_bytes + HOPPER["reserved_shared"])
+    return min(by_registers, by_shared, HOPPER["threads"] // threads)
+
+
+def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", tma: bool = True) -> dict:
+    """Registers, spills, shared memory and programs per multiprocessor of one config (in-process:
+    TRITON_INTERPRET must be off)."""
+    compiled = _compile(config, arch, state_dtype, tma)
+    usage, sass = _cubin_report(compiled.asm["cubin"])
+    registers = _number(r"REG:(\d+)", usage)
+    shared = int(compiled.metadata.shared)
+    threads = 32 * config["num_warps"]
+    return dict(
+        config=config,
+        arch=arch,
+        state_dtype=state_dtype,
+        tma=tma,
+        triton=_triton_version(),
+        registers=registers,
+        stack_bytes=_number(r"STACK:(\d+)", usage),  # per thread: where spilled registers live
+        spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),  # instructions, not executions
+        spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
+        shared_bytes=shared,
+        programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
+    )
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def resources(configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = "bf16") -> list[dict]:
+    """`measure` for each config, in a fresh process with the interpreter off (so that this works
+    from tests and from code that imported forge on a CPU)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.kernel_build", "--json", "--arch", str(arch)]
+        + ["--state-dtype", state_dtype, "--configs", json.dumps(configs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"building the kernel for sm_{arch} failed:\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _row(r: dict) -> str:
+    c = r["config"]
+    name = (
+        f"{c['block_n']}x{c['block_k']}x{c['block_t']} split {c['epilogue_split']} warps {c['num_warps']} "
+        f"stages {c['num_stages']} maxnreg {c.get('maxnreg') or '-'}"
+    )
+    if c.get("programs_per_sm"):
+        name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
+    spills = f"{r['spill_stores']}/{r['spill_loads']}"
+    cells = [name, r["registers"], r["stack_bytes"], spills, r["shared_bytes"] // 1024, r["programs_per_sm"]]
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.kernel_build", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    parser.add_argument("--state-dtype", default="bf16", choices=sorted(STATE_POINTER))
+    parser.add_argument("--configs", help="a JSON list of KernelConfig fields (default: candidates())")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    args = parser.parse_args(argv)
+    configs = json.loads(args.configs) if args.configs else candidates()
+    known = {
+        "block_n",
+        "block_k",
+        "block_t",
+        "group_n",
+        "epilogue_split",
+        "num_warps",
+        "num_stages",
+        "maxnreg",
+        "programs_per_sm",
+        "flatten",
+    }
+    for config in configs:
+        unknown = set(config) - known
+        if unknown:
+            parser.error(f"unknown KernelConfig fields {sorted(unknown)}; known: {sorted(known)}")
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if not interpreted:
+        os.environ["TRITON_INTERPRET"] = "0"  # before `import forge`, which turns it on without CUDA
+    if args.json and interpreted:
+        parser.error("run with TRITON_INTERPRET=0: kernels defined under the interpreter cannot be compiled")
+    if not args.json:
+        print(f"sm_{args.arch}, AdamW, {args.state_dtype} states, TMA operands (cuobjdump, no GPU)\n")
+        print("| config | registers | stack bytes | spills (STL/LDL) | shared KiB | programs per SM |")
+        print("|---|---:|---:|---:|---:|---:|")
+    if interpreted:  # `import forge` turned the interpreter on (a CPU): build in a clean process
+        for r in resources(configs, args.arch, args.state_dtype):
+            print(_row(r), flush=True)
+        return 0
+    for config in configs:
+        r = measure(config, args.arch, args.state_dtype)
+        print(json.dumps(r) if args.json else _row(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

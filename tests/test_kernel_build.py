@@ -1,0 +1,38 @@
+"""The fused kernel still builds for Hopper on a machine without a GPU (`harness.kernel_build`).
+
+Triton compiles to a cubin with the toolchain it ships; `cuobjdump` reads its registers, stack and
+shared memory. This catches a kernel change that breaks the GPU build (the interpreter runs the
+same source without compiling it) before any device time is spent.
+"""
+
+import dataclasses
+
+import pytest
+
+from forge.kernels.wgrad_update import KernelConfig, _pick_config
+from harness import kernel_build
+
+
+def test_the_shipped_config_is_the_first_candidate():
+    shipped = dataclasses.asdict(_pick_config(8192, 14336, 4096, "bf16", on_interpreter=False))
+    first = dataclasses.asdict(KernelConfig(**kernel_build.candidates()[0]))
+    assert first == shipped
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32", "int8"])
+def test_the_shipped_config_builds_for_hopper(state_dtype):
+    (r,) = kernel_build.resources([kernel_build.candidates()[0]], arch=90, state_dtype=state_dtype)
+    assert 0 < r["registers"] <= 128  # its register cap
+    assert r["shared_bytes"] > 0 and r["programs_per_sm"] == 2
+
+
+def test_a_persistent_config_builds_and_fits_two_programs():
+    persistent = [c for c in kernel_build.candidates() if c.get("programs_per_sm") == 2]
+    (r,) = kernel_build.resources(persistent[:1])
+    assert r["programs_per_sm"] == 2 and r["stack_bytes"] < 1024
+
+
+def test_programs_per_multiprocessor():
+    assert kernel_build.programs_per_multiprocessor(128, 96 * 1024, 256) == 2  # registers and shared
+    assert kernel_build.programs_per_multiprocessor(255, 0, 256) == 1  # registers
+    assert kernel_build.programs_per_multiprocessor(64, 160 * 1024, 128) == 1  # shared memory
