@@ -1,8 +1,10 @@
 """Launch configurations of the fused kernel change its schedule, never its arithmetic.
 
-The persistent grid (a few programs looping over tiles, `KernelConfig.programs_per_sm`) must give
-bit-for-bit the weights and states of one program per tile: every tile accumulates over T in the
-same order and runs the same epilogue, whichever program runs it. Triton interpreter, small odd
+The persistent grid (a few programs looping over tiles, `KernelConfig.programs_per_sm`) and the
+epilogue's row slices (`epilogue_split`, which bound its registers) must give bit-for-bit the
+weights and states of one program per tile updating it whole: every tile accumulates over T in
+the same order and runs the same arithmetic per element, whichever program runs it and in
+whatever slices. Triton interpreter, small odd
 shapes so that edge tiles are partial.
 """
 
@@ -13,10 +15,14 @@ from forge.kernels.wgrad_update import KernelConfig, wgrad_update
 from forge.rules import get_rule, resolve_hparams
 
 ONE_PER_TILE = KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4)
-PERSISTENT = [
-    KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, programs_per_sm=1),
-    KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, programs_per_sm=2, flatten=True),
-]
+OTHERS = {
+    "1-per-sm": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, programs_per_sm=1),
+    "2-per-sm-flatten": KernelConfig(
+        block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, programs_per_sm=2, flatten=True
+    ),
+    "split-4": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=4),
+    "split-8": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=8),
+}
 
 
 def _step(config: KernelConfig, state_dtype: str, seed: int = 1234):
@@ -49,8 +55,8 @@ def _step(config: KernelConfig, state_dtype: str, seed: int = 1234):
 
 
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("config", PERSISTENT, ids=["1-per-sm", "2-per-sm-flatten"])
-def test_a_persistent_grid_gives_the_same_bits(config, state_dtype):
+@pytest.mark.parametrize("config", OTHERS.values(), ids=OTHERS.keys())
+def test_another_schedule_gives_the_same_bits(config, state_dtype):
     reference = _step(ONE_PER_TILE, state_dtype)
     for got, want, name in zip(_step(config, state_dtype), reference, ("w", "m", "v")):
         assert torch.equal(got, want), f"{name} differs under {config}"

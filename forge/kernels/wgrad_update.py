@@ -68,7 +68,7 @@ def _wgrad_update_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr,  # tiles of N walked together, for L2 reuse of x
-    EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: update the tile in this many row slices (registers)
+    EPILOGUE_SPLIT: tl.constexpr,  # 1, 2, 4 or 8: update the tile in this many row slices (registers)
     PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
     FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
 ):
@@ -152,19 +152,46 @@ def _one_tile(
                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                        STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+    elif EPILOGUE_SPLIT == 4:
+        _update_quarters(acc, n0, k0, BLOCK_N, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
     else:
-        tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
+        tl.static_assert(EPILOGUE_SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
         top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
-        a, b = _halves(top, BLOCK_N // 2, BLOCK_K)
-        _update_slices(a, b, n0, k0, BLOCK_N // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
-        c, d = _halves(bottom, BLOCK_N // 2, BLOCK_K)
-        _update_slices(c, d, n0 + BLOCK_N // 2, k0, BLOCK_N // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr,
-                       q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+        _update_quarters(top, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+        _update_quarters(bottom, n0 + BLOCK_N // 2, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr,
+                         q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+
+
+@triton.jit
+def _update_quarters(
+    tile, n0, k0, ROWS: tl.constexpr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Update a (ROWS, BLOCK_K) gradient tile starting at row n0 in four slices of ROWS // 4 rows."""
+    top, bottom = _halves(tile, ROWS, BLOCK_K)
+    a, b = _halves(top, ROWS // 2, BLOCK_K)
+    _update_slices(a, b, n0, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                   N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                   STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+    c, d = _halves(bottom, ROWS // 2, BLOCK_K)
+    _update_slices(c, d, n0 + ROWS // 2, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                   N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                   STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
 
 
 @triton.jit
