@@ -7,9 +7,13 @@
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
 #
 # Each argument is one step, run in order: `tests` runs tests/test_gpu.py; anything else is the
-# overrides of one `python -m harness sweep` (split on spaces, never glob-expanded). Sweeps joined
-# by ' | ' inside one step run at the same time: for convergence sweeps only, which claim losses,
-# not step times.
+# overrides of one `python -m harness sweep` (split on spaces, never glob-expanded). Parts joined
+# by ' | ' inside one step run at the same time (`tests` among them too): only for convergence
+# sweeps and tests, which claim losses and correctness, not step times. The step ends when all
+# its parts have, e.g.
+#
+#   bash scripts/device_sweep.sh 'tests | +exp=convergence sweep.methods=[torch_adamw_fp32]'
+
 #
 # All steps share SWEEP_BUDGET_S seconds (default 540); at the deadline a running sweep gets a
 # Ctrl-C (its running points' workers are killed; every finished point is already on disk) and
@@ -33,22 +37,27 @@ for step in "$@"; do
     continue
   fi
   echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
-  if [ "$step" = tests ]; then
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-    timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee -a "$log" | tail -15
-    continue
-  fi
   start=$(($(wc -l <"$log") + 1))
-  IFS='|' read -ra sweeps <<<"$step"
+  IFS='|' read -ra parts <<<"$step"
   pids=()
-  for overrides in "${sweeps[@]}"; do
-    # shellcheck disable=SC2086  # word splitting is the point: one override per word
-    timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &
+  tests_log=
+  for overrides in "${parts[@]}"; do
+    if [ "$(echo $overrides)" = tests ]; then
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$log"
+      tests_log=$(mktemp)
+      timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider >"$tests_log" 2>&1 &
+    else
+      # shellcheck disable=SC2086  # word splitting is the point: one override per word
+      timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &
+    fi
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
     wait "$pid" || rc=$?
   done
+  if [ -n "$tests_log" ]; then
+    cat "$tests_log" >>"$log"  # after the sweeps' lines, so the summary ends the tail below
+  fi
   tail -n +"$start" "$log" | tr '\r' '\n' | grep -v 'point/s' | tail -n 40
 done
 find results -name '*.jsonl' -newer "$marker" -exec cp {} "$out"/ \; -print
