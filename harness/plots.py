@@ -190,8 +190,9 @@ def largest_batch(entries: Sequence[tuple[str, int | None]], title: str, path: P
         else:
             ax.text(i, 0.05, "none fits", ha="center", va="bottom", rotation=90, color="crimson")
     ax.set_xticks(range(len(entries)), [e[0] for e in entries], rotation=30, ha="right")
+    ax.yaxis.get_major_locator().set_params(integer=True)  # batch sizes are whole numbers
     ax.set_ylabel("largest micro-batch that fits")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9, wrap=True)
     fig.tight_layout()
     return save(fig, path)
 

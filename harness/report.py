@@ -159,7 +159,7 @@ def _largest_batch_plots(anchor: str, records: Sequence[Record], out: Path) -> l
         name = f"{anchor}_largest_batch_{slug(str(model))}_s{seq}_cap{slug(f'{cap:g}')}.png"
         title = f"Largest micro-batch under {cap:g} GiB: {model}, seq {seq}"
         if anchor != "t3":
-            title += f", {gpu}"
+            title += f"\n{gpu}, each GPU capped"
         paths.append(plots.largest_batch(entries, title, out / "plots" / name))
     return paths
 
