@@ -231,13 +231,15 @@ def convergence_curves(group: Sequence[Record], title: str, path: Path) -> Path:
     top, middle, bottom = axes[0][0], axes[1][0], axes[2][0]
     reference = reference_of(group)
     ref_curve = curve(reference) if reference else None
-    for record in group:
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, record in enumerate(group):
+        color = colors[index % len(colors)]  # one color per method in all three panels
         losses = curve(record) or []
-        top.plot(range(len(losses)), losses, linewidth=0.8, label=_label(record))
+        top.plot(range(len(losses)), losses, linewidth=0.8, label=_label(record), color=color)
         if ref_curve and record is not reference:
             n = min(len(losses), len(ref_curve))
             deltas = [losses[i] - ref_curve[i] for i in range(n)]
-            middle.plot(range(n), _moving_mean(deltas, 50), linewidth=0.8)
+            middle.plot(range(n), _moving_mean(deltas, 50), linewidth=0.8, color=color)
         heldout, steps = curve(record, HELDOUT_FIELDS), record.get("heldout_steps")
         if heldout:
             bottom.plot(
@@ -246,6 +248,7 @@ def convergence_curves(group: Sequence[Record], title: str, path: Path) -> Path:
                 linewidth=0.8,
                 marker=".",
                 markersize=2,
+                color=color,
             )
     for phase in (reference or (group[0] if group else {})).get("phases") or []:
         if int(phase.get("first_step", 0)) > 0:
