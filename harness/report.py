@@ -169,8 +169,9 @@ def _tensor_parallel_section(grid: Selection | None, capacity: Selection | None,
     section.selections = [sel for sel in (grid, capacity) if sel is not None]
     if grid is not None:
         section.preamble = preambles.tensor_parallel_preamble(grid.records)
+        section.plots = _per_point_plots("t6", grid.records, out)
     if capacity is not None:
-        section.plots = _largest_batch_plots("t6", capacity.records, out)
+        section.plots += _largest_batch_plots("t6", capacity.records, out)
     return section
 
 
