@@ -25,7 +25,13 @@ from typing import Any
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # Peak-memory fields: the point's figure is the largest rank's (per-GPU memory is what must fit).
-PEAK_FIELDS = ("peak_alloc_gib", "peak_reserved_gib", "peak_nvml_gib", "activations_gib")
+PEAK_FIELDS = (
+    "peak_alloc_gib",
+    "peak_reserved_gib",
+    "peak_nvml_gib",
+    "activations_gib",
+    "forward_end_alloc_gib",
+)
 STATUS_ORDER = ("oom", "error", "diverged", "unavailable", "ok")  # the first present wins
 
 

@@ -107,6 +107,36 @@ def time_stats(times_ms: list[float]) -> dict[str, float | None]:
     }
 
 
+class ForwardEndMemory:
+    """While entered, the largest allocated bytes seen when the model's forward returns (CUDA only).
+
+    At that moment the static pools (weights, optimizer states, any gradient kept between steps)
+    and the activations saved for backward are all live, and no gradient of this step exists
+    yet: `bytes - static pools` measures the saved activations, and `peak - bytes` what backward
+    and the update add on top (gradients, their transients). Which of the two sets the peak
+    differs by method and batch, so the memory plots split the peak this way rather than assume
+    every gradient is alive at the peak. A forward hook on the top module: one host read of the
+    allocator's counter per step, no synchronization.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: str) -> None:
+        self.model, self.device = model, device
+        self.bytes: int | None = None
+        self._handle: Any = None
+
+    def _hook(self, module: Any, args: Any, output: Any) -> None:
+        self.bytes = max(self.bytes or 0, torch.cuda.memory_allocated())
+
+    def __enter__(self) -> ForwardEndMemory:
+        if self.device == "cuda":
+            self._handle = self.model.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+
 class NvmlSampler:
     """Polls NVML's used-memory figure for one device in a background thread; keeps the peak.
 

@@ -30,11 +30,11 @@ from harness.records import (
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
-POOLS = (
+POOLS = (  # the modelled split of records without forward_end_alloc_gib
     ("weights_gib", "weights"),
-    ("grads_gib", "gradients"),
+    ("grads_gib", "gradients (modelled)"),
     ("optimizer_state_gib", "optimizer states"),
-    ("activations_gib", "activations"),
+    ("activations_gib", "activations (the remainder)"),
 )
 STATUS_TEXT = {"oom": "OOM", "error": "error", "diverged": "diverged", "unavailable": "unavailable"}
 # Usable memory per GPU in GiB, for the capacity line when a record does not carry it.
@@ -97,12 +97,19 @@ def _mark_failures(ax: Any, records: Sequence[Record], y: float) -> None:
 
 @styled
 def memory_breakdown(records: Sequence[Record], title: str, path: Path) -> Path:
-    """Stacked bars of the memory pools per method, with the GPU capacity line."""
+    """Stacked bars of the peak per method, with the GPU capacity line.
+
+    Where the records carry `forward_end_alloc_gib` (measured when the forward returns), the bar
+    is measured throughout: weights, optimizer states, what else is live at the end of the forward
+    pass (the saved activations), and what backward and the update add on top to reach the peak
+    (gradients and transients). Older records get the modelled split (`harness.measure.breakdown`:
+    every gradient assumed alive at the peak, activations as the remainder), labelled as such."""
     fig, axes = _figure(max(6.0, 0.9 * len(records) + 2), 4.5)
     ax = axes[0][0]
     bottoms = [0.0] * len(records)
-    for field, name in POOLS + (("_rest", "rest"),):
-        heights = [_pool(r, field) if _ok(r) else 0.0 for r in records]
+    measured = all(r.get("forward_end_alloc_gib") is not None for r in records if _ok(r))
+    for name, height in _pools(measured):
+        heights = [height(r) if _ok(r) else 0.0 for r in records]
         ax.bar(range(len(records)), heights, bottom=bottoms, label=name)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     cap = next((capacity_gib(r) for r in records if capacity_gib(r)), None)
@@ -117,11 +124,22 @@ def memory_breakdown(records: Sequence[Record], title: str, path: Path) -> Path:
     return save(fig, path)
 
 
-def _pool(record: Record, field: str) -> float:
-    if field != "_rest":
-        return float(record.get(field) or 0.0)
-    pools = sum(float(record.get(f) or 0.0) for f, _ in POOLS)
-    return max(0.0, float(record.get("peak_alloc_gib") or 0.0) - pools)
+def _pools(measured: bool) -> list[tuple[str, Callable[[Record], float]]]:
+    """(legend label, GiB of the pool in a record) from the bottom of the bar up."""
+    field = lambda name: lambda r: float(r.get(name) or 0.0)
+    static = lambda r: field("weights_gib")(r) + field("optimizer_state_gib")(r)
+    if measured:
+        forward_end = lambda r: max(0.0, field("forward_end_alloc_gib")(r) - static(r))
+        peak = lambda r: max(0.0, field("peak_alloc_gib")(r) - static(r) - forward_end(r))
+        return [
+            ("weights", field("weights_gib")),
+            ("optimizer states", field("optimizer_state_gib")),
+            ("live at the end of forward (activations)", forward_end),
+            ("added in backward and update (gradients)", peak),
+        ]
+    modelled = [(name, field(f)) for f, name in POOLS]
+    rest = lambda r: max(0.0, field("peak_alloc_gib")(r) - sum(height(r) for _, height in modelled))
+    return modelled + [("rest", rest)]
 
 
 @styled

@@ -86,6 +86,7 @@ EXTRA_FIELDS = (
     "losses",  # loss of every step, warm-up included
     "params_moved_frac",  # fraction of trainable parameter tensors that changed
     "nvml_baseline_gib",  # device memory in use before this point's process touched CUDA
+    "forward_end_alloc_gib",  # allocated when the forward returns (largest over steps; static + saved)
     "peak_tflops",  # the per-GPU peak used for mfu
     "notes",  # list of remarks the method or runner made (fallbacks, caveats)
     "config",  # the full resolved config of the point

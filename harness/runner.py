@@ -147,7 +147,8 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         torch.cuda.reset_peak_memory_stats()
     sampler.start()
     compiles: list[int] = []
-    losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device, compiles)
+    with measure.ForwardEndMemory(model, device) as forward_end:
+        losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device, compiles)
     nvml_peak = sampler.stop()
     late = {i: c for i, c in enumerate(compiles) if c and i >= cfg.warmup_steps}
     if late:
@@ -168,6 +169,7 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         "peak_alloc_gib": gib(peaks["peak_alloc"]),
         "peak_reserved_gib": gib(peaks["peak_reserved"]),
         "peak_nvml_gib": gib(nvml_peak),
+        "forward_end_alloc_gib": gib(forward_end.bytes),
         "notes": list(method.notes),
         "_trains": method.trains,
         "_flops_per_token": models.flops_per_token(model, cfg.model, cfg.seq_len),

@@ -217,3 +217,18 @@ def test_every_tuning_candidate_computes_the_same_update():
         for got, want, name in zip(step(fields), reference, "wmv"):
             differ = got != want
             assert float(differ.float().mean()) <= 1e-3, f"{name} under {fields}: {int(differ.sum())} differ"
+
+
+def test_forward_end_memory_sits_between_the_weights_and_the_peak():
+    """`harness.measure.ForwardEndMemory`: allocated bytes when the forward returns, read by a hook."""
+    from harness.measure import ForwardEndMemory
+
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(512, 1024, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with ForwardEndMemory(model, "cuda") as forward_end:
+        model(x).square().mean().backward()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    saved = 512 * 4096 * 4  # at least the hidden activation kept for GELU's backward
+    assert weights + saved <= forward_end.bytes <= torch.cuda.max_memory_allocated()

@@ -188,6 +188,21 @@ def test_convergence_over_seeds(rendered):
     assert float(rows["forge_bf16"][5]) < 1e-4
 
 
+def test_the_measured_memory_split_adds_up_to_the_peak():
+    from harness.plots import _pools
+
+    record = dict(weights_gib=15.0, optimizer_state_gib=30.0, forward_end_alloc_gib=52.6, peak_alloc_gib=59.9)
+    heights = [height(record) for _, height in _pools(measured=True)]
+    assert heights == pytest.approx([15.0, 30.0, 7.6, 7.3])
+    # the peak set at the end of forward: nothing added on top
+    record.update(peak_alloc_gib=52.6)
+    assert [height(record) for _, height in _pools(measured=True)][-1] == 0.0
+    # older records: the modelled split, whose pools also add up to the peak
+    old = dict(weights_gib=15.0, grads_gib=15.0, optimizer_state_gib=30.0, activations_gib=0.4)
+    old["peak_alloc_gib"] = 60.4
+    assert sum(height(old) for _, height in _pools(measured=False)) == pytest.approx(60.4)
+
+
 def test_steps_within_finds_where_two_curves_part():
     from harness.convergence_table import steps_within
 
