@@ -6,8 +6,10 @@
 #   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
 #
-# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; anything else is the
-# overrides of one `python -m harness sweep` (split on spaces, never glob-expanded). Parts joined
+# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; `tune` times the fused
+# kernel's candidate launch configs (`python -m harness kernels --tune`, results/kernels/tuning-*);
+# anything else is the overrides of one `python -m harness sweep` (split on spaces, never
+# glob-expanded). Parts joined
 # by ' | ' inside one step run at the same time (`tests` among them too): only for convergence
 # sweeps and tests, which claim losses and correctness, not step times. The step ends when all
 # its parts have, e.g.
@@ -38,6 +40,11 @@ for step in "$@"; do
   fi
   echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
   start=$(($(wc -l <"$log") + 1))
+  if [ "$step" = tune ]; then
+    timeout -k 10 "$left" python3 -m harness kernels --tune >>"$log" 2>&1 || rc=$?
+    tail -n +"$start" "$log" | tail -n 25
+    continue
+  fi
   IFS='|' read -ra parts <<<"$step"
   pids=()
   tests_log=
