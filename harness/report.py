@@ -126,7 +126,9 @@ def _per_point_plots(anchor: str, records: Sequence[Record], out: Path) -> list[
         stem = f"{anchor}_{slug(model)}_b{int(batch or 0)}_s{int(seq or 0)}" + (
             f"_{slug(gpu)}" if several_gpus else ""
         )
-        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}, {gpu}"
+        gpus = int(members[0].get("gpu_count") or 1)
+        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}"
+        where += f"\n{gpu} x {gpus}, tensor parallel (memory per GPU)" if gpus > 1 else f", {gpu}"
         paths.append(
             plots.memory_breakdown(members, f"Memory by pool: {where}", out / "plots" / f"{stem}_memory.png")
         )
