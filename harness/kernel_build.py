@@ -31,6 +31,9 @@ from typing import Any
 
 HOPPER = {"registers": 65536, "shared_bytes": 228 * 1024, "threads": 2048, "reserved_shared": 1024}
 STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
+# The element-wise kernel (every parameter that is not a fused Linear weight) at the block shape
+# it takes for a 4096-wide parameter; `measure` and `resources` accept it as a config.
+ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps": 4}
 
 
 def candidates() -> list[dict[str, Any]]:
@@ -57,34 +60,16 @@ def candidates() -> list[dict[str, Any]]:
 def _compile(
     config: dict[str, Any], arch: int, state_dtype: str, tma: bool, stochastic_rounding: bool = True
 ):
-    """The CompiledKernel of the AdamW update (bf16 weights) under `config` for sm_<arch>."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """The CompiledKernel of the fused AdamW update (bf16 weights) under `config` for sm_<arch>."""
     from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel
 
     tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma else "*bf16"
-    signature: dict[str, str] = {"w_ptr": "*bf16"}
-    signature.update({f"s{i}_ptr": STATE_POINTER[state_dtype] for i in (1, 2, 3)})
-    signature.update({f"q{i}_ptr": "*bf16" for i in (1, 2, 3)})
+    signature = _slots_signature(state_dtype)
     signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
     for name in ("T", "N", "K", "NUM_GROUPS", "stride_dy_t", "stride_dy_n", "stride_x_t", "stride_x_k"):
         signature[name] = "i32"
-    signature.update({f"h{i}": "fp32" for i in range(9)})
-    signature["seed"] = "i32"
-    constants = dict(
-        RULE="adamw",
-        HAS_MOMENTUM=False,
-        CENTERED=False,
-        HAS_S1=True,
-        HAS_S2=True,
-        HAS_S3=False,
-        S1_SIGNED=True,
-        S2_SIGNED=False,
-        S3_SIGNED=False,
-        STATE_DTYPE=state_dtype,
-        STOCHASTIC_ROUNDING=True,
+    constants = _epilogue_constants(state_dtype, stochastic_rounding)
+    constants.update(
         USE_TMA=tma,
         UPCAST_DOT=False,
         DOT_PRECISION="tf32",
@@ -96,15 +81,68 @@ def _compile(
         PERSISTENT=config.get("programs_per_sm", 0) > 0,
         FLATTEN=config.get("flatten", False),
     )
-    signature.update({name: "constexpr" for name in constants})
-    source = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
-    )
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
         options["maxnreg"] = config["maxnreg"]
+    return _build(kernel, signature, constants, arch, options)
+
+
+def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c: int = 512):
+    """The CompiledKernel of the element-wise AdamW update (norms, embeddings) for sm_<arch>, at
+    the block shape `forge.kernels.elementwise_update` picks for a 4096-wide parameter."""
+    from forge.kernels.elementwise_update import _elementwise_update_kernel as kernel
+
+    signature = _slots_signature(state_dtype)
+    signature.update(g_ptr="*bf16", R="i32", C="i32", NUM_GROUPS="i32")
+    constants = _epilogue_constants(state_dtype, True)
+    constants.update(BLOCK_R=block_r, BLOCK_C=block_c)
+    return _build(kernel, signature, constants, arch, dict(num_warps=4))
+
+
+def _slots_signature(state_dtype: str) -> dict[str, str]:
+    """Weight, state and scale pointers, then (appended by the caller) the kernel's own operands;
+    the coefficients and seed are added by `_build`, after them."""
+    signature = {"w_ptr": "*bf16"}
+    signature.update({f"s{i}_ptr": STATE_POINTER[state_dtype] for i in (1, 2, 3)})
+    signature.update({f"q{i}_ptr": "*bf16" for i in (1, 2, 3)})
+    return signature
+
+
+def _epilogue_constants(state_dtype: str, stochastic_rounding: bool) -> dict[str, Any]:
+    """AdamW's compile-time arguments of `update_tile` (m signed in slot 1, v in slot 2)."""
+    return dict(
+        RULE="adamw",
+        HAS_MOMENTUM=False,
+        CENTERED=False,
+        HAS_S1=True,
+        HAS_S2=True,
+        HAS_S3=False,
+        S1_SIGNED=True,
+        S2_SIGNED=False,
+        S3_SIGNED=False,
+        STATE_DTYPE=state_dtype,
+        STOCHASTIC_ROUNDING=stochastic_rounding,
+    )
+
+
+def _build(kernel: Any, signature: dict[str, str], constants: dict[str, Any], arch: int, options: dict):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = dict(signature)
+    signature.update({f"h{i}": "fp32" for i in range(9)})
+    signature["seed"] = "i32"
+    signature.update({name: "constexpr" for name in constants})
+    missing = [name for name in kernel.arg_names if name not in signature]
+    if missing:
+        raise ValueError(f"kernel_build does not know the arguments {missing} of {kernel.fn.__name__}")
+    ordered = {name: signature[name] for name in kernel.arg_names}
+    source = ASTSource(
+        fn=kernel,
+        signature=ordered,
+        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+    )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -142,8 +180,11 @@ def programs_per_multiprocessor(registers: int, shared_bytes: int, threads: int)
 
 def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", tma: bool = True) -> dict:
     """Registers, spills, shared memory and programs per multiprocessor of one config (in-process:
-    TRITON_INTERPRET must be off)."""
-    compiled = _compile(config, arch, state_dtype, tma)
+    TRITON_INTERPRET must be off). `ELEMENTWISE` as the config measures the element-wise kernel."""
+    if config.get("kernel") == "elementwise":
+        compiled = _compile_elementwise(arch, state_dtype, config["block_r"], config["block_c"])
+    else:
+        compiled = _compile(config, arch, state_dtype, tma)
     usage, sass = _cubin_report(compiled.asm["cubin"])
     registers = _number(r"REG:(\d+)", usage)
     shared = int(compiled.metadata.shared)
@@ -188,12 +229,18 @@ def resources(configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = 
 
 def _row(r: dict) -> str:
     c = r["config"]
+    if c.get("kernel") == "elementwise":
+        return _cells(r, f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}")
     name = (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} split {c['epilogue_split']} warps {c['num_warps']} "
         f"stages {c['num_stages']} maxnreg {c.get('maxnreg') or '-'}"
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
+    return _cells(r, name)
+
+
+def _cells(r: dict, name: str) -> str:
     spills = f"{r['spill_stores']}/{r['spill_loads']}"
     cells = [name, r["registers"], r["stack_bytes"], spills, r["shared_bytes"] // 1024, r["programs_per_sm"]]
     return "| " + " | ".join(map(str, cells)) + " |"
@@ -208,7 +255,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--configs", help="a JSON list of KernelConfig fields (default: candidates())")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     args = parser.parse_args(argv)
-    configs = json.loads(args.configs) if args.configs else candidates()
+    configs = json.loads(args.configs) if args.configs else [*candidates(), ELEMENTWISE]
     known = {
         "block_n",
         "block_k",
@@ -220,6 +267,7 @@ def main(argv: list[str]) -> int:
         "maxnreg",
         "programs_per_sm",
         "flatten",
+        *ELEMENTWISE,
     }
     for config in configs:
         unknown = set(config) - known

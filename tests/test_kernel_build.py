@@ -26,6 +26,11 @@ def test_the_shipped_config_builds_for_hopper(state_dtype):
     assert r["shared_bytes"] > 0 and r["programs_per_sm"] == 2
 
 
+def test_the_elementwise_kernel_builds_for_hopper():
+    (r,) = kernel_build.resources([kernel_build.ELEMENTWISE], arch=90, state_dtype="bf16")
+    assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1
+
+
 def test_a_persistent_config_builds_and_fits_two_programs():
     persistent = [c for c in kernel_build.candidates() if c.get("programs_per_sm") == 2]
     (r,) = kernel_build.resources(persistent[:1])
