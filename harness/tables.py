@@ -406,15 +406,16 @@ def _capacity_table(
     if not capped:
         return None
     notes = Notes()
-    best = {key: _capacity(points) for key, points in capacity_groups(capped).items()}
-    rows = [_capacity_row(key, best, notes) for key in sorted(best, key=_capacity_order)]
+    groups = capacity_groups(capped)
+    best = {key: _capacity(points) for key, points in groups.items()}
+    rows = []
+    for key in sorted(best, key=_capacity_order):
+        row = _capacity_row(key, best, notes)
+        rows.append(row[:1] + [fmt_int(gpus(groups[key][0]))] + row[1:] if with_gpus else row)
     header = ["Model", "Seq", "Cap GiB", "Method", "Largest batch", "Peak alloc GiB", "Step ms (median)"]
     header += ["Tokens/s", "Throughput vs fused AdamW", "First failure", "Paper"]
     align = "lrrl" + "r" * 6 + "l"
     if with_gpus:
-        world = {key: gpus(points[0]) for key, points in capacity_groups(capped).items()}
-        keys = sorted(best, key=_capacity_order)
-        rows = [row[:1] + [fmt_int(world[key])] + row[1:] for key, row in zip(keys, rows)]
         header = header[:1] + ["GPUs"] + header[1:]
         align = "lr" + align[1:]
     table = Table(name=name, title=title, header=header, rows=rows, align=align, notes=extra + notes.lines())
