@@ -1,7 +1,11 @@
 # Source first in every device command, from the repository root, with .whl carried:
 #   . scripts/device_setup.sh && python -m harness sweep +exp=llama8b_h200
 # Installs the wheels of scripts/device_wheels.sh into /tmp/site (the image's own packages stay
-# untouched) and puts them and this checkout on PYTHONPATH.
+# untouched) and puts them and this checkout on PYTHONPATH. A script it starts that sources it
+# again (device_tp2.sh runs device_sweep.sh) inherits all of that and skips the install.
+if [ "${FORGE_DEVICE_SETUP_DONE:-}" = "$PWD" ]; then
+  return 0 2>/dev/null || exit 0
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || return 1 2>/dev/null || exit 1
@@ -19,3 +23,4 @@ fi
 # Keep NVLink multicast off (the machines' rule), also for the worker subprocesses.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c "import torch, hydra; print('device_setup: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'hydra', hydra.__version__)"
+export FORGE_DEVICE_SETUP_DONE="$PWD"
