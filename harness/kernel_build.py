@@ -38,19 +38,20 @@ ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps
 
 def candidates() -> list[dict[str, Any]]:
     """The launch configs worth timing on a GPU (`python -m harness kernels --tune`), as KernelConfig
-    fields, the shipped Hopper config first. At 128 registers (two programs per multiprocessor) a
+    fields, the config shipped for T > 2048 first (`forge.kernels.wgrad_update._pick_config` holds
+    the table measured from them). At 128 registers (two programs per multiprocessor) a
     128 x 128 tile updated in 32-row slices spills in its epilogue (the accumulator alone takes 64
     registers); in 16-row slices (split 8) it spills a sixth as much; 128 x 64 and 64 x 128 tiles do
     not spill, at the price of reading one operand twice as often from L2."""
     base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
     return [
-        dict(base, block_n=128, block_k=128, maxnreg=128),  # shipped: two per SM, spills
+        dict(base, block_n=128, block_k=128, maxnreg=128),  # shipped (T > 2048): two per SM, spills
         dict(base, block_n=128, block_k=128, maxnreg=None),  # no spills, one per SM
         dict(base, block_n=128, block_k=64, maxnreg=128),  # no spills, two per SM
         dict(base, block_n=128, block_k=64, maxnreg=128, num_stages=4),
-        dict(base, block_n=64, block_k=128, maxnreg=128),
+        dict(base, block_n=64, block_k=128, maxnreg=128),  # shipped for int8 states at T <= 2048
         dict(base, block_n=128, block_k=64, maxnreg=None, num_warps=4, num_stages=4),
-        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # 16-row slices: few spills
+        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # bf16 states, T <= 2048
         dict(base, block_n=128, block_k=64, maxnreg=128, epilogue_split=8),
         dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
         dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
@@ -227,17 +228,18 @@ def resources(configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = 
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def _row(r: dict) -> str:
-    c = r["config"]
+def describe(config: dict) -> str:
+    """A launch config in a few words: tile, slices, warps, stages, register cap, grid."""
+    c = config
     if c.get("kernel") == "elementwise":
-        return _cells(r, f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}")
+        return f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}"
     name = (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} split {c['epilogue_split']} warps {c['num_warps']} "
         f"stages {c['num_stages']} maxnreg {c.get('maxnreg') or '-'}"
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
-    return _cells(r, name)
+    return name
 
 
 def _cells(r: dict, name: str) -> str:
@@ -284,11 +286,11 @@ def main(argv: list[str]) -> int:
         print("|---|---:|---:|---:|---:|---:|")
     if interpreted:  # `import forge` turned the interpreter on (a CPU): build in a clean process
         for r in resources(configs, args.arch, args.state_dtype):
-            print(_row(r), flush=True)
+            print(_cells(r, describe(r["config"])), flush=True)
         return 0
     for config in configs:
         r = measure(config, args.arch, args.state_dtype)
-        print(json.dumps(r) if args.json else _row(r), flush=True)
+        print(json.dumps(r) if args.json else _cells(r, describe(r["config"])), flush=True)
     return 0
 
 
