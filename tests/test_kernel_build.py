@@ -20,10 +20,12 @@ def test_the_shipped_config_is_the_first_candidate():
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp32", "int8"])
-def test_the_shipped_config_builds_for_hopper(state_dtype):
-    (r,) = kernel_build.resources([kernel_build.candidates()[0]], arch=90, state_dtype=state_dtype)
-    assert 0 < r["registers"] <= 128  # its register cap
-    assert r["shared_bytes"] > 0 and r["programs_per_sm"] == 2
+@pytest.mark.parametrize("T", [1024, 8192])
+def test_every_shipped_config_builds_two_programs_per_sm(state_dtype, T):
+    """What `_pick_config` launches on Hopper, for small and large T, fits two programs per SM."""
+    shipped = dataclasses.asdict(_pick_config(T, 14336, 4096, state_dtype, on_interpreter=False))
+    (r,) = kernel_build.resources([shipped], arch=90, state_dtype=state_dtype)
+    assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2
 
 
 def test_the_elementwise_kernel_builds_for_hopper():

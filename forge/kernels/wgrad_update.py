@@ -29,7 +29,7 @@ schedule, offered to the offline tuner.
 """
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -234,16 +234,25 @@ class KernelConfig:
     flatten: bool = False
 
 
+# Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
+# capping registers at 128 lets two programs share a multiprocessor, so one's epilogue (memory-bound)
+# overlaps the other's main loop (tensor cores); three stages keep both within shared memory. At
+# T <= 2048 the epilogue weighs more than the main loop: 16-row slices (fewer spills) gain 3-9% with
+# bf16 states, and 64-row tiles (no spills) 15-29% with int8 states on the Llama-3.1-8B gate and q
+# shapes; at T = 8192 both lose to the 128 x 128 tile in 32-row slices.
+_HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
+                       num_stages=3, maxnreg=128)
+_HOPPER_SMALL_T = {"bf16": replace(_HOPPER, epilogue_split=8), "int8": replace(_HOPPER, block_n=64)}
+
+
 def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool) -> KernelConfig:
     if on_interpreter:
         # Few, small programs: the interpreter's cost is per program and per operation.
         block_n = 16 if N <= 16 else 32
         return KernelConfig(block_n=block_n, block_k=64, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
-    # Hopper, measured offline (docs/perf-notes.md, `python -m harness kernels --tune`): capping
-    # registers at 128 lets two programs share a multiprocessor, so one's epilogue (memory-bound)
-    # overlaps the other's main loop (tensor cores); three stages keep both within shared memory.
-    return KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
-                        num_stages=3, maxnreg=128)
+    if T <= 2048:
+        return _HOPPER_SMALL_T.get(state_dtype, _HOPPER)
+    return _HOPPER
 
 
 @functools.cache
