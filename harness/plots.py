@@ -23,9 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.convergence_table import curve, reference_of  # noqa: E402
 from harness.points import display_name  # noqa: E402
-from harness.records import (
+from harness.records import (  # noqa: E402
     HELDOUT_FIELDS,
-    Record,  # noqa: E402
+    Record,
+    activations_gib,
 )
 from harness.stats import step_stats  # noqa: E402
 
@@ -129,7 +130,7 @@ def _pools(measured: bool) -> list[tuple[str, Callable[[Record], float]]]:
     field = lambda name: lambda r: float(r.get(name) or 0.0)
     static = lambda r: field("weights_gib")(r) + field("optimizer_state_gib")(r)
     if measured:
-        forward_end = lambda r: max(0.0, field("forward_end_alloc_gib")(r) - static(r))
+        forward_end = lambda r: activations_gib(r) or 0.0
         peak = lambda r: max(0.0, field("peak_alloc_gib")(r) - static(r) - forward_end(r))
         return [
             ("weights", field("weights_gib")),

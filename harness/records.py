@@ -102,6 +102,19 @@ def is_convergence(record: Record) -> bool:
     )
 
 
+def activations_gib(record: Record) -> float | None:
+    """What the forward pass leaves alive for backward, in GiB. Measured where the record carries
+    `forward_end_alloc_gib` (allocated when the forward returns, less the weights and optimizer
+    states); else the modelled remainder of the peak (`activations_gib`: peak less weights, states
+    and every gradient), which is wrong for a method whose peak comes before its gradients exist."""
+    forward_end = record.get("forward_end_alloc_gib")
+    if missing(forward_end):
+        modelled = record.get("activations_gib")
+        return None if missing(modelled) else float(modelled)
+    static = sum(float(record.get(f) or 0.0) for f in ("weights_gib", "optimizer_state_gib"))
+    return max(0.0, float(forward_end) - static)
+
+
 def _clean(row: dict[str, Any]) -> Record:
     return {str(key): (None if missing(value) else value) for key, value in row.items()}
 

@@ -43,7 +43,7 @@ from harness.points import (
     reference_key,
     sort_key,
 )
-from harness.records import Record, is_convergence
+from harness.records import Record, activations_gib, is_convergence
 from harness.stats import step_stats
 
 STATUS_LABELS = {"oom": "OOM", "error": "error", "diverged": "diverged", "unavailable": "unavailable"}
@@ -179,7 +179,7 @@ COL_STATUS = Col("Status", lambda r: "ok" if _ok(r.record) else status_cell(r), 
 COL_ALLOC = Col("Peak alloc GiB", lambda r: fmt_gib(_num(r.record, "peak_alloc_gib")))
 COL_RESERVED = Col("Peak reserved GiB", lambda r: fmt_gib(_num(r.record, "peak_reserved_gib")))
 COL_NVML = Col("NVML peak GiB", lambda r: fmt_gib(_num(r.record, "peak_nvml_gib")))
-COL_ACTS = Col("Activations GiB", lambda r: fmt_gib(_num(r.record, "activations_gib")))
+COL_ACTS = Col("Activations GiB", lambda r: fmt_gib(activations_gib(r.record)))
 COL_STEP = Col("Step ms (median)", lambda r: fmt_ms(_step_median(r.record)))
 COL_SPREAD = Col("Step ms (min-p90)", lambda r: _spread(r.record))
 COL_TOKENS = Col("Tokens/s", lambda r: fmt_int(_num(r.record, "tokens_per_s")))
@@ -318,7 +318,12 @@ def t5_checkpointing(records: Sequence[Record]) -> Selection | None:
     cols = [COL_MODEL, COL_BATCH, COL_SEQ, COL_AC, COL_METHOD, COL_ALLOC, COL_ACTS, COL_STEP, COL_TOKENS]
     cols += [COL_MEM_RATIO, COL_TIME_RATIO]
     title = "T5: activation checkpointing composed with FORGE"
-    extra = [paper.T5_NOTE, "Ratios compare with fused AdamW at the same checkpointing setting."]
+    extra = [
+        paper.T5_NOTE,
+        "Ratios compare with fused AdamW at the same checkpointing setting. Activations: allocated when "
+        "the forward returns, less weights and optimizer states (where a record lacks that measurement, "
+        "the remainder of the peak).",
+    ]
     return Selection(
         render_rows("t5_activation_checkpointing", title, cols, _rows(chosen, records, notes), notes, extra),
         chosen,
@@ -460,6 +465,12 @@ def _capacity_order(key: tuple) -> tuple:
     return (str(model), str(gpu), seq or 0, cap or 0, ac, method_rank(method), options)
 
 
+UNBOUNDED_CAPACITY = (
+    "No larger batch was tried and failed: the search stopped (its device call's time ran out, or it "
+    "reached the sweep's max_batch_size), so this is a lower bound."
+)
+
+
 def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
     model, _gpu, seq, cap, _ac, method, options = key
     largest, failure = best[key]
@@ -474,8 +485,11 @@ def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
     else:
         tokens = _num(largest, "tokens_per_s")
         base = _num(ref_largest, "tokens_per_s") if ref_largest else None
+        batch = fmt_int(_num(largest, "batch_size"))
+        if failure is None:  # nothing above it failed: a lower bound, not the method's capacity
+            batch += " " + notes.mark(UNBOUNDED_CAPACITY)
         cells = [
-            fmt_int(_num(largest, "batch_size")),
+            batch,
             fmt_gib(_num(largest, "peak_alloc_gib")),
             fmt_ms(_step_median(largest)),
             fmt_int(tokens),

@@ -203,6 +203,17 @@ def test_the_measured_memory_split_adds_up_to_the_peak():
     assert sum(height(old) for _, height in _pools(measured=False)) == pytest.approx(60.4)
 
 
+def test_activations_are_measured_at_the_end_of_forward_where_recorded():
+    from harness.records import activations_gib
+
+    # fused AdamW whose peak came before any gradient existed: the modelled remainder is ~0
+    fused = dict(weights_gib=15.0, grads_gib=15.0, optimizer_state_gib=30.0, activations_gib=0.4)
+    assert activations_gib(fused) == 0.4
+    fused["forward_end_alloc_gib"] = 58.7
+    assert activations_gib(fused) == pytest.approx(13.7)
+    assert activations_gib(dict(weights_gib=15.0)) is None
+
+
 def test_steps_within_finds_where_two_curves_part():
     from harness.convergence_table import steps_within
 
