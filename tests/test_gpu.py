@@ -173,11 +173,13 @@ def test_a_new_seed_never_compiles_a_new_kernel(monkeypatch):
     assert len(compiles) == first, f"compiled after the first step: {compiles[first:]}"
 
 
-def test_every_tuning_candidate_computes_the_same_update():
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_every_tuning_candidate_computes_the_same_update(state_dtype):
     """The offline tuner's candidates (`harness.kernel_build.candidates`: other tiles, a persistent
-    grid) change the schedule, not the step: the same AdamW step with bf16 states and stochastic
-    rounding as the shipped config, to the last bit but for the rare element whose fp32 sum over
-    T rounds the other way in another MMA shape."""
+    grid; `_pick_config` ships some of them) change the schedule, not the step: the same AdamW
+    step with stochastic rounding as the first candidate, to the last bit but for the rare element
+    whose fp32 sum over T rounds the other way in another MMA shape (int8: codes and scales too)."""
+    from forge.kernels import quant
     from forge.kernels.wgrad_update import KernelConfig, wgrad_update
     from forge.rules import get_rule, resolve_hparams
     from harness.kernel_build import candidates
@@ -187,17 +189,22 @@ def test_every_tuning_candidate_computes_the_same_update():
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
     dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
     w0 = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
-    m0 = (torch.randn(N, K, device="cuda", generator=g) * 1e-3).bfloat16()
-    v0 = (torch.rand(N, K, device="cuda", generator=g) * 1e-6).bfloat16()
+    m0 = torch.randn(N, K, device="cuda", generator=g) * 1e-3
+    v0 = torch.rand(N, K, device="cuda", generator=g) * 1e-6
+    if state_dtype == "int8":
+        (m0, m_scale), (v0, v_scale) = quant.quantize(m0, signed=True), quant.quantize(v0, signed=False)
+        scales0 = (m_scale, v_scale)
+    else:
+        m0, v0, scales0 = m0.bfloat16(), v0.bfloat16(), ()
     rule = get_rule("adamw")
     h = resolve_hparams(rule, dict(lr=1e-3, weight_decay=0.01))
 
     def step(fields):
-        w, m, v = w0.clone(), m0.clone(), v0.clone()
+        w, m, v, *scales = (t.clone() for t in (w0, m0, v0, *scales0))
         wgrad_update(
             w,
             (m, v, None),
-            (None,) * 3,
+            (*scales, None) if scales else (None,) * 3,
             (True, False, False),
             dy,
             x,
@@ -205,16 +212,16 @@ def test_every_tuning_candidate_computes_the_same_update():
             99,
             rule="adamw",
             flags=rule.flags(h),
-            state_dtype="bf16",
+            state_dtype=state_dtype,
             stochastic_rounding=True,
             config=KernelConfig(**fields),
         )
-        return w, m, v
+        return w, m, v, *scales
 
-    shipped, *others = candidates()
-    reference = step(shipped)
+    first, *others = candidates()
+    reference = step(first)
     for fields in others:
-        for got, want, name in zip(step(fields), reference, "wmv"):
+        for got, want, name in zip(step(fields), reference, ("w", "m", "v", "m scales", "v scales")):
             differ = got != want
             assert float(differ.float().mean()) <= 1e-3, f"{name} under {fields}: {int(differ.sum())} differ"
 
