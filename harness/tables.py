@@ -413,16 +413,24 @@ def _capacity_table(
     notes = Notes()
     groups = capacity_groups(capped)
     best = {key: _capacity(points) for key, points in groups.items()}
+    with_ac = any(key[4] for key in groups)  # a column only when some search ran with checkpointing
     rows = []
     for key in sorted(best, key=_capacity_order):
         row = _capacity_row(key, best, notes)
+        if with_ac:
+            row = row[:3] + ["on" if key[4] else "off"] + row[3:]
         rows.append(row[:1] + [fmt_int(gpus(groups[key][0]))] + row[1:] if with_gpus else row)
     header = ["Model", "Seq", "Cap GiB", "Method", "Largest batch", "Peak alloc GiB", "Step ms (median)"]
     header += ["Tokens/s", "Throughput vs fused AdamW", "First failure", "Paper"]
     align = "lrrl" + "r" * 6 + "l"
+    if with_ac:
+        header = header[:3] + ["Act. ckpt"] + header[3:]
+        align = align[:3] + "l" + align[3:]
     if with_gpus:
         header = header[:1] + ["GPUs"] + header[1:]
         align = "lr" + align[1:]
+    if with_ac:
+        extra = extra + ["With checkpointing on, throughput compares with fused AdamW checkpointed too."]
     table = Table(name=name, title=title, header=header, rows=rows, align=align, notes=extra + notes.lines())
     return Selection(table, capped)
 

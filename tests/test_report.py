@@ -14,6 +14,7 @@ import pytest
 
 from harness import expectations, report
 from harness.markup import Table, to_latex, to_markdown
+from harness.points import display_name
 from harness.records import load_records, split_kinds
 from harness.tables import t1_llama, t2_scaling, t3_capacity, t6_capacity, t6_tensor_parallel
 
@@ -115,6 +116,16 @@ def test_t3_largest_batch_per_method(records):
     assert rows["forge_bf16"][4] == "4" and rows["forge_bf16"][9] == "OOM at 8"
     assert rows["forge_int8"][4] == "6" and rows["forge_int8"][9] == "OOM at 7"
     assert rows["adamw_in_backward"][4] == "none fits"
+
+
+def test_t3_gets_a_checkpointing_column_when_a_search_used_it(records):
+    assert "Act. ckpt" not in t3_capacity(records).table.header
+    capped = [r for r in records if r.get("memory_cap_gib") is not None and r.get("gpu_count") == 1]
+    checkpointed = [dict(r, activation_checkpointing=True) for r in capped if display_name(r) == "forge_bf16"]
+    assert checkpointed
+    table = t3_capacity(records + checkpointed).table
+    ckpt = table.header.index("Act. ckpt")
+    assert {row[ckpt] for row in table.rows if row[ckpt + 1] == "forge_bf16"} == {"on", "off"}
 
 
 def test_tensor_parallel_points_have_their_own_tables(records):
