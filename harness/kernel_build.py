@@ -29,6 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# The problem the kernels are built for (T tokens, N x K weight: Llama-3.1-8B's gate at T = 2048):
+# Triton specializes a launch on its integer arguments, so the build needs their values.
+PROBLEM = (2048, 14336, 4096)
 HOPPER = {"registers": 65536, "shared_bytes": 228 * 1024, "threads": 2048, "reserved_shared": 1024}
 STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
 # The element-wise kernel (every parameter that is not a fused Linear weight) at the block shape
@@ -67,8 +70,9 @@ def _compile(
     tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma else "*bf16"
     signature = _slots_signature(state_dtype)
     signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
-    for name in ("T", "N", "K", "NUM_GROUPS", "stride_dy_t", "stride_dy_n", "stride_x_t", "stride_x_k"):
-        signature[name] = "i32"
+    T, N, K = PROBLEM
+    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // 64))
+    integers.update(stride_dy_t=N, stride_dy_n=1, stride_x_t=K, stride_x_k=1)  # contiguous dy and x
     constants = _epilogue_constants(state_dtype, stochastic_rounding)
     constants.update(
         USE_TMA=tma,
@@ -85,7 +89,7 @@ def _compile(
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
         options["maxnreg"] = config["maxnreg"]
-    return _build(kernel, signature, constants, arch, options)
+    return _build(kernel, signature, integers, constants, arch, options)
 
 
 def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c: int = 512):
@@ -94,10 +98,11 @@ def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c:
     from forge.kernels.elementwise_update import _elementwise_update_kernel as kernel
 
     signature = _slots_signature(state_dtype)
-    signature.update(g_ptr="*bf16", R="i32", C="i32", NUM_GROUPS="i32")
+    signature.update(g_ptr="*bf16")
+    integers = dict(R=PROBLEM[1], C=PROBLEM[2], NUM_GROUPS=-(-PROBLEM[2] // 64))
     constants = _epilogue_constants(state_dtype, True)
     constants.update(BLOCK_R=block_r, BLOCK_C=block_c)
-    return _build(kernel, signature, constants, arch, dict(num_warps=4))
+    return _build(kernel, signature, integers, constants, arch, dict(num_warps=4))
 
 
 def _slots_signature(state_dtype: str) -> dict[str, str]:
@@ -126,23 +131,46 @@ def _epilogue_constants(state_dtype: str, stochastic_rounding: bool) -> dict[str
     )
 
 
-def _build(kernel: Any, signature: dict[str, str], constants: dict[str, Any], arch: int, options: dict):
+def launch_specialization(integers: dict[str, int]) -> tuple[list[str], list[str]]:
+    """(integer arguments a launch turns into the constant 1, those it marks divisible by 16), as
+    Triton's JIT specializes them (pointers from the caching allocator are always 16-aligned)."""
+    ones = [name for name, value in integers.items() if value == 1]
+    divisible = [name for name, value in integers.items() if value != 1 and value % 16 == 0]
+    return ones, divisible
+
+
+def _build(
+    kernel: Any,
+    signature: dict[str, str],
+    integers: dict[str, int],
+    constants: dict[str, Any],
+    arch: int,
+    options: dict,
+):
+    """Compile as a launch would: Triton specializes a real call on its argument values (an integer
+    equal to 1 becomes a constant, one divisible by 16 and every 16-byte aligned pointer is marked
+    divisible by 16), and that decides, among others, how wide the epilogue's loads and stores are.
+    `integers` are the values of the integer arguments at the problem being built for."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature = dict(signature)
+    ones, divisible_integers = launch_specialization(integers)
+    constants = dict(constants, **{name: 1 for name in ones})
+    signature = dict(signature, **{name: "i32" for name in integers if name not in ones})
     signature.update({f"h{i}": "fp32" for i in range(9)})
-    signature["seed"] = "i32"
+    signature["seed"] = "i32"  # do_not_specialize: never a constant, never marked divisible
     signature.update({name: "constexpr" for name in constants})
     missing = [name for name in kernel.arg_names if name not in signature]
     if missing:
         raise ValueError(f"kernel_build does not know the arguments {missing} of {kernel.fn.__name__}")
     ordered = {name: signature[name] for name in kernel.arg_names}
+    divisible = [name for name, kind in ordered.items() if kind.startswith("*")] + divisible_integers
     source = ASTSource(
         fn=kernel,
         signature=ordered,
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+        attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 

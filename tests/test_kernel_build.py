@@ -28,6 +28,13 @@ def test_every_shipped_config_builds_two_programs_per_sm(state_dtype, T):
     assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2
 
 
+def test_the_build_specializes_integers_as_a_launch_does():
+    """A unit stride becomes a constant and a multiple of 16 is marked divisible, as Triton's JIT
+    does for a real call: it decides whether the epilogue's memory accesses are vectorized."""
+    ones, divisible = kernel_build.launch_specialization(dict(T=2048, K=4096, stride=1, odd=4097))
+    assert ones == ["stride"] and divisible == ["T", "K"]
+
+
 def test_the_elementwise_kernel_builds_for_hopper():
     (r,) = kernel_build.resources([kernel_build.ELEMENTWISE], arch=90, state_dtype="bf16")
     assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1
