@@ -44,8 +44,8 @@ def candidates() -> list[dict[str, Any]]:
     fields, the config shipped for T > 2048 first (`forge.kernels.wgrad_update._pick_config` holds
     the table measured from them). At 128 registers (two programs per multiprocessor) a
     128 x 128 tile updated in 32-row slices spills in its epilogue (the accumulator alone takes 64
-    registers); in 16-row slices (split 8) it spills a sixth as much; 128 x 64 and 64 x 128 tiles do
-    not spill, at the price of reading one operand twice as often from L2."""
+    registers); in 16-row slices (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which
+    read one operand twice as often from L2."""
     base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
     return [
         dict(base, block_n=128, block_k=128, maxnreg=128),  # shipped (T > 2048): two per SM, spills

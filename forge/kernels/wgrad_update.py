@@ -237,7 +237,7 @@ class KernelConfig:
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
 # capping registers at 128 lets two programs share a multiprocessor, so one's epilogue (memory-bound)
 # overlaps the other's main loop (tensor cores); three stages keep both within shared memory. At
-# T <= 2048 the epilogue weighs more than the main loop: 16-row slices (fewer spills) gain 3-9% with
+# T <= 2048 the epilogue weighs more than the main loop: 16-row slices (no spills) gain 3-9% with
 # bf16 states, and 64-row tiles (no spills) 15-29% with int8 states on the Llama-3.1-8B gate and q
 # shapes; at T = 8192 both lose to the 128 x 128 tile in 32-row slices.
 _HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
