@@ -8,6 +8,9 @@
 #
 # Each argument is one step, run in order: `tests` runs tests/test_gpu.py; `tune` times the fused
 # kernel's candidate launch configs (`python -m harness kernels --tune`, results/kernels/tuning-*);
+# `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
+# host time per autograd node; its JSON goes to $OUT), e.g.
+# 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
 # anything else is the overrides of one `python -m harness sweep` (split on spaces, never
 # glob-expanded). Parts joined
 # by ' | ' inside one step run at the same time (`tests` among them too): only for convergence
@@ -43,6 +46,12 @@ for step in "$@"; do
   if [ "$step" = tune ]; then
     timeout -k 10 "$left" python3 -m harness kernels --tune >>"$log" 2>&1 || rc=$?
     tail -n +"$start" "$log" | tail -n 25
+    continue
+  fi
+  if [ "${step%% *}" = profile ]; then
+    # shellcheck disable=SC2086  # one override per word
+    OUT="$out" timeout -k 10 "$left" python3 scripts/gpu_profile_step.py ${step#profile} >>"$log" 2>&1 || rc=$?
+    tail -n +"$start" "$log" | grep -E '"(point|step_ms|gpu_busy_ms|idle_frac)"' | head -n 8
     continue
   fi
   IFS='|' read -ra parts <<<"$step"

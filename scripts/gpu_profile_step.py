@@ -34,8 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import forge  # noqa: E402, F401  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
 from harness import models, runner, tensor_parallel  # noqa: E402
 from harness.config import compose_config  # noqa: E402
+from harness.sweep import point_id  # noqa: E402
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -87,8 +89,7 @@ def main(argv: list[str]) -> int:
     step = sum(step_ms) / len(step_ms)
     busy = busy_ms(intervals) / steps if intervals else None
     report = {
-        "point": f"{cfg.method.label}/{cfg.model.name}/b{cfg.batch_size}/s{cfg.seq_len}"
-        + (f"/tp{world}" if world > 1 else ""),
+        "point": point_id(cfg),  # as a sweep names it: checkpointing, GPUs and seed included
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "step_ms": step_ms,

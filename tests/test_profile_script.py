@@ -1,0 +1,30 @@
+"""`scripts/gpu_profile_step.py` runs end to end on a CPU (a dry run of the GPU profile): one FORGE
+point with activation checkpointing, named as a sweep names it, its JSON written to $OUT."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_profile_dry_run_on_cpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script must set it
+    env.update(OUT=str(tmp_path), PROFILE_WARMUP="1", PROFILE_STEPS="1")
+    overrides = ["method=forge_bf16", "model=tiny-llama", "device=cpu", "activation_checkpointing=true"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_profile_step.py"), *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("*.profile.json")
+    report = json.loads(path.read_text())
+    assert report["point"].startswith("forge_bf16/tiny-llama/") and "/ac/" in report["point"]
+    assert len(report["step_ms"]) == 1 and report["step_ms"][0] > 0
+    assert report["gpu_busy_ms"] is None  # no GPU: no device kernels to count
