@@ -92,6 +92,16 @@ def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def n_params_of(cfg: ModelConfig) -> int | None:
+    """The parameter count of an architecture entry without allocating it (built on the meta
+    device, under a second): a point that ran out of memory still says how large its model was.
+    None for a pretrained checkpoint (`path`), which would have to be read."""
+    if cfg.path:
+        return None
+    with torch.device("meta"):
+        return n_params(AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.bfloat16))
+
+
 def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token: 6 per parameter that does a matmul (not the input embedding's
     lookup, unless tied to the lm_head) plus attention's 12*L*H*S (PaLM's appendix B;

@@ -33,25 +33,38 @@ STEP_TEXT = (
 
 
 def _variants(records: Sequence[Record]) -> list[Record]:
-    """One record per (method, options, master weights), in method order."""
+    """One record per (method, options, master weights), in method order. A failed point may not
+    say its master weights: it stands for its method only where no point of it does."""
     found: dict[tuple[str, str, str], Record] = {}
-    for r in records:
-        key = (str(r.get("method")), options_key(r.get("method_options")), str(r.get("master_weights")))
-        found.setdefault(key, r)
+    for r in sorted(records, key=lambda r: r.get("master_weights") is None):  # stable: file order kept
+        method = (str(r.get("method")), options_key(r.get("method_options")))
+        if r.get("master_weights") is None and any(key[:2] == method for key in found):
+            continue
+        found.setdefault((*method, str(r.get("master_weights"))), r)
     return [found[k] for k in sorted(found, key=lambda k: (method_rank(k[0]), k))]
 
 
-def _models(records: Sequence[Record]) -> list[tuple[str, float]]:
+def model_sizes(records: Sequence[Record]) -> dict[str, float]:
+    """Parameters per model, from any record that counted them (failed points may not have)."""
     sizes: dict[str, float] = {}
     for record in records:
         if record.get("n_params") is not None:
             sizes.setdefault(str(record.get("model")), float(record["n_params"]))
-    return sorted(sizes.items(), key=lambda item: (item[1], item[0]))
+    return sizes
 
 
-def bytes_table(records: Sequence[Record], cap_gib: float | None = None) -> Table | None:
-    """Bytes per parameter per method, and the static GiB at each model's size."""
-    models = _models(records)
+def _models(records: Sequence[Record], known: dict[str, float] | None = None) -> list[tuple[str, float]]:
+    sizes = {**(known or {}), **model_sizes(records)}
+    present = {str(r.get("model")) for r in records}
+    return sorted(((m, n) for m, n in sizes.items() if m in present), key=lambda item: (item[1], item[0]))
+
+
+def bytes_table(
+    records: Sequence[Record], cap_gib: float | None = None, known: dict[str, float] | None = None
+) -> Table | None:
+    """Bytes per parameter per method, and the static GiB at each model's size (`known`: sizes
+    counted elsewhere, for models whose every record here failed before counting)."""
+    models = _models(records, known)
     rows = []
     for record in _variants(records):
         fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
@@ -129,7 +142,7 @@ def tensor_parallel_preamble(records: Sequence[Record]) -> str:
     )
 
 
-def capacity_preamble(records: Sequence[Record]) -> str:
+def capacity_preamble(records: Sequence[Record], known: dict[str, float] | None = None) -> str:
     """Expectation for T3: what is left for activations under the cap."""
     caps = sorted({float(r["memory_cap_gib"]) for r in records if r.get("memory_cap_gib") is not None})
     text = (
@@ -140,7 +153,7 @@ def capacity_preamble(records: Sequence[Record]) -> str:
     )
     parts = [text]
     for cap in caps:
-        table = bytes_table([r for r in records if r.get("memory_cap_gib") == cap], cap_gib=cap)
+        table = bytes_table([r for r in records if r.get("memory_cap_gib") == cap], cap_gib=cap, known=known)
         if table is not None:
             parts.append(f"Cap {fmt_gib(cap)} GiB:\n\n" + to_markdown(table).rstrip())
     return "\n\n".join(parts)

@@ -75,7 +75,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
     sections = [
         _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
         _step_section("t2", "T2: scaling over Qwen3 sizes", "qwen3_scaling_h200", t2_scaling(steps), out),
-        _capacity_section(t3_capacity(steps), out),
+        _capacity_section(t3_capacity(steps), preambles.model_sizes(steps), out),
         _kernel_section(t4_kernels(kernels), out),
         _step_section(
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
@@ -145,12 +145,12 @@ def _scaling_plots(records: Sequence[Record], out: Path) -> list[Path]:
     return paths
 
 
-def _capacity_section(sel: Selection | None, out: Path) -> Section:
+def _capacity_section(sel: Selection | None, sizes: dict[str, float], out: Path) -> Section:
     section = Section("t3", "T3: capacity under a 40 GiB cap", _hint("capacity_a100_40gb"))
     if sel is None:
         return section
     section.selections = [sel]
-    section.preamble = preambles.capacity_preamble(sel.records)
+    section.preamble = preambles.capacity_preamble(sel.records, sizes)
     section.plots = _largest_batch_plots("t3", sel.records, out)
     return section
 

@@ -266,6 +266,7 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
     except Exception as e:
         sampler.stop()
         record["status"], record["error"] = _failure(e)
+        record["n_params"] = models.n_params_of(cfg.model)  # the tables size models by it
         return record
     trains, flops = measured.pop("_trains"), measured.pop("_flops_per_token")
     record.update(measured)

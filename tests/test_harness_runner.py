@@ -4,6 +4,7 @@ from a local path, and the verdicts that turn a measured run into ok / error / d
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import models, runner
 from harness.config import compose_config
@@ -47,6 +48,16 @@ def test_verdict(losses, moved, trains, expected):
     status, error = runner.verdict(_measured(losses, moved), trains, check_training=True)
     assert status == expected
     assert (error is None) == (expected == "ok")
+
+
+def test_an_out_of_memory_point_still_says_how_large_its_model_was(monkeypatch):
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(runner, "train_and_measure", oom)
+    record = runner.run_point(compose_config(TINY))
+    built = models.build(compose_config(TINY).model, "fp32", "cpu")
+    assert record["status"] == "oom" and record["n_params"] == models.n_params(built)
 
 
 def test_a_package_that_cannot_load_makes_the_point_unavailable():

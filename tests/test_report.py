@@ -225,6 +225,16 @@ def test_activations_are_measured_at_the_end_of_forward_where_recorded():
     assert activations_gib(dict(weights_gib=15.0)) is None
 
 
+def test_expected_bytes_list_a_method_once_and_size_models_whose_points_all_failed():
+    from harness.preambles import bytes_table
+
+    ok = dict(method="fused_adamw", method_options={}, master_weights="bf16", model="a", n_params=1e9)
+    failed = dict(method="fused_adamw", method_options={}, model="b", status="oom")  # no size, no weights
+    table = bytes_table([ok, failed], cap_gib=40.0, known={"b": 2e9})
+    assert len(table.rows) == 1
+    assert [h.split(" (")[0] for h in table.header[-2:]] == ["Static GiB, a", "Static GiB, b"]
+
+
 def test_steps_within_finds_where_two_curves_part():
     from harness.convergence_table import steps_within
 
