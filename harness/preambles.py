@@ -27,8 +27,11 @@ STEP_TEXT = (
     "FORGE never writes the weight gradient to memory: it saves the gradient's 2 B/param (bf16) "
     "outright, and its state dtype decides the rest (AdamW: 4 B/param in bf16 states, 2.0625 B/param "
     "in int8 with one bf16 scale per 64). Expect FORGE's peak to sit about P x 2 B below fused "
-    "AdamW's with the same states, its step time near 'no optimizer' (the update hidden under the "
-    "dW GEMM), and fused AdamW's near 'no optimizer' plus its update floor."
+    "AdamW's with the same states where fused AdamW peaks at the end of backward (its gradients all "
+    "alive); where the activations are larger than the gradient, both peak at the end of the forward "
+    "pass, before any gradient exists, and alike (activation checkpointing moves the peak back). "
+    "Expect FORGE's step time near 'no optimizer' (the update hidden under the dW GEMM), and fused "
+    "AdamW's near 'no optimizer' plus its update floor."
 )
 
 
