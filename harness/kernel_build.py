@@ -58,6 +58,11 @@ def candidates() -> list[dict[str, Any]]:
         dict(base, block_n=128, block_k=64, maxnreg=128, epilogue_split=8),
         dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
         dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
+        # Large T, where the main loop dominates: a 128 x 256 tile (two warpgroups of m64n256 MMAs)
+        # ran the bare GEMM at 95-98% of cuBLAS in the prototypes (shared/KERNEL-LEADS.md) where
+        # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
+        dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
+        dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
     ]
 
 

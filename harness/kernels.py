@@ -218,7 +218,8 @@ def tune(out: Path, meta: dict) -> None:
 
     candidates = [KernelConfig(**fields) for fields in candidate_fields()]
     points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
-    for (name, N, K), T, state_dtype in itertools.product(points, (1024, 2048, 8192), ("bf16", "int8")):
+    tokens = (1024, 2048, 8192, 16384)
+    for (name, N, K), T, state_dtype in itertools.product(points, tokens, ("bf16", "int8")):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         for cfg in candidates:
