@@ -261,9 +261,8 @@ def resources(configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = 
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def describe(config: dict) -> str:
+def describe(c: dict) -> str:
     """A launch config in a few words: tile, slices, warps, stages, register cap, grid."""
-    c = config
     if c.get("kernel") == "elementwise":
         return f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}"
     name = (
@@ -273,6 +272,10 @@ def describe(config: dict) -> str:
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
     return name
+
+
+def _row(r: dict) -> str:
+    return _cells(r, describe(r["config"]))
 
 
 def _cells(r: dict, name: str) -> str:
@@ -319,11 +322,11 @@ def main(argv: list[str]) -> int:
         print("|---|---:|---:|---:|---:|---:|")
     if interpreted:  # `import forge` turned the interpreter on (a CPU): build in a clean process
         for r in resources(configs, args.arch, args.state_dtype):
-            print(_cells(r, describe(r["config"])), flush=True)
+            print(_row(r), flush=True)
         return 0
     for config in configs:
         r = measure(config, args.arch, args.state_dtype)
-        print(json.dumps(r) if args.json else _cells(r, describe(r["config"])), flush=True)
+        print(json.dumps(r) if args.json else _row(r), flush=True)
     return 0
 
 
