@@ -292,3 +292,11 @@ def test_kernel_times_sum_over_one_step_only_when_every_shape_is_measured():
     partial = [r for r in full if r["shape_name"] != "lm_head" or r["variant"] != "forge"]
     (row,) = t4_kernels(partial)[2].table.rows
     assert row[6] == "—"  # no sum without every shape
+
+
+def test_checkpointed_capacity_search_gets_its_own_plot(records, tmp_path):
+    capped = [r for r in records if r.get("memory_cap_gib") is not None and r.get("gpu_count") == 1]
+    checkpointed = [dict(r, activation_checkpointing=True) for r in capped]
+    paths = report._largest_batch_plots("t3", capped + checkpointed, tmp_path)
+    assert len(paths) == len(set(paths)) == 2 * len(report._largest_batch_plots("t3", capped, tmp_path))
+    assert any("_ac_" in p.name for p in paths) and any("_ac_" not in p.name for p in paths)
