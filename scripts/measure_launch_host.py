@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # build Triton's real (GPU) dispatch, not the interpreter's
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, installed or not
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
