@@ -12,7 +12,10 @@ torch.profiler and prints, and writes as JSON to $OUT (or the current directory)
 - step_ms: wall time per profiled step (host clock around a synchronized step);
 - gpu_busy_ms: the union of device-kernel intervals per step (overlapping kernels count once),
   and idle_frac = 1 - busy / step: how much of the step the GPU waits for the host;
-- kernels_per_step and the 15 kernels with the most device time;
+- kernels_per_step and the 20 GPU kernels with the most device time (kernels only: an op's
+  device time can include a blocked launch, as fused AdamW's step shows under the profiler);
+- matmul device time per input shape (`aten::mm`/`addmm`/`bmm`, forward and dx alike), to compare
+  the same GEMM across methods;
 - the autograd nodes with the most host time (ForgeLinearFunctionBackward shows what each FORGE
   launch costs the host).
 
@@ -38,6 +41,8 @@ import forge  # noqa: E402, F401  (first: on a CPU it turns Triton's interpreter
 from harness import models, runner, tensor_parallel  # noqa: E402
 from harness.config import compose_config  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -72,7 +77,7 @@ def main(argv: list[str]) -> int:
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     step_ms = []
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             t0 = time.perf_counter()
             method.step(batch)
@@ -81,10 +86,15 @@ def main(argv: list[str]) -> int:
     events = prof.events()
     device_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device_events]
-    kernels = prof.key_averages()
-    by_device = sorted(kernels, key=lambda k: k.device_time_total, reverse=True)[:15]
-    autograd = [k for k in kernels if k.key.endswith("Backward") or "Backward" in k.key]
+    per_kernel: dict[str, list[float]] = {}
+    for e in device_events:
+        per_kernel.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    by_device = sorted(per_kernel.items(), key=lambda kv: sum(kv[1]), reverse=True)[:20]
+    ops = prof.key_averages()
+    autograd = [k for k in ops if "Backward" in k.key]
     by_host = sorted(autograd, key=lambda k: k.cpu_time_total, reverse=True)[:10]
+    matmuls = [k for k in prof.key_averages(group_by_input_shape=True) if k.key in MATMULS]
+    matmuls = sorted(matmuls, key=lambda k: k.device_time_total, reverse=True)[:20]
 
     step = sum(step_ms) / len(step_ms)
     busy = busy_ms(intervals) / steps if intervals else None
@@ -97,8 +107,17 @@ def main(argv: list[str]) -> int:
         "idle_frac": None if busy is None else 1 - busy / step,
         "kernels_per_step": len(device_events) / steps,
         "top_kernels": [
-            {"name": k.key[:120], "calls": k.count / steps, "device_ms": k.device_time_total / 1000 / steps}
-            for k in by_device
+            {"name": name[:120], "calls": len(us) / steps, "device_ms": sum(us) / 1000 / steps}
+            for name, us in by_device
+        ],
+        "matmuls_by_shape": [
+            {
+                "op": k.key,
+                "shapes": str(k.input_shapes),
+                "calls": k.count / steps,
+                "device_ms": k.device_time_total / 1000 / steps,
+            }
+            for k in matmuls
         ],
         "top_backward_nodes_host": [
             {"name": k.key, "calls": k.count / steps, "host_ms": k.cpu_time_total / 1000 / steps}

@@ -28,3 +28,5 @@ def test_profile_dry_run_on_cpu(tmp_path):
     assert report["point"].startswith("forge_bf16/tiny-llama/") and "/ac/" in report["point"]
     assert len(report["step_ms"]) == 1 and report["step_ms"][0] > 0
     assert report["gpu_busy_ms"] is None  # no GPU: no device kernels to count
+    assert report["matmuls_by_shape"] and all(m["calls"] > 0 for m in report["matmuls_by_shape"])
+    assert "[[" in report["matmuls_by_shape"][0]["shapes"]  # input shapes recorded
