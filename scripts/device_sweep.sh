@@ -11,6 +11,8 @@
 # `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
 # host time per autograd node; its JSON goes to $OUT), e.g.
 # 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
+# `launch` times the fused update's launch path layer by layer (scripts/measure_launch_breakdown.py
+# on two shapes, then scripts/measure_launch_host.py; JSON to $OUT);
 # anything else is the overrides of one `python -m harness sweep` (split on spaces, never
 # glob-expanded). Parts joined
 # by ' | ' inside one step run at the same time (`tests` among them too): only for convergence
@@ -46,6 +48,16 @@ for step in "$@"; do
   if [ "$step" = tune ]; then
     timeout -k 10 "$left" python3 -m harness kernels --tune >>"$log" 2>&1 || rc=$?
     tail -n +"$start" "$log" | tail -n 25
+    continue
+  fi
+  if [ "$step" = launch ]; then
+    for shape in "1024 1024 4096" "1024 2048 1024"; do  # Llama-3.1-8B's k_proj, Qwen3-0.6B's q_proj
+      # shellcheck disable=SC2086  # three words: T N K
+      OUT="$out" timeout -k 10 "$left" python3 scripts/measure_launch_breakdown.py --shape $shape >>"$log" 2>&1 || rc=$?
+      mv "$out/launch_breakdown.json" "$out/launch_breakdown_${shape// /x}.json" 2>/dev/null
+    done
+    timeout -k 10 "$left" python3 scripts/measure_launch_host.py >>"$log" 2>&1 || rc=$?
+    tail -n +"$start" "$log" | tail -n 20
     continue
   fi
   if [ "${step%% *}" = profile ]; then

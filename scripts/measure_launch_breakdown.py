@@ -1,0 +1,160 @@
+"""What one FORGE update costs the host on the GPU machine, step by step down the launch path.
+
+    python scripts/measure_launch_breakdown.py                 # Llama k_proj: T=1024, N=1024, K=4096
+    python scripts/measure_launch_breakdown.py --shape 1024 2048 1024   # Qwen3-0.6B's q_proj
+    python scripts/measure_launch_breakdown.py --tiny          # a CPU dry run (Triton's interpreter)
+
+Why: on small models a FORGE step is host-bound. Qwen3-0.6B at batch 1 keeps the GPU busy for
+31 ms of a 360 ms profiled step, and each ForgeLinear backward costs the host ~0.46 ms more than
+torch's MmBackward0 (docs/perf-notes.md), while the Python before Triton's C launcher is only
+~28 us there (`scripts/measure_launch_host.py`). This script times, on the real kernel, each layer
+of the path, so the difference between two rows is what that layer costs:
+
+- `mm`: cuBLAS's dW GEMM (`torch.mm(dy.t(), x)`), the launch the baseline pays instead;
+- `raw launch`: `_wgrad_update_kernel[grid](...)` with its arguments built once (Triton's binder,
+  cache key and C launcher, which encodes the two TMA descriptors on every call);
+- `raw launch, pointers`: the same without TMA descriptors (USE_TMA=False);
+- `wgrad_update`: FORGE's wrapper around the raw launch (config, descriptors, argument list);
+- `wgrad_update, pointers`: the wrapper with TMA descriptors switched off;
+- `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
+  autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused).
+
+Per row: `host_us`, the host's time per call over a loop without synchronizing (what the host
+spends; the GPU runs behind it), and `wall_us`, the same loop closed by a synchronize (the larger
+of host and GPU time per call). Results print as a table and go to $OUT/launch_breakdown.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, installed or not
+
+import forge  # noqa: E402, I001  (first: on a CPU it turns Triton's interpreter on before Triton loads)
+import forge.kernels.wgrad_update as wu  # noqa: E402
+from forge.rules import get_rule, resolve_hparams  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+
+class _Capture:
+    """Stands in for the @triton.jit kernel for one call and keeps what the wrapper launched with."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grid, self.args, self.kwargs = grid, args, kwargs
+
+        return launch
+
+
+def _per_call_us(fn, n: int, sync) -> tuple[float, float]:
+    """(host us, wall us) per call of `fn` over `n` back-to-back calls."""
+    for _ in range(max(3, n // 10)):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = time.perf_counter() - start
+    sync()
+    wall = time.perf_counter() - start
+    return host / n * 1e6, wall / n * 1e6
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="measure_launch_breakdown", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", nargs=3, type=int, metavar=("T", "N", "K"), default=(1024, 1024, 4096))
+    parser.add_argument("--calls", type=int, default=2000, help="calls per row")
+    parser.add_argument("--tiny", action="store_true", help="a CPU dry run at T=N=K=64, 3 calls a row")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.tiny:
+        print("this times the CUDA launch path: run it on the GPU machine (or pass --tiny for a dry run)")
+        return 2
+    T, N, K = (64, 64, 64) if args.tiny else args.shape
+    calls = 3 if args.tiny else args.calls
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    gen = torch.Generator(device=device).manual_seed(0)
+    dy = torch.randn(T, N, device=device, dtype=torch.bfloat16, generator=gen) / math.sqrt(T)
+    x = torch.randn(T, K, device=device, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(N, K, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    m = torch.randn(N, K, device=device, dtype=torch.bfloat16, generator=gen) * 1e-3
+    v = torch.rand(N, K, device=device, dtype=torch.bfloat16, generator=gen) * 1e-6
+    rule = get_rule("adamw")
+    hparams = resolve_hparams(rule, dict(lr=1e-4))
+    coefficients, flags = rule.coefficients(hparams, 3, {}), rule.flags(hparams)
+    options = dict(rule="adamw", flags=flags, state_dtype="bf16", stochastic_rounding=True)
+
+    def update():
+        wu.wgrad_update(w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7, **options)
+
+    kernel, can_use_tma = wu._wgrad_update_kernel, wu._can_use_tma
+    launches = {}
+    for name, tma in (("raw launch", True), ("raw launch, pointers", False)):
+        capture = _Capture()
+        wu._wgrad_update_kernel = capture
+        wu._can_use_tma = can_use_tma if tma else (lambda t: False)
+        update()
+        wu._wgrad_update_kernel, wu._can_use_tma = kernel, can_use_tma
+        launches[name] = capture
+
+    def raw(capture):
+        return lambda: kernel[capture.grid](*capture.args, **capture.kwargs)
+
+    def pointers_update():
+        wu._can_use_tma = lambda t: False
+        try:
+            update()
+        finally:
+            wu._can_use_tma = can_use_tma
+
+    plain = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
+    fused = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16))
+    forge.attach(fused, lr=1e-4, state_dtype="bf16")
+    xg = x.clone().requires_grad_(True)
+
+    def plain_step():
+        plain.weight.grad = None
+        plain(xg).backward(dy)
+
+    def forge_step():
+        fused(xg).backward(dy)
+
+    rows = {
+        "mm": lambda: torch.mm(dy.t(), x),
+        "raw launch": raw(launches["raw launch"]),
+        "raw launch, pointers": raw(launches["raw launch, pointers"]),
+        "wgrad_update": update,
+        "wgrad_update, pointers": pointers_update,
+        "nn.Linear fwd+bwd": plain_step,
+        "ForgeLinear fwd+bwd": forge_step,
+    }
+    results = {}
+    print(f"T={T} N={N} K={K} on {device}, {calls} calls a row")
+    print(f"{'path':26s} {'host us':>9s} {'wall us':>9s}")
+    for name, fn in rows.items():
+        host_us, wall_us = _per_call_us(fn, calls, sync)
+        results[name] = dict(host_us=host_us, wall_us=wall_us)
+        print(f"{name:26s} {host_us:9.1f} {wall_us:9.1f}", flush=True)
+    record = dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        shape=dict(T=T, N=N, K=K),
+        calls=calls,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        rows=results,
+    )
+    out = Path(os.environ.get("OUT", "."))
+    (out / "launch_breakdown.json").write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,37 @@
+"""The launch-cost scripts run on a CPU: `measure_launch_host.py` (the Python part of a launch) as
+it is, `measure_launch_breakdown.py` as a dry run on Triton's interpreter (its figures are only
+meaningful on the GPU machine; here it checks that every row runs and the JSON is written)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str, out: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the scripts decide
+    env["OUT"] = str(out)
+    cmd = [sys.executable, str(REPO / "scripts" / script), *args]
+    return subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_launch_host_measures_the_python_part(tmp_path):
+    done = _run("measure_launch_host.py", out=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FORGE wrapper:" in done.stdout and "Triton's Python dispatch" in done.stdout
+
+
+def test_launch_breakdown_dry_run(tmp_path):
+    done = _run("measure_launch_breakdown.py", "--tiny", out=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "launch_breakdown.json").read_text())
+    assert set(record["rows"]) >= {"mm", "raw launch", "wgrad_update", "ForgeLinear fwd+bwd"}
+    assert all(row["host_us"] > 0 and row["wall_us"] >= row["host_us"] for row in record["rows"].values())
+
+
+def test_launch_breakdown_refuses_a_cpu_without_dry_run(tmp_path):
+    done = _run("measure_launch_breakdown.py", out=tmp_path)
+    assert done.returncode == 2 and "GPU machine" in done.stdout
