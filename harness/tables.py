@@ -183,6 +183,7 @@ COL_ACTS = Col("Activations GiB", lambda r: fmt_gib(activations_gib(r.record)))
 COL_STEP = Col("Step ms (median)", lambda r: fmt_ms(_step_median(r.record)))
 COL_SPREAD = Col("Step ms (min-p90)", lambda r: _spread(r.record))
 COL_TOKENS = Col("Tokens/s", lambda r: fmt_int(_num(r.record, "tokens_per_s")))
+COL_SWEEP = Col("Sweep", lambda r: str(r.record.get("sweep")), "l", measured=False)
 COL_MEM_RATIO = Col("Memory vs fused AdamW", lambda r: _change(r, "peak_alloc_gib"))
 COL_TIME_RATIO = Col("Step time vs fused AdamW", _time_ratio)
 COL_PAPER = Col("Paper", lambda r: r.paper or NONE, "l", measured=False)
@@ -220,9 +221,18 @@ def render_rows(
 # Selection helpers
 
 
-def dedupe_sorted(records: Iterable[Record]) -> list[Record]:
-    """Latest record per configuration, sorted by model, GPU, batch, seq, ..., method."""
+def dedupe_sorted(records: Iterable[Record], with_references: bool = False) -> list[Record]:
+    """Latest record per configuration, sorted by model, GPU, batch, seq, ..., method. With
+    `with_references`, also the fused AdamW each of them is compared with where that is an older
+    record of the same configuration (another sweep's), next to the latest one."""
+    records = list(records)
     chosen = latest_by_key(records)
+    if with_references:
+        refs = reference_index(records)
+        for record in list(chosen.values()):
+            ref = refs.get(reference_key(record))
+            if ref is not None and ref is not chosen.get(config_key(ref)):
+                chosen[config_key(ref) + (ref.get("sweep"),)] = ref
     order = ("model", "gpu_name", "batch_size", "seq_len", "activation_checkpointing", "memory_cap_gib")
     sizes: dict[Any, float] = {}
     for record in chosen.values():  # failed points may lack n_params: size a model by any of its points
@@ -266,7 +276,8 @@ def gpus(record: Record) -> int:
 
 def t1_llama(records: Sequence[Record]) -> Selection | None:
     """T1: Llama-3.1-8B, every method at every (batch, seq) measured, uncapped."""
-    chosen = dedupe_sorted(r for r in records if r.get("model") == "llama3.1-8b" and _plain_point(r))
+    llama = (r for r in records if r.get("model") == "llama3.1-8b" and _plain_point(r))
+    chosen = dedupe_sorted(llama, with_references=True)
     if not chosen:
         return None
     notes = Notes()
@@ -277,25 +288,35 @@ def t1_llama(records: Sequence[Record]) -> Selection | None:
     cols += [COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO, COL_PAPER]
     if len({r.get("gpu_name") for r in chosen}) > 1:
         cols.insert(0, COL_GPU)
+    footer = [paper.T1_NOTE] + _sweep_column(chosen, cols)
     title = "T1: Llama-3.1-8B on one GPU: peak memory and step time per method"
     rows = _rows(chosen, records, notes, figure)
-    return Selection(render_rows("t1_llama8b", title, cols, rows, notes, [paper.T1_NOTE]), chosen)
+    return Selection(render_rows("t1_llama8b", title, cols, rows, notes, footer), chosen)
+
+
+def _sweep_column(chosen: Sequence[Record], cols: list[Col]) -> list[str]:
+    """Rows from several sweeps: name each row's sweep before the ratios, which compare with the
+    fused AdamW of the same sweep (step times move between runs more than within one)."""
+    if len({r.get("sweep") for r in chosen}) < 2:
+        return []
+    cols.insert(cols.index(COL_MEM_RATIO), COL_SWEEP)
+    return [SWEEP_NOTE]
 
 
 def t2_scaling(records: Sequence[Record]) -> Selection | None:
     """T2: the Qwen3 family, uncapped: peak memory and step time per model size."""
-    chosen = dedupe_sorted(
-        r for r in records if str(r.get("model", "")).startswith("qwen3") and _plain_point(r)
-    )
+    qwen = (r for r in records if str(r.get("model", "")).startswith("qwen3") and _plain_point(r))
+    chosen = dedupe_sorted(qwen, with_references=True)
     if not chosen:
         return None
     notes = Notes()
     figure = lambda r: paper.lookup(paper.T2, (r.get("model"), r.get("method")))
     cols = [COL_MODEL, COL_PARAMS, COL_BATCH, COL_SEQ, COL_METHOD, COL_ALLOC, COL_STEP, COL_TOKENS]
     cols += [COL_MEM_RATIO, COL_TIME_RATIO, COL_PAPER]
+    footer = [paper.T2_NOTE] + _sweep_column(chosen, cols)
     title = "T2: scaling over Qwen3 model sizes: peak memory and step time"
     rows = _rows(chosen, records, notes, figure)
-    return Selection(render_rows("t2_qwen3_scaling", title, cols, rows, notes, [paper.T2_NOTE]), chosen)
+    return Selection(render_rows("t2_qwen3_scaling", title, cols, rows, notes, footer), chosen)
 
 
 def t5_checkpointing(records: Sequence[Record]) -> Selection | None:
@@ -472,6 +493,11 @@ def _capacity_order(key: tuple) -> tuple:
     model, gpu, seq, cap, ac, method, options = key
     return (str(model), str(gpu), seq or 0, cap or 0, ac, method_rank(method), options)
 
+
+SWEEP_NOTE = (
+    "Ratios compare each row with fused AdamW of the same sweep, measured side by side with it: "
+    "step times of the same code move more between runs (other machines, other hours) than within one."
+)
 
 UNBOUNDED_CAPACITY = (
     "No larger batch was tried and failed: the search stopped (its device call's time ran out, or it "

@@ -81,13 +81,13 @@ def test_rerun_is_byte_identical(rendered, tmp_path):
 
 def test_failed_points_show_their_status_never_zero(rendered):
     rows = _rows((rendered / "tables" / "t1_llama8b.md").read_text())
-    by_method = {(r[0], r[1], r[2]): r for r in rows}
-    assert all(c.startswith("unavailable [") for c in by_method[("1", "1024", "flashoptim")][3:11])
-    assert all(c.startswith("error [") for c in by_method[("1", "1024", "adamw8bit_bnb")][3:11])
-    assert all(c.startswith("diverged [") for c in by_method[("1", "1024", "lomo")][3:11])
-    assert by_method[("2", "2048", "adamw_in_backward")][3:11] == ["OOM"] * 8
+    by_method = {(r[0], r[1], r[2]): r[3:9] + r[10:12] for r in rows}  # measured cells (9: the sweep)
+    assert all(c.startswith("unavailable [") for c in by_method[("1", "1024", "flashoptim")])
+    assert all(c.startswith("error [") for c in by_method[("1", "1024", "adamw8bit_bnb")])
+    assert all(c.startswith("diverged [") for c in by_method[("1", "1024", "lomo")])
+    assert by_method[("2", "2048", "adamw_in_backward")] == ["OOM"] * 8
     # The reference itself OOM'd: ratios say so rather than vanish.
-    assert by_method[("4", "2048", "forge_int8")][-3:-1] == ["ref OOM", "ref OOM"]
+    assert by_method[("4", "2048", "forge_int8")][-2:] == ["ref OOM", "ref OOM"]
     md = (rendered / "tables" / "t1_llama8b.md").read_text()
     assert "illegal memory access" in md and "flashoptim is not installed" in md
 
@@ -300,3 +300,27 @@ def test_checkpointed_capacity_search_gets_its_own_plot(records, tmp_path):
     paths = report._largest_batch_plots("t3", capped + checkpointed, tmp_path)
     assert len(paths) == len(set(paths)) == 2 * len(report._largest_batch_plots("t3", capped, tmp_path))
     assert any("_ac_" in p.name for p in paths) and any("_ac_" not in p.name for p in paths)
+
+
+def test_rows_from_several_sweeps_name_their_sweep(records):
+    # the fixture's T1 holds llama8b_h200 and activation_checkpointing points
+    table = t1_llama(records).table
+    sweep = table.header.index("Sweep")
+    assert table.header[sweep + 1] == "Memory vs fused AdamW"
+    assert {row[sweep] for row in table.rows} == {"llama8b_h200", "activation_checkpointing"}
+    one = [r for r in records if r.get("sweep") == "llama8b_h200"]
+    assert "Sweep" not in t1_llama(one).table.header
+
+
+def test_an_older_sweep_keeps_its_fused_adamw_row_when_its_points_show(records):
+    # an older sweep whose FORGE point is still the latest, but whose fused AdamW has been re-run
+    at_b1 = lambda r: r["method"] == "fused_adamw" and r["batch_size"] == 1 and r["seq_len"] == 1024
+    fused = next(r for r in records if r.get("sweep") == "llama8b_h200" and at_b1(r))
+    old_fused = dict(fused, sweep="older", time="2000-01-01T00:00:00", step_time_ms_median=999.0)
+    old_forge = dict(fused, sweep="older", time="2100-01-01T00:00:00", method="forge")
+    old_forge["method_label"] = "forge_int8"
+    table = t1_llama(records + [old_fused, old_forge]).table
+    sweep = table.header.index("Sweep")
+    fused_rows = [row for row in table.rows if row[2] == "fused_adamw" and row[:2] == ["1", "1024"]]
+    assert {row[sweep] for row in fused_rows} == {"llama8b_h200", "older"}
+    assert [row[6] for row in fused_rows if row[sweep] == "older"] == ["999.0"]
