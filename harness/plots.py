@@ -69,6 +69,12 @@ def _label(record: Record) -> str:
     return display_name(record)
 
 
+def _bar_labels(records: Sequence[Record]) -> list[str]:
+    """One x label per bar; a method measured in several sweeps gets its sweep's name too."""
+    names = [_label(r) for r in records]
+    return [f"{n}\n({r.get('sweep')})" if names.count(n) > 1 else n for n, r in zip(names, records)]
+
+
 def _ok(record: Record) -> bool:
     return record.get("status") == "ok"
 
@@ -117,7 +123,7 @@ def memory_breakdown(records: Sequence[Record], title: str, path: Path) -> Path:
     if cap:
         ax.axhline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity {cap:.1f} GiB")
     _mark_failures(ax, records, 0.02 * (cap or max(bottoms + [1.0])))
-    ax.set_xticks(range(len(records)), [_label(r) for r in records], rotation=30, ha="right")
+    ax.set_xticks(range(len(records)), _bar_labels(records), rotation=30, ha="right")
     ax.set_ylabel("peak allocated, GiB")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper right")
@@ -157,7 +163,7 @@ def step_time(records: Sequence[Record], title: str, path: Path) -> Path:
         ax.bar(i, stats.median, color="tab:blue")
         ax.errorbar(i, stats.median, yerr=[[low], [high]], color="black", capsize=3)
     _mark_failures(ax, records, 0.0)
-    ax.set_xticks(range(len(records)), [_label(r) for r in records], rotation=30, ha="right")
+    ax.set_xticks(range(len(records)), _bar_labels(records), rotation=30, ha="right")
     ax.set_ylabel("step time, ms (median; whisker min to p90)")
     ax.set_title(title)
     fig.tight_layout()

@@ -324,3 +324,14 @@ def test_an_older_sweep_keeps_its_fused_adamw_row_when_its_points_show(records):
     fused_rows = [row for row in table.rows if row[2] == "fused_adamw" and row[:2] == ["1", "1024"]]
     assert {row[sweep] for row in fused_rows} == {"llama8b_h200", "older"}
     assert [row[6] for row in fused_rows if row[sweep] == "older"] == ["999.0"]
+
+
+def test_bars_of_one_method_from_two_sweeps_name_the_sweep():
+    from harness.plots import _bar_labels
+
+    records = [
+        dict(method="fused_adamw", sweep="a"),
+        dict(method="fused_adamw", sweep="b"),
+        dict(method="no_optimizer", sweep="a"),
+    ]
+    assert _bar_labels(records) == ["fused_adamw\n(a)", "fused_adamw\n(b)", "no_optimizer"]
