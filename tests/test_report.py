@@ -330,8 +330,8 @@ def test_bars_of_one_method_from_two_sweeps_name_the_sweep():
     from harness.plots import _bar_labels
 
     records = [
-        dict(method="fused_adamw", sweep="a"),
-        dict(method="fused_adamw", sweep="b"),
-        dict(method="no_optimizer", sweep="a"),
+        dict(method="fused_adamw", method_label="fused_adamw", sweep="a"),
+        dict(method="fused_adamw", method_label="fused_adamw", sweep="b"),
+        dict(method="no_optimizer", method_label="no_optimizer", sweep="a"),
     ]
     assert _bar_labels(records) == ["fused_adamw\n(a)", "fused_adamw\n(b)", "no_optimizer"]
