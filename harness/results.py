@@ -194,3 +194,23 @@ def recorded_points(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
     return {r["point"]: r for r in iter_records(path) if r.get("point")}
+
+
+def merge_missing_records(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict[str, int]:
+    """Append to each JSONL file under `dst_dir` the records of its namesake under `src_dir` that it
+    lacks (same relative path; a file only in `src_dir` is created). Returns {relative path:
+    records added}. Used on the GPU machine, whose results/ each call replaces with the sender's
+    tree: records that an earlier call wrote there come back before a sweep resumes."""
+    canonical = lambda record: json.dumps(record, sort_keys=True)
+    added: dict[str, int] = {}
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    for src in sorted(src_dir.rglob("*.jsonl")):
+        rel = src.relative_to(src_dir)
+        dst = dst_dir / rel
+        have = {canonical(r) for r in iter_records(dst)} if dst.exists() else set()
+        new = [r for r in iter_records(src) if canonical(r) not in have]
+        for record in new:
+            append(dst, record)
+        if new:
+            added[str(rel)] = len(new)
+    return added

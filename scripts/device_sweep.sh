@@ -25,7 +25,8 @@
 # All steps share SWEEP_BUDGET_S seconds (default 540); at the deadline a running sweep gets a
 # Ctrl-C (its running points' workers are killed; every finished point is already on disk) and
 # the steps not started are listed. The JSONL files written during this call and the log go to
-# $OUT; put the JSONL back under results/ here, and the same command resumes where it stopped.
+# $OUT; put the JSONL back under results/ here, and the same command resumes where it stopped
+# (on a machine still warm it resumes even before that: .device-results/, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_setup.sh || exit 1
@@ -34,6 +35,11 @@ out=${OUT:-results/out}
 mkdir -p "$out"
 log="$out/device_sweep.log"
 marker=$(mktemp)
+# Each call replaces results/ with the sender's tree; .device-results/ (ignored by git) outlives
+# the call on a warm machine, so an earlier call's records come back here even if they were not
+# copied home in between (a resumed sweep would otherwise run its finished points again).
+kept=.device-results
+python3 scripts/merge_device_results.py "$kept/results" results | tee -a "$log"
 deadline=$(($(date +%s) + ${SWEEP_BUDGET_S:-540}))
 rc=0
 for step in "$@"; do
@@ -88,5 +94,6 @@ for step in "$@"; do
   fi
   tail -n +"$start" "$log" | tr '\r' '\n' | grep -v 'point/s' | tail -n 40
 done
-find results -name '*.jsonl' -newer "$marker" -exec cp {} "$out"/ \; -print
+mkdir -p "$kept"
+find results -name '*.jsonl' -newer "$marker" -exec cp {} "$out"/ \; -exec cp --parents {} "$kept"/ \; -print
 exit $rc

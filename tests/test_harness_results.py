@@ -52,3 +52,15 @@ def test_the_device_stamp_names_the_commit_when_set(tmp_path, monkeypatch):
     assert env.git_info() == expected
     monkeypatch.delenv(env.STAMP_VARIABLE)
     assert env.git_info().get("git_commit_source") is None  # here: this checkout's own git
+
+
+def test_merge_brings_back_only_missing_records(tmp_path):
+    kept, tree = tmp_path / "kept", tmp_path / "results"
+    for name in ("s.jsonl", "sub/t.jsonl"):  # the earlier call wrote a, b (and c, in a new file)
+        results.append(kept / name, _record("a"))
+        results.append(kept / name, _record("b", time="2026-11-29T17:00:00"))
+    results.append(tree / "s.jsonl", _record("a"))  # the sender's tree has a only
+    assert results.merge_missing_records(kept, tree) == {"s.jsonl": 1, "sub/t.jsonl": 2}
+    assert [r["point"] for r in results.read(tree / "s.jsonl")] == ["a", "b"]
+    assert [r["point"] for r in results.read(tree / "sub" / "t.jsonl")] == ["a", "b"]
+    assert results.merge_missing_records(kept, tree) == {}  # a second merge adds nothing
