@@ -42,6 +42,7 @@ def attach(
     state_dtype: str = "bf16",
     stochastic_rounding: bool = True,
     seed: int = 0,
+    int8_group: int = 64,
     **hparams,
 ) -> ForgeOptimizer:
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer."""
@@ -62,6 +63,7 @@ def attach(
         state_dtype=state_dtype,
         stochastic_rounding=stochastic_rounding,
         seed=seed,
+        int8_group=int8_group,
         **hparams,
     )
     trained = {p for g in optimizer.param_groups for p in g["params"]}

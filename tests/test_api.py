@@ -45,11 +45,11 @@ def test_lr_scheduler_takes_effect():
         assert relative_error(pa, pb) <= 1e-5
 
 
-@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
-def test_state_dict_resumes_bit_exactly(state_dtype, tmp_path):
+@pytest.mark.parametrize("state_dtype,int8_group", [("fp32", 64), ("bf16", 64), ("int8", 64), ("int8", 128)])
+def test_state_dict_resumes_bit_exactly(state_dtype, int8_group, tmp_path):
     base, batches = _mlp().bfloat16(), _batches(6)
     batches = [(x.bfloat16(), y.bfloat16()) for x, y in batches]
-    kwargs = dict(lr=1e-2, state_dtype=state_dtype, stochastic_rounding=True, seed=11)
+    kwargs = dict(lr=1e-2, state_dtype=state_dtype, stochastic_rounding=True, seed=11, int8_group=int8_group)
 
     straight = copy.deepcopy(base)
     forge.attach(straight, "adamw", **kwargs)
@@ -85,8 +85,20 @@ def test_state_dict_with_a_different_state_dtype_is_refused():
     a, b = _mlp(), _mlp()
     opt_a = forge.attach(a, "adamw", state_dtype="fp32")
     opt_b = forge.attach(b, "adamw", state_dtype="int8")
-    with pytest.raises(ValueError, match="same rule, options and state_dtype"):
+    with pytest.raises(ValueError, match="same rule, options, state_dtype and int8_group"):
         opt_b.load_state_dict(opt_a.state_dict())
+
+
+def test_int8_group_sets_the_scales_and_a_mismatch_is_refused():
+    a, b = nn.Linear(200, 8), nn.Linear(200, 8)  # 200 columns: 4 groups of 64, 2 of 128
+    opt_a = forge.attach(a, "adamw", state_dtype="int8")
+    opt_b = forge.attach(b, "adamw", state_dtype="int8", int8_group=128)
+    assert opt_a.state[a.weight]["exp_avg_absmax"].shape == (8, 4)
+    assert opt_b.state[b.weight]["exp_avg_absmax"].shape == (8, 2)
+    with pytest.raises(ValueError, match="int8_group"):
+        opt_b.load_state_dict(opt_a.state_dict())
+    with pytest.raises(ValueError, match=r"int8_group=96 is not supported; choose one of \[64, 128\]"):
+        forge.attach(_mlp(), "adamw", state_dtype="int8", int8_group=96)
 
 
 def test_param_groups_per_group_options():

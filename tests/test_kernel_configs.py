@@ -28,7 +28,7 @@ OTHERS = {
 }
 
 
-def _step(config: KernelConfig, state_dtype: str, seed: int = 1234):
+def _step(config: KernelConfig, state_dtype: str, seed: int = 1234, int8_group: int = 64):
     g = torch.Generator().manual_seed(7)
     T, N, K = 37, 70, 130  # 3 x 3 tiles, the last row and column partial
     x = torch.randn(T, K, generator=g)
@@ -37,8 +37,9 @@ def _step(config: KernelConfig, state_dtype: str, seed: int = 1234):
     m = torch.randn(N, K, generator=g) * 1e-3
     v = torch.rand(N, K, generator=g) * 1e-6
     scales = (None, None, None)
-    if state_dtype == "int8":  # codes plus bf16 scales per 64 columns
-        (m, m_scale), (v, v_scale) = quant.quantize(m, signed=True), quant.quantize(v, signed=False)
+    if state_dtype == "int8":  # codes plus bf16 scales per int8_group columns
+        m, m_scale = quant.quantize(m, True, int8_group)
+        v, v_scale = quant.quantize(v, False, int8_group)
         scales = (m_scale, v_scale, None)
     else:
         m, v = (t.to({"fp32": torch.float32, "bf16": torch.bfloat16}[state_dtype]) for t in (m, v))
@@ -57,6 +58,7 @@ def _step(config: KernelConfig, state_dtype: str, seed: int = 1234):
         flags=rule.flags(h),
         state_dtype=state_dtype,
         stochastic_rounding=True,
+        int8_group=int8_group,
         config=config,
     )
     return (w, m, v, *scales[:2]) if state_dtype == "int8" else (w, m, v)
@@ -69,3 +71,24 @@ def test_another_schedule_gives_the_same_bits(config, state_dtype):
     names = ("w", "m", "v", "m scales", "v scales")
     for got, want, name in zip(_step(config, state_dtype), reference, names):
         assert torch.equal(got, want), f"{name} differs under {config}"
+
+
+WIDE = {  # tiles 128 columns wide: whole groups of 128
+    "one-per-tile": KernelConfig(block_n=32, block_k=128, block_t=32, group_n=2, num_warps=4),
+    "split-8": KernelConfig(block_n=32, block_k=128, block_t=32, group_n=2, num_warps=4, epilogue_split=8),
+    "1-per-sm": KernelConfig(block_n=16, block_k=128, block_t=32, group_n=2, num_warps=4, programs_per_sm=1),
+}
+
+
+@pytest.mark.parametrize("config", list(WIDE.values())[1:], ids=list(WIDE)[1:])
+def test_int8_groups_of_128_give_the_same_bits_under_another_schedule(config):
+    reference = _step(WIDE["one-per-tile"], "int8", int8_group=128)
+    got = _step(config, "int8", int8_group=128)
+    assert reference[3].shape == (70, 2)  # 130 columns: one whole group of 128 and a partial one
+    for a, b, name in zip(got, reference, ("w", "m", "v", "m scales", "v scales")):
+        assert torch.equal(a, b), f"{name} differs under {config}"
+
+
+def test_int8_groups_must_fit_the_tile():
+    with pytest.raises(ValueError, match="whole int8 groups of 128"):
+        _step(ONE_PER_TILE, "int8", int8_group=128)  # 64-column tiles would split a group

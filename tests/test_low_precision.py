@@ -191,34 +191,38 @@ def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp(monkeypatch):
     )
 
 
+@pytest.mark.parametrize("group", quant.GROUPS)
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
-@pytest.mark.parametrize("cols", [64, 100, 1])
-def test_int8_roundtrip_error_bound_per_block(signed, cols):
+@pytest.mark.parametrize("cols", [64, 100, 1, 200])
+def test_int8_roundtrip_error_bound_per_block(signed, cols, group):
     x = torch.randn(37, cols) * torch.exp(torch.randn(37, 1) * 3)
     if not signed:
         x = x**2
-    codes, scale = quant.quantize(x, signed)
-    back = quant.dequantize(codes, scale, signed)
+    codes, scale = quant.quantize(x, signed, group)
+    assert scale.shape == (37, -(-cols // group))
+    back = quant.dequantize(codes, scale, signed, group)
     err = (back - x).abs()
-    # Bound per block of 64: signed codes step at most 2/127 of absmax in u near |u| = 1 (half of it
-    # by rounding); positive codes step rootmax/255 in sqrt(x), so x moves by at most about absmax/255.
-    absmax = quant._grouped(x.abs()).amax(-1)
+    # Bound per block: signed codes step at most 2/127 of absmax in u near |u| = 1 (half of it by
+    # rounding); positive codes step rootmax/255 in sqrt(x), so x moves by at most about absmax/255.
+    absmax = quant._grouped(x.abs(), group).amax(-1)
     # The scales are rounded up to bf16 (at most 2^-8 relative), hence the 1% slack.
-    bound = (absmax / 127 * 1.01 if signed else absmax / 255 * 1.01)[..., None].expand(-1, -1, 64)
+    bound = (absmax / 127 * 1.01 if signed else absmax / 255 * 1.01)[..., None].expand(-1, -1, group)
     bound = bound.reshape(x.shape[0], -1)[:, :cols].reshape(x.shape) + 1e-30
     assert bool((err <= bound).all()), f"worst error / bound = {float((err / bound).max()):.3f}"
     if not signed:
         assert bool(((back > 0) | (x == 0)).all()), "a non-zero second moment must never decode to 0"
 
 
-def test_int8_kernel_states_match_the_pytorch_twin():
-    """The kernel's stored codes and scales decode to the fp32 momentum within one block bound."""
+@pytest.mark.parametrize("group", quant.GROUPS)
+def test_int8_kernel_states_match_the_pytorch_twin(group):
+    """The kernel's stored codes and scales are bit for bit those of the PyTorch twin applied after
+    each step (update in fp32, re-quantize), and decode near the fp32 momentum."""
     rule = get_rule("sgd")
     h = resolve_hparams(rule, dict(lr=0.1, momentum=0.9))
     p = torch.randn(33, 130)
-    codes, scale = quant.quantize(torch.zeros_like(p), signed=True)
+    codes, scale = quant.quantize(torch.zeros_like(p), True, group)
     grads = [torch.randn_like(p) * torch.exp(torch.randn(33, 1)) for _ in range(3)]
-    buf = torch.zeros_like(p)
+    buf, twin, bound = torch.zeros_like(p), torch.zeros_like(p), torch.zeros_like(p)
     for step, g in enumerate(grads, start=1):
         elementwise_update(
             p,
@@ -232,11 +236,15 @@ def test_int8_kernel_states_match_the_pytorch_twin():
             flags=rule.flags(h),
             state_dtype="int8",
             stochastic_rounding=False,
+            int8_group=group,
         )
         buf = g.clone() if step == 1 else 0.9 * buf + g
-    decoded = quant.dequantize(codes, scale, True)
-    absmax = quant._grouped(decoded.abs()).amax(-1).repeat_interleave(64, -1)[:, :130]
-    assert bool(((decoded - buf).abs() <= 3 * absmax / 127 + 1e-6).all())
+        twin_codes, twin_scale = quant.quantize(g if step == 1 else 0.9 * twin + g, True, group)
+        twin = quant.dequantize(twin_codes, twin_scale, True, group)
+        absmax = twin_scale.float().repeat_interleave(group, -1)[:, :130]
+        bound = 0.9 * bound + absmax / 127 * 1.01  # one rounding per step, decayed like the momentum
+    assert torch.equal(codes, twin_codes) and torch.equal(scale, twin_scale)
+    assert bool(((twin - buf).abs() <= bound + 1e-6).all())
 
 
 def test_int8_states_track_fp32_states_in_training():
@@ -244,15 +252,17 @@ def test_int8_states_track_fp32_states_in_training():
     xs = [torch.randn(32, 64) for _ in range(15)]
     batches = [(x, teacher(x).detach()) for x in xs]
     losses = {}
-    for state_dtype in ("fp32", "int8"):
+    for state_dtype, group in (("fp32", 64), ("int8", 64), ("int8_g128", 128)):
         model = copy.deepcopy(base)
-        forge.attach(model, "adamw", lr=3e-3, state_dtype=state_dtype)
+        forge.attach(model, "adamw", lr=3e-3, state_dtype=state_dtype[:4], int8_group=group)
         curve = []
         for x, y in batches:
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             curve.append(float(loss))
         losses[state_dtype] = curve
-    fp32, int8 = losses["fp32"], losses["int8"]
-    assert int8[-1] < int8[0] * 0.9, "int8 run did not train"
-    assert max(abs(a - b) / a for a, b in zip(fp32, int8)) < 0.05, f"{fp32} vs {int8}"
+    fp32 = losses["fp32"]
+    for name in ("int8", "int8_g128"):
+        int8 = losses[name]
+        assert int8[-1] < int8[0] * 0.9, f"{name} run did not train"
+        assert max(abs(a - b) / a for a, b in zip(fp32, int8)) < 0.05, f"{name}: {fp32} vs {int8}"

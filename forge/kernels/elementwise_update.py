@@ -6,7 +6,7 @@ so at most one such gradient exists at a time. Each program loads one tile of th
 it to `update_tile`, the fused kernel's own epilogue: same rule, same state storage, same layout.
 
 Shapes: the parameter and its gradient viewed as (R, C) = (numel / last dim, last dim), a vector as
-(1, numel); int8 scales (R, ceil(C / 64)).
+(1, numel); int8 scales (R, ceil(C / int8_group)), int8_group 64 or 128.
 """
 
 import torch
@@ -31,8 +31,8 @@ def _elementwise_update_kernel(
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of 64
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of QGROUP
 ):
     r_start = tl.program_id(0) * BLOCK_R
     c_start = tl.program_id(1) * BLOCK_C
@@ -43,7 +43,7 @@ def _elementwise_update_kernel(
     update_tile(g, r_start, c_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                 R, C, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
 
 
 def as_rows(t: torch.Tensor) -> tuple[int, int]:
@@ -65,6 +65,7 @@ def elementwise_update(
     flags: dict,
     state_dtype: str,
     stochastic_rounding: bool,
+    int8_group: int = 64,
 ) -> None:
     """Apply one optimizer step to `param` from `grad`, in place (states and scales too)."""
     assert param.is_contiguous(), "FORGE updates parameters in place and needs them contiguous"
@@ -74,12 +75,14 @@ def elementwise_update(
         block_c = 64 if cols <= 64 else 128
     else:
         block_c = 64 if cols <= 64 else 256 if cols <= 1024 else 512
+    if state_dtype == "int8":
+        block_c = max(block_c, int8_group)  # a tile spans whole int8 groups
     block_r = max(1, min(_next_power_of_2(rows), 4096 // block_c))
     grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
     _elementwise_update_kernel[grid](
         param, *slot_arguments(param, states, scales), grad,
-        rows, cols, _cdiv(cols, 64), *coefficients, seed,
+        rows, cols, _cdiv(cols, int8_group), *coefficients, seed,
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
-                              stochastic_rounding=stochastic_rounding),
+                              stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )

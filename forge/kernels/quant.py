@@ -32,7 +32,8 @@ import triton.language as tl
 
 from forge.kernels.rounding import round_to_bf16_nearest
 
-GROUP = 64
+GROUP = 64  # elements per scale by default; 128 is the other choice (`int8_group`)
+GROUPS = (64, 128)
 
 
 @triton.jit
@@ -49,14 +50,14 @@ def _round_half_away(x):
 
 @triton.jit
 def dequantize_signed(q, absmax):
-    """q: int8 codes (..., 64); absmax: fp32 (..., 1). Returns fp32 values."""
+    """q: int8 codes (..., G); absmax: fp32 (..., 1). Returns fp32 values."""
     y = q.to(tl.float32) * (1.0 / 127.0)
     return y / (2.0 - tl.abs(y)) * absmax
 
 
 @triton.jit
 def quantize_signed(x):
-    """x: fp32 (R, G, 64). Returns int8 codes and the absmax (R, G), rounded up to bf16."""
+    """x: fp32 (R, groups, G). Returns int8 codes and the absmax (R, groups), rounded up to bf16."""
     absmax = _round_up_to_bf16(tl.max(tl.abs(x), axis=2))
     u = x / tl.maximum(absmax, 1e-30)[:, :, None]
     code = _round_half_away(254.0 * u / (1.0 + tl.abs(u)))
@@ -65,14 +66,14 @@ def quantize_signed(x):
 
 @triton.jit
 def dequantize_positive(q, rootmax):
-    """q: uint8 codes (..., 64) of sqrt(x); rootmax: fp32 (..., 1). Returns fp32 values."""
+    """q: uint8 codes (..., G) of sqrt(x); rootmax: fp32 (..., 1). Returns fp32 values."""
     r = q.to(tl.float32) * (1.0 / 255.0) * rootmax
     return r * r
 
 
 @triton.jit
 def quantize_positive(x):
-    """x: fp32 (R, G, 64), >= 0. Returns uint8 codes of sqrt(x) and the fp32 max of sqrt(x) (R, G)."""
+    """x: fp32 (R, groups, G), >= 0. Returns uint8 codes of sqrt(x) and the max of sqrt(x) (R, groups)."""
     r = tl.sqrt_rn(tl.maximum(x, 0.0))
     rootmax = _round_up_to_bf16(tl.max(r, axis=2))
     code = tl.floor(r / tl.maximum(rootmax, 1e-30)[:, :, None] * 255.0 + 0.5)
@@ -83,19 +84,20 @@ def quantize_positive(x):
 @triton.jit
 def load_state(
     ptr,  # state codes or values, same layout as the weight
-    scale_ptr,  # (rows, ceil(cols / 64)) bf16 block scales; only read for int8
+    scale_ptr,  # (rows, ceil(cols / QGROUP)) bf16 block scales; only read for int8
     offs,  # (ROWS, COLS) int64 element offsets
-    scale_offs,  # (ROWS, COLS // 64) int64 scale offsets
+    scale_offs,  # (ROWS, COLS // QGROUP) int64 scale offsets
     mask,  # (ROWS, COLS) bool
-    scale_mask,  # (ROWS, COLS // 64) bool
+    scale_mask,  # (ROWS, COLS // QGROUP) bool
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     SIGNED: tl.constexpr,
+    QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
 ):
     """A tile of one state slot as fp32 (ROWS, COLS); masked elements read as 0."""
     if STATE_DTYPE == "int8":
-        q = tl.reshape(tl.load(ptr + offs, mask=mask, other=0), (ROWS, COLS // 64, 64))
+        q = tl.reshape(tl.load(ptr + offs, mask=mask, other=0), (ROWS, COLS // QGROUP, QGROUP))
         scale = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0).to(tl.float32)[:, :, None]
         if SIGNED:
             x = dequantize_signed(q, scale)
@@ -114,10 +116,11 @@ def store_state(
     COLS: tl.constexpr,
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
+    QGROUP: tl.constexpr,
 ):
-    """Write a tile of one state slot back (int8: quantize with fresh per-64 scales)."""
+    """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
-        x3 = tl.reshape(tl.where(mask, x, 0.0), (ROWS, COLS // 64, 64))
+        x3 = tl.reshape(tl.where(mask, x, 0.0), (ROWS, COLS // QGROUP, QGROUP))
         if SIGNED:
             q, scale = quantize_signed(x3)
         else:
@@ -131,15 +134,15 @@ def store_state(
 
 
 # ----------------------------------------------------------------------------------------------
-# PyTorch twins, on tensors whose last dimension is split into groups of 64 (padded with zeros).
+# PyTorch twins, on tensors whose last dimension is split into groups (padded with zeros).
 # ----------------------------------------------------------------------------------------------
 
 
-def _grouped(x: torch.Tensor) -> torch.Tensor:
+def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
-    pad = (-rows.shape[-1]) % GROUP
+    pad = (-rows.shape[-1]) % group
     rows = torch.nn.functional.pad(rows.float(), (0, pad))
-    return rows.reshape(rows.shape[0], -1, GROUP)
+    return rows.reshape(rows.shape[0], -1, group)
 
 
 def code_dtype(signed: bool) -> torch.dtype:
@@ -152,9 +155,9 @@ def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return ((bits + 0xFFFF) & 0xFFFF0000).to(torch.int32).view(torch.float32)
 
 
-def quantize(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes shaped like x and bf16 scales shaped (rows, ceil(cols / 64)), rows = numel // cols."""
-    g = _grouped(x)
+def quantize(x: torch.Tensor, signed: bool, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes shaped like x and bf16 scales shaped (rows, ceil(cols / group)), rows = numel // cols."""
+    g = _grouped(x, group)
     if signed:
         absmax = round_up_to_bf16(g.abs().amax(-1))
         u = g / absmax.clamp_min(1e-30)[..., None]
@@ -171,9 +174,9 @@ def quantize(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]
     return codes.reshape(x.shape), scale.to(torch.bfloat16)
 
 
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
-    """fp32 values from codes and per-64 scales (the inverse of `quantize`, up to rounding)."""
-    g = _grouped(codes)
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, signed: bool, group: int = GROUP) -> torch.Tensor:
+    """fp32 values from codes and per-group scales (the inverse of `quantize`, up to rounding)."""
+    g = _grouped(codes, group)
     scale = scale.float()
     if signed:
         y = g / 127.0

@@ -6,9 +6,9 @@ states are loaded, the rule is applied in fp32 (`forge.rules.apply_rule`), and t
 with optional stochastic rounding, or fp32) and states (fp32, bf16 or int8) are stored back.
 
 Layout shared by every parameter: a tensor is viewed as (rows, cols) = (numel / last dim, last dim)
-(a vector as one row), row-major and contiguous; int8 states have one bf16 scale per 64 contiguous
-elements of a row, in a (rows, ceil(cols / 64)) tensor. A tile starts at a column that is a
-multiple of 64 and spans whole groups, so its scales are its own.
+(a vector as one row), row-major and contiguous; int8 states have one bf16 scale per QGROUP (64
+or 128) contiguous elements of a row, in a (rows, ceil(cols / QGROUP)) tensor. A tile starts at a
+column that is a multiple of QGROUP and spans whole groups, so its scales are its own.
 """
 
 import triton
@@ -23,14 +23,14 @@ from forge.rules import apply_rule
 def update_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start,  # first row of this tile
-    k_start,  # first column of this tile, a multiple of 64
+    k_start,  # first column of this tile, a multiple of QGROUP
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
     N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Load W and the states of one tile, apply the rule to the gradient in `acc`, store them."""
@@ -38,7 +38,7 @@ def update_tile(
     offs_k = k_start + tl.arange(0, BLOCK_K)
     offs = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    groups = k_start // 64 + tl.arange(0, BLOCK_K // 64)
+    groups = k_start // QGROUP + tl.arange(0, BLOCK_K // QGROUP)
     scale_offs = offs_n.to(tl.int64)[:, None] * NUM_GROUPS + groups[None, :]
     scale_mask = (offs_n[:, None] < N) & (groups[None, :] < NUM_GROUPS)
 
@@ -47,21 +47,21 @@ def update_tile(
     s2 = acc
     s3 = acc
     if HAS_S1:
-        s1 = load_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED)
+        s1 = load_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
     if HAS_S2:
-        s2 = load_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED)
+        s2 = load_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
     if HAS_S3:
-        s3 = load_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED)
+        s3 = load_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
 
     w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED)
 
     store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING)
     if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED)
+        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
     if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED)
+        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
     if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED)
+        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
 
 
 def slot_arguments(param, states: tuple, scales: tuple) -> list:
@@ -71,11 +71,11 @@ def slot_arguments(param, states: tuple, scales: tuple) -> list:
 
 
 def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,
-                        stochastic_rounding: bool) -> dict:
+                        stochastic_rounding: bool, int8_group: int = 64) -> dict:
     """The compile-time arguments of `update_tile` shared by both kernels."""
     return dict(
         RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
         HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
         S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
-        STATE_DTYPE=state_dtype, STOCHASTIC_ROUNDING=stochastic_rounding,
+        STATE_DTYPE=state_dtype, QGROUP=int8_group, STOCHASTIC_ROUNDING=stochastic_rounding,
     )

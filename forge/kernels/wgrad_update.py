@@ -62,6 +62,7 @@ def _wgrad_update_kernel(
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
+    QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
     STOCHASTIC_ROUNDING: tl.constexpr,
     USE_TMA: tl.constexpr,  # Hopper bulk tensor copies for dy and x (out-of-bounds reads give zeros)
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
@@ -79,14 +80,14 @@ def _wgrad_update_kernel(
                       T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                      STATE_DTYPE, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
                       BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
     else:
         _one_tile(tl.program_id(0), w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
                   T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                  STATE_DTYPE, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                  STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
                   BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
 
 
@@ -98,7 +99,7 @@ def _one_tile(
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
@@ -145,29 +146,29 @@ def _one_tile(
         update_tile(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                    STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+                    STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
     elif EPILOGUE_SPLIT == 2:
         top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
         _update_slices(top, bottom, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
     elif EPILOGUE_SPLIT == 4:
         _update_quarters(acc, n0, k0, BLOCK_N, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                          N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                          RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
     else:
         tl.static_assert(EPILOGUE_SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
         top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
         _update_quarters(top, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                          N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                          RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
         _update_quarters(bottom, n0 + BLOCK_N // 2, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr,
                          q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                          RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
 
 
 @triton.jit
@@ -178,7 +179,7 @@ def _update_quarters(
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Update a (ROWS, BLOCK_K) gradient tile starting at row n0 in four slices of ROWS // 4 rows."""
     top, bottom = _halves(tile, ROWS, BLOCK_K)
@@ -186,12 +187,12 @@ def _update_quarters(
     _update_slices(a, b, n0, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
     c, d = _halves(bottom, ROWS // 2, BLOCK_K)
     _update_slices(c, d, n0 + ROWS // 2, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, STOCHASTIC_ROUNDING, BLOCK_K)
+                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
 
 
 @triton.jit
@@ -202,17 +203,17 @@ def _update_slices(
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Update two consecutive row slices of ROWS rows each, starting at row n0."""
     update_tile(first, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
     update_tile(second, n0 + ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
 
 
 @dataclass(frozen=True)
@@ -245,11 +246,15 @@ _HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue
 _HOPPER_SMALL_T = {"bf16": replace(_HOPPER, epilogue_split=8), "int8": replace(_HOPPER, block_n=64)}
 
 
-def _pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool) -> KernelConfig:
+def _pick_config(
+    T: int, N: int, K: int, state_dtype: str, on_interpreter: bool, int8_group: int = 64
+) -> KernelConfig:
     if on_interpreter:
-        # Few, small programs: the interpreter's cost is per program and per operation.
+        # Few, small programs: the interpreter's cost is per program and per operation. A tile
+        # spans whole int8 groups.
         block_n = 16 if N <= 16 else 32
-        return KernelConfig(block_n=block_n, block_k=64, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
+        block_k = int8_group if state_dtype == "int8" else 64
+        return KernelConfig(block_n=block_n, block_k=block_k, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
     if T <= 2048:
         return _HOPPER_SMALL_T.get(state_dtype, _HOPPER)
     return _HOPPER
@@ -289,19 +294,23 @@ def wgrad_update(
     flags: dict,
     state_dtype: str,
     stochastic_rounding: bool,
+    int8_group: int = 64,
     config: KernelConfig | None = None,
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
 
     dy: (T, N) and x: (T, K), any strides. `states`, `scales`, `signed`: three slots each (None
     where the rule has no such state; scales only for int8). Updates `weight`, `states` and
-    `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`.
+    `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`. `int8_group`:
+    elements per int8 scale along K (64 or 128); a config's BLOCK_K must be a multiple of it.
     """
     T, N = dy.shape
     K = x.shape[1]
     assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
     on_interpreter = interpreting()
-    cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter)
+    cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
+    if state_dtype == "int8" and cfg.block_k % int8_group:
+        raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
     exact = dy.dtype == torch.float32 or x.dtype == torch.float32
     use_tma = not on_interpreter and not exact and dy.dtype == x.dtype and _can_use_tma(dy) and _can_use_tma(x)
     if use_tma:
@@ -316,11 +325,11 @@ def wgrad_update(
     grid = (min(tiles, cfg.programs_per_sm * _multiprocessors(dy.device)) if persistent else tiles,)
     _wgrad_update_kernel[grid](
         weight, *slot_arguments(weight, states, scales), dy_src, x_src,
-        T, N, K, _cdiv(K, 64),
+        T, N, K, _cdiv(K, int8_group),
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
         *coefficients, seed,
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
-                              stochastic_rounding=stochastic_rounding),
+                              stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         USE_TMA=use_tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
