@@ -90,7 +90,8 @@ def _forge(opts: Mapping[str, Any], weights: float) -> Footprint:
     hparams = opts.get("hparams") if isinstance(opts.get("hparams"), Mapping) else {}
     if rule == "sgd" and not (opts.get("momentum") or hparams.get("momentum")):
         n_states = 0
-    states = n_states * _state_bytes(str(opts.get("state_dtype") or "bf16"), block=64, scale_bytes=2.0)
+    block = int(opts.get("int8_group") or 64)
+    states = n_states * _state_bytes(str(opts.get("state_dtype") or "bf16"), block=block, scale_bytes=2.0)
     return Footprint(weights, 0.0, states, 2 * weights + 2 * states)
 
 

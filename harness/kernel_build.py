@@ -76,9 +76,10 @@ def _compile(
     signature = _slots_signature(state_dtype)
     signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
     T, N, K = PROBLEM
-    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // 64))
+    group = config.get("int8_group", 64)
+    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // group))
     integers.update(stride_dy_t=N, stride_dy_n=1, stride_x_t=K, stride_x_k=1)  # contiguous dy and x
-    constants = _epilogue_constants(state_dtype, stochastic_rounding)
+    constants = _epilogue_constants(state_dtype, stochastic_rounding, group)
     constants.update(
         USE_TMA=tma,
         UPCAST_DOT=False,
@@ -119,7 +120,7 @@ def _slots_signature(state_dtype: str) -> dict[str, str]:
     return signature
 
 
-def _epilogue_constants(state_dtype: str, stochastic_rounding: bool) -> dict[str, Any]:
+def _epilogue_constants(state_dtype: str, stochastic_rounding: bool, int8_group: int = 64) -> dict[str, Any]:
     """AdamW's compile-time arguments of `update_tile` (m signed in slot 1, v in slot 2)."""
     return dict(
         RULE="adamw",
@@ -132,6 +133,7 @@ def _epilogue_constants(state_dtype: str, stochastic_rounding: bool) -> dict[str
         S2_SIGNED=False,
         S3_SIGNED=False,
         STATE_DTYPE=state_dtype,
+        QGROUP=int8_group,
         STOCHASTIC_ROUNDING=stochastic_rounding,
     )
 
@@ -271,6 +273,8 @@ def describe(c: dict) -> str:
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
+    if c.get("int8_group", 64) != 64:
+        name += f" int8 groups of {c['int8_group']}"
     return name
 
 
@@ -305,6 +309,7 @@ def main(argv: list[str]) -> int:
         "maxnreg",
         "programs_per_sm",
         "flatten",
+        "int8_group",
         *ELEMENTWISE,
     }
     for config in configs:

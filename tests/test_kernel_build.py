@@ -50,3 +50,11 @@ def test_programs_per_multiprocessor():
     assert kernel_build.programs_per_multiprocessor(128, 96 * 1024, 256) == 2  # registers and shared
     assert kernel_build.programs_per_multiprocessor(255, 0, 256) == 1  # registers
     assert kernel_build.programs_per_multiprocessor(64, 160 * 1024, 128) == 1  # shared memory
+
+
+@pytest.mark.parametrize("T", [1024, 8192])
+def test_int8_groups_of_128_build_two_programs_per_sm(T):
+    """The shipped int8 configs with `int8_group=128` (half the scales) still fit two per SM."""
+    shipped = dataclasses.asdict(_pick_config(T, 14336, 4096, "int8", on_interpreter=False))
+    (r,) = kernel_build.resources([dict(shipped, int8_group=128)], arch=90, state_dtype="int8")
+    assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2

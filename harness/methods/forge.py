@@ -4,7 +4,8 @@ Each backward is the optimizer step: the weight gradient of an nn.Linear lives o
 tile by tile, and never in memory; every other parameter (embeddings, norms) is updated from a
 post-accumulate-grad hook, one gradient at a time. `opt.step()` and `zero_grad()` are no-ops, so
 this method's `update()` is empty. Options pick the rule (adamw nadam radam lion rmsprop adagrad
-sgd), the state dtype (fp32, bf16, int8 with one absmax scale per 64) and stochastic rounding
+sgd), the state dtype (fp32, bf16, int8 with one absmax scale per `int8_group` = 64 or 128
+elements) and stochastic rounding
 of bf16 weights; `hparams` go to the rule as torch.optim names them (betas, eps, weight_decay...).
 On a CPU the kernels run in the Triton interpreter: slow, so keep CPU points tiny.
 """
@@ -21,6 +22,7 @@ from harness.methods.base import Method, largest_param_bytes, state_tensors_of
 
 RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 STATE_DTYPES = ("fp32", "bf16", "int8")
+INT8_GROUPS = (64, 128)
 
 
 @dataclass
@@ -28,11 +30,13 @@ class ForgeOptions:
     rule: str = "adamw"
     state_dtype: str = "bf16"
     stochastic_rounding: bool = True
+    int8_group: int = 64
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("rule", self.rule, RULES)
         check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
+        check_choice("int8_group", self.int8_group, INT8_GROUPS)
 
 
 class Forge(Method):
@@ -53,6 +57,7 @@ class Forge(Method):
             lr=self.lr,
             state_dtype=o.state_dtype,
             stochastic_rounding=o.stochastic_rounding,
+            int8_group=o.int8_group,
             **hparams,
         )
 
