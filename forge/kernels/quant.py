@@ -1,8 +1,8 @@
-"""Int8 optimizer states: one absmax scale per 64 contiguous elements, quantized in registers.
+"""Int8 optimizer states: one absmax scale per group of 64 (or 128) elements, quantized in registers.
 
 FORGE stores a state tensor of shape (N, K) as int8 or uint8 codes of the same shape plus one bf16
-scale per 64 contiguous elements along K, a scales tensor of shape (N, ceil(K / 64)): 1.03 bytes per
-element instead of 4 (fp32) or 2 (bf16). A scale is rounded UP to bf16 before the codes are
+scale per group of contiguous elements along K (64 by default, 128 with `int8_group=128`), a scales
+tensor of shape (N, ceil(K / group)): 1.03 (1.016) bytes per element instead of 4 (fp32) or 2 (bf16). A scale is rounded UP to bf16 before the codes are
 computed against it, so |x| / scale never exceeds 1 and the codes stay in range (bf16 keeps fp32's
 exponent range, so tiny second moments do not underflow as they would in fp16). The fused kernel dequantizes a tile's states after its
 gradient is complete, updates them in fp32 and quantizes them again before the store; nothing but
