@@ -17,7 +17,9 @@ of the path, so the difference between two rows is what that layer costs:
 - `wgrad_update`: FORGE's wrapper around the raw launch (config, descriptors, argument list);
 - `wgrad_update, pointers`: the wrapper with TMA descriptors switched off;
 - `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
-  autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused).
+  autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused);
+- `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
+  hook launches; a Llama-3.1-8B step has 65 of them).
 
 Per row: `host_us`, the host's time per call over a loop without synchronizing (what the host
 spends; the GPU runs behind it), and `wall_us`, the same loop closed by a synchronize (the larger
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 import forge  # noqa: E402, I001  (first: on a CPU it turns Triton's interpreter on before Triton loads)
 import forge.kernels.wgrad_update as wu  # noqa: E402
+from forge.kernels.elementwise_update import elementwise_update  # noqa: E402
 from forge.rules import get_rule, resolve_hparams  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -114,6 +117,14 @@ def main(argv: list[str]) -> int:
         finally:
             wu._can_use_tma = can_use_tma
 
+    norm = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
+    norm_grad = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
+    norm_m, norm_v = torch.zeros_like(norm), torch.full_like(norm, 1e-6)
+
+    def norm_update():
+        slots, no_scales, signed = (norm_m, norm_v, None), (None,) * 3, (True, False, False)
+        elementwise_update(norm, norm_grad, slots, no_scales, signed, coefficients, 7, **options)
+
     plain = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
     fused = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16))
     forge.attach(fused, lr=1e-4, state_dtype="bf16")
@@ -134,6 +145,7 @@ def main(argv: list[str]) -> int:
         "wgrad_update, pointers": pointers_update,
         "nn.Linear fwd+bwd": plain_step,
         "ForgeLinear fwd+bwd": forge_step,
+        "elementwise_update, norm": norm_update,
     }
     results = {}
     print(f"T={T} N={N} K={K} on {device}, {calls} calls a row")
