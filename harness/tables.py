@@ -288,15 +288,15 @@ def t1_llama(records: Sequence[Record]) -> Selection | None:
     cols += [COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO, COL_PAPER]
     if len({r.get("gpu_name") for r in chosen}) > 1:
         cols.insert(0, COL_GPU)
-    footer = [paper.T1_NOTE] + _sweep_column(chosen, cols)
+    footer = [paper.T1_NOTE] + _add_sweep_column(chosen, cols)
     title = "T1: Llama-3.1-8B on one GPU: peak memory and step time per method"
     rows = _rows(chosen, records, notes, figure)
     return Selection(render_rows("t1_llama8b", title, cols, rows, notes, footer), chosen)
 
 
-def _sweep_column(chosen: Sequence[Record], cols: list[Col]) -> list[str]:
-    """Rows from several sweeps: name each row's sweep before the ratios, which compare with the
-    fused AdamW of the same sweep (step times move between runs more than within one)."""
+def _add_sweep_column(chosen: Sequence[Record], cols: list[Col]) -> list[str]:
+    """Rows from several sweeps: insert a column naming each row's sweep before the ratios (which
+    compare with the fused AdamW of the same sweep) and return its footnote; else nothing."""
     if len({r.get("sweep") for r in chosen}) < 2:
         return []
     cols.insert(cols.index(COL_MEM_RATIO), COL_SWEEP)
@@ -313,7 +313,7 @@ def t2_scaling(records: Sequence[Record]) -> Selection | None:
     figure = lambda r: paper.lookup(paper.T2, (r.get("model"), r.get("method")))
     cols = [COL_MODEL, COL_PARAMS, COL_BATCH, COL_SEQ, COL_METHOD, COL_ALLOC, COL_STEP, COL_TOKENS]
     cols += [COL_MEM_RATIO, COL_TIME_RATIO, COL_PAPER]
-    footer = [paper.T2_NOTE] + _sweep_column(chosen, cols)
+    footer = [paper.T2_NOTE] + _add_sweep_column(chosen, cols)
     title = "T2: scaling over Qwen3 model sizes: peak memory and step time"
     rows = _rows(chosen, records, notes, figure)
     return Selection(render_rows("t2_qwen3_scaling", title, cols, rows, notes, footer), chosen)
