@@ -22,7 +22,7 @@ from harness.methods.base import Method, largest_param_bytes, state_tensors_of
 
 RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 STATE_DTYPES = ("fp32", "bf16", "int8")
-INT8_GROUPS = (64, 128)
+INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
 
 
 @dataclass
