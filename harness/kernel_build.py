@@ -39,31 +39,54 @@ STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
 ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps": 4}
 
 
-def candidates() -> list[dict[str, Any]]:
+def candidate_groups() -> dict[str, list[dict[str, Any]]]:
     """The launch configs worth timing on a GPU (`python -m harness kernels --tune`), as KernelConfig
-    fields, the config shipped for T > 2048 first (`forge.kernels.wgrad_update._pick_config` holds
-    the table measured from them). At 128 registers (two programs per multiprocessor) a
-    128 x 128 tile updated in 32-row slices spills in its epilogue (the accumulator alone takes 64
-    registers); in 16-row slices (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which
-    read one operand twice as often from L2."""
+    fields, in named groups; `forge.kernels.wgrad_update._pick_config` holds the table measured from
+    them. At 128 registers (two programs per multiprocessor) a 128 x 128 tile updated in 32-row
+    slices spills in its epilogue (the accumulator alone takes 64 registers); in 16-row slices
+    (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which read one operand twice as
+    often from L2."""
     base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
-    return [
-        dict(base, block_n=128, block_k=128, maxnreg=128),  # shipped (T > 2048): two per SM, spills
-        dict(base, block_n=128, block_k=128, maxnreg=None),  # no spills, one per SM
-        dict(base, block_n=128, block_k=64, maxnreg=128),  # no spills, two per SM
-        dict(base, block_n=128, block_k=64, maxnreg=128, num_stages=4),
-        dict(base, block_n=64, block_k=128, maxnreg=128),  # shipped for int8 states at T <= 2048
-        dict(base, block_n=128, block_k=64, maxnreg=None, num_warps=4, num_stages=4),
+    shipped = [
+        dict(base, block_n=128, block_k=128, maxnreg=128),  # T > 2048: two per SM, spills
         dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # bf16 states, T <= 2048
-        dict(base, block_n=128, block_k=64, maxnreg=128, epilogue_split=8),
-        dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
-        dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
+        dict(base, block_n=64, block_k=128, maxnreg=128),  # int8 states, T <= 2048
+    ]
+    return {
+        "shipped": shipped,
+        "tiles": [
+            dict(base, block_n=128, block_k=128, maxnreg=None),  # no spills, one per SM
+            dict(base, block_n=128, block_k=64, maxnreg=128),  # no spills, two per SM
+            dict(base, block_n=128, block_k=64, maxnreg=128, num_stages=4),
+            dict(base, block_n=128, block_k=64, maxnreg=None, num_warps=4, num_stages=4),
+            dict(base, block_n=128, block_k=64, maxnreg=128, epilogue_split=8),
+        ],
+        "persistent": [
+            dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
+            dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
+        ],
         # Large T, where the main loop dominates: a 128 x 256 tile (two warpgroups of m64n256 MMAs)
         # ran the bare GEMM at 95-98% of cuBLAS in the prototypes (shared/KERNEL-LEADS.md) where
         # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
-        dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
-        dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
-    ]
+        "wide": [
+            dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
+            dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
+        ],
+        # The shipped configs with the tile's W, states and scales prefetched into L2 while the
+        # main loop still runs: 8 blocks of 64 tokens ahead, or 32 (before the loop at T <= 2048).
+        "prefetch": [dict(c, prefetch_ahead=ahead) for c in shipped for ahead in (8, 32)],
+    }
+
+
+def candidates(groups: list[str] | None = None) -> list[dict[str, Any]]:
+    """The configs of the named `candidate_groups` (default: all), the config shipped for T > 2048
+    first."""
+    table = candidate_groups()
+    unknown = sorted(set(groups or ()) - set(table))
+    if unknown:
+        raise ValueError(f"unknown candidate groups {unknown}; known: {sorted(table)}")
+    chosen = ["shipped", *[g for g in (groups or table) if g != "shipped"]]
+    return [c for g in chosen for c in table[g]]
 
 
 def _compile(
@@ -91,6 +114,7 @@ def _compile(
         EPILOGUE_SPLIT=config["epilogue_split"],
         PERSISTENT=config.get("programs_per_sm", 0) > 0,
         FLATTEN=config.get("flatten", False),
+        PREFETCH_AHEAD=config.get("prefetch_ahead", 0),
     )
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
@@ -236,6 +260,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),  # instructions, not executions
         spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
         shared_bytes=shared,
+        l2_prefetches=len(re.findall(r"\bCCTL\.E\.PF2\b", sass)),  # prefetch.global.L2 instructions
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
 
@@ -273,6 +298,8 @@ def describe(c: dict) -> str:
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
+    if c.get("prefetch_ahead"):
+        name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:
         name += f" int8 groups of {c['int8_group']}"
     return name
@@ -309,6 +336,7 @@ def main(argv: list[str]) -> int:
         "maxnreg",
         "programs_per_sm",
         "flatten",
+        "prefetch_ahead",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -211,12 +211,14 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
     torch.cuda.empty_cache()
 
 
-def tune(out: Path, meta: dict) -> None:
-    """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline."""
+def tune(out: Path, meta: dict, groups: list[str] | None = None) -> None:
+    """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline:
+    the named groups of `harness.kernel_build.candidate_groups` (default all; the shipped configs
+    always, as the reference)."""
     from forge.kernels.wgrad_update import KernelConfig
     from harness.kernel_build import candidates as candidate_fields
 
-    candidates = [KernelConfig(**fields) for fields in candidate_fields()]
+    candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
     points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
     tokens = (1024, 2048, 8192, 16384)
     for (name, N, K), T, state_dtype in itertools.product(points, tokens, ("bf16", "int8")):
@@ -255,6 +257,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="results/kernels", help="folder for the JSONL records")
     parser.add_argument("--quick", action="store_true", help="Llama q/gate/down at T=2048 and 8192 only")
     parser.add_argument("--tune", action="store_true", help="time candidate launch configs instead")
+    parser.add_argument(
+        "--groups",
+        nargs="*",
+        help="with --tune: candidate groups to time (harness.kernel_build), default all",
+    )
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     args = parser.parse_args(argv)
@@ -274,7 +281,7 @@ def main(argv: list[str]) -> int:
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.tune:
-        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta)
+        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups)
         return 0
     ceilings = measure_ceilings()
     print(

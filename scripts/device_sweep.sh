@@ -6,8 +6,9 @@
 #   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
 #
-# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; `tune` times the fused
-# kernel's candidate launch configs (`python -m harness kernels --tune`, results/kernels/tuning-*);
+# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; `tune [GROUPS]` times the
+# fused kernel's candidate launch configs (`python -m harness kernels --tune`, results/kernels/tuning-*;
+# GROUPS: names from harness.kernel_build.candidate_groups, e.g. 'tune prefetch', default all);
 # `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
 # host time per autograd node; its JSON goes to $OUT), e.g.
 # 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
@@ -51,8 +52,10 @@ for step in "$@"; do
   fi
   echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
   start=$(($(wc -l <"$log") + 1))
-  if [ "$step" = tune ]; then
-    timeout -k 10 "$left" python3 -m harness kernels --tune >>"$log" 2>&1 || rc=$?
+  if [ "${step%% *}" = tune ]; then
+    groups=${step#tune}
+    # shellcheck disable=SC2086  # one candidate group per word
+    timeout -k 10 "$left" python3 -m harness kernels --tune ${groups:+--groups $groups} >>"$log" 2>&1 || rc=$?
     tail -n +"$start" "$log" | tail -n 25
     continue
   fi
