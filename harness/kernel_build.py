@@ -72,9 +72,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
         ],
-        # The shipped configs with the tile's W, states and scales prefetched into L2 while the
-        # main loop still runs: 8 blocks of 64 tokens ahead, or 32 (before the loop at T <= 2048).
-        "prefetch": [dict(c, prefetch_ahead=ahead) for c in shipped for ahead in (8, 32)],
     }
 
 
@@ -114,7 +111,6 @@ def _compile(
         EPILOGUE_SPLIT=config["epilogue_split"],
         PERSISTENT=config.get("programs_per_sm", 0) > 0,
         FLATTEN=config.get("flatten", False),
-        PREFETCH_AHEAD=config.get("prefetch_ahead", 0),
     )
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
@@ -260,7 +256,6 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),  # instructions, not executions
         spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
         shared_bytes=shared,
-        l2_prefetches=len(re.findall(r"\bCCTL\.E\.PF2\b", sass)),  # prefetch.global.L2 instructions
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
 
@@ -298,7 +293,7 @@ def describe(c: dict) -> str:
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
-    if c.get("prefetch_ahead"):
+    if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:
         name += f" int8 groups of {c['int8_group']}"
@@ -336,7 +331,6 @@ def main(argv: list[str]) -> int:
         "maxnreg",
         "programs_per_sm",
         "flatten",
-        "prefetch_ahead",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -60,24 +60,10 @@ def test_int8_groups_of_128_build_two_programs_per_sm(T):
     assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2
 
 
-@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
-def test_a_prefetching_config_issues_l2_prefetches_and_still_fits_two_per_sm(state_dtype):
-    """`prefetch_ahead` puts `prefetch.global.L2` instructions (SASS CCTL.E.PF2) in the kernel for
-    W and the states (and int8 scales), costs no registers that would drop a program per SM; the
-    shipped config issues none."""
-    shipped = dataclasses.asdict(_pick_config(1024, 14336, 4096, state_dtype, on_interpreter=False))
-    configs = [shipped, dict(shipped, prefetch_ahead=8)]
-    plain, prefetching = kernel_build.resources(configs, state_dtype=state_dtype)
-    assert plain["l2_prefetches"] == 0
-    assert prefetching["l2_prefetches"] >= (5 if state_dtype == "int8" else 3)
-    assert prefetching["programs_per_sm"] == 2 and prefetching["stack_bytes"] <= plain["stack_bytes"]
-
-
 def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
     groups = kernel_build.candidate_groups()
-    only_prefetch = kernel_build.candidates(["prefetch"])
-    assert only_prefetch[: len(groups["shipped"])] == groups["shipped"]
-    assert all(c.get("prefetch_ahead") for c in only_prefetch[len(groups["shipped"]) :])
+    only_wide = kernel_build.candidates(["wide"])
+    assert only_wide == groups["shipped"] + groups["wide"]
     assert len(kernel_build.candidates()) == sum(map(len, groups.values()))
     with pytest.raises(ValueError, match="unknown candidate groups"):
         kernel_build.candidates(["prefech"])

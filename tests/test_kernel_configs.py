@@ -2,15 +2,12 @@
 
 The persistent grid (a few programs looping over tiles, `KernelConfig.programs_per_sm`), the
 epilogue's row slices (`epilogue_split`, which bound its registers) and a tile of half the rows
-(what the Hopper table picks for int8 states at small T) and a main loop split in two around an
-L2 prefetch of the tile's W and states (`prefetch_ahead`) must give bit-for-bit the weights and
+(what the Hopper table picks for int8 states at small T) must give bit-for-bit the weights and
 states of one program per tile updating it whole: every tile accumulates over T in
 the same order and runs the same arithmetic per element, whichever program runs it and in
 whatever slices. Triton interpreter, small odd
 shapes so that edge tiles are partial.
 """
-
-from dataclasses import replace
 
 import pytest
 import torch
@@ -28,10 +25,6 @@ OTHERS = {
     "split-4": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=4),
     "split-8": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=8),
     "half-rows": KernelConfig(block_n=16, block_k=64, block_t=32, group_n=2, num_warps=4),
-    # The main loop split where one block of tokens remains (T = 37: blocks at 0 and 32), and
-    # before it starts (4 blocks ahead of a 2-block loop); the interpreter issues no prefetch.
-    "prefetch-1-ahead": replace(ONE_PER_TILE, prefetch_ahead=1),
-    "prefetch-4-ahead": replace(ONE_PER_TILE, prefetch_ahead=4),
 }
 
 

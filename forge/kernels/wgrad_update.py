@@ -24,10 +24,8 @@ tensor cores with fp32 accumulation, exactly as cuBLAS does.
 This kernel updates W and the states in place: it must never be re-run by an autotuner (each run
 would apply another optimizer step). Block shapes come from `_pick_config`, a table measured
 offline (see docs/perf-notes.md). A `KernelConfig` may also ask for a persistent grid (a few
-programs per multiprocessor, each looping over tiles), or for the tile's W and states to be
-prefetched into L2 while the main loop still runs (`prefetch_ahead`: the epilogue's loads do not
-depend on the gradient, so HBM can serve them under the matrix work): the same arithmetic per
-tile, another schedule, offered to the offline tuner.
+programs per multiprocessor, each looping over tiles): the same arithmetic per tile, another
+schedule, offered to the offline tuner.
 """
 
 import functools
@@ -74,7 +72,6 @@ def _wgrad_update_kernel(
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2, 4 or 8: update the tile in this many row slices (registers)
     PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
     FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
-    PREFETCH_AHEAD: tl.constexpr,  # > 0: pull W and the states into L2 this many T blocks before the loop ends
 ):
     tiles = tl.cdiv(N, BLOCK_N) * tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
@@ -84,14 +81,14 @@ def _wgrad_update_kernel(
                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
-                      BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT, PREFETCH_AHEAD)
+                      BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
     else:
         _one_tile(tl.program_id(0), w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
                   T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
-                  BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT, PREFETCH_AHEAD)
+                  BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
 
 
 @triton.jit
@@ -105,7 +102,7 @@ def _one_tile(
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-    GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, PREFETCH_AHEAD: tl.constexpr,
+    GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
 ):
     """Accumulate the gradient of one (BLOCK_N, BLOCK_K) tile of W over all T, then update it."""
     # Grouped ordering: GROUP_N consecutive tiles share a column of x tiles in L2.
@@ -121,23 +118,27 @@ def _one_tile(
 
     # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if PREFETCH_AHEAD > 0:
-        # The epilogue's loads do not depend on the gradient: ask for them while the tensor cores
-        # still have PREFETCH_AHEAD blocks of tokens to go, so they come from L2, not HBM.
-        t_split = tl.maximum(tl.cdiv(T, BLOCK_T) - PREFETCH_AHEAD, 0) * BLOCK_T
-        acc = _accumulate(acc, dy_src, x_src, 0, t_split, n0, k0, N, K, T,
-                          stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
-                          USE_TMA, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
-        if USE_TMA:  # the GPU's bf16 path; elsewhere (the interpreter has no PTX) only the loop splits
-            _prefetch_tile_l2(n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-                              HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, BLOCK_N, BLOCK_K)
-        acc = _accumulate(acc, dy_src, x_src, t_split, T, n0, k0, N, K, T,
-                          stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
-                          USE_TMA, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
+    if USE_TMA:
+        for t0 in range(0, T, BLOCK_T):
+            dy = dy_src.load([t0, n0])
+            x = x_src.load([t0, k0])
+            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
     else:
-        acc = _accumulate(acc, dy_src, x_src, 0, T, n0, k0, N, K, T,
-                          stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
-                          USE_TMA, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_t = tl.arange(0, BLOCK_T)
+        dy_ptrs = dy_src + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
+        x_ptrs = x_src + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
+        for t0 in range(0, T, BLOCK_T):
+            t_ok = (t0 + offs_t) < T
+            dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+            x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
+            if UPCAST_DOT:
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
+            dy_ptrs += BLOCK_T * stride_dy_t
+            x_ptrs += BLOCK_T * stride_x_t
 
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
@@ -168,73 +169,6 @@ def _one_tile(
                          q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                          RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                          STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-
-
-@triton.jit
-def _accumulate(
-    acc, dy_src, x_src, t_begin, t_end, n0, k0, N, K, T,
-    stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
-    USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    """Add dy[t, n0:]^T x[t, k0:] over the token blocks starting in [t_begin, t_end) to `acc`."""
-    if USE_TMA:
-        for t0 in range(t_begin, t_end, BLOCK_T):
-            dy = dy_src.load([t0, n0])
-            x = x_src.load([t0, k0])
-            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_t = t_begin + tl.arange(0, BLOCK_T)
-        dy_ptrs = dy_src + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
-        x_ptrs = x_src + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
-        for t0 in range(t_begin, t_end, BLOCK_T):
-            t_ok = (t0 - t_begin + offs_t) < T
-            dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
-            x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
-            if UPCAST_DOT:
-                dy = dy.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-            dy_ptrs += BLOCK_T * stride_dy_t
-            x_ptrs += BLOCK_T * stride_x_t
-    return acc
-
-
-@triton.jit
-def _prefetch_l2(ptr, row0, col0, rows, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Ask L2 for the 128-byte lines of the (ROWS, COLS) tile at (row0, col0) of a row-major
-    (rows, cols) tensor: one `prefetch.global.L2` per line (no registers wait on it; edges clamp)."""
-    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
-    LINES: tl.constexpr = COLS // LINE if COLS >= LINE else 1
-    offs_r = tl.minimum(row0 + tl.arange(0, ROWS), rows - 1)
-    offs_c = tl.minimum(col0 + tl.arange(0, LINES) * LINE, cols - 1)
-    lines = ptr + offs_r.to(tl.int64)[:, None] * cols + offs_c[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_tile_l2(
-    n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Prefetch into L2 everything `update_tile` will read for the tile at (n0, k0)."""
-    _prefetch_l2(w_ptr, n0, k0, N, K, BLOCK_N, BLOCK_K)
-    if HAS_S1:
-        _prefetch_l2(s1_ptr, n0, k0, N, K, BLOCK_N, BLOCK_K)
-        if STATE_DTYPE == "int8":
-            _prefetch_l2(q1_ptr, n0, k0 // QGROUP, N, NUM_GROUPS, BLOCK_N, BLOCK_K // QGROUP)
-    if HAS_S2:
-        _prefetch_l2(s2_ptr, n0, k0, N, K, BLOCK_N, BLOCK_K)
-        if STATE_DTYPE == "int8":
-            _prefetch_l2(q2_ptr, n0, k0 // QGROUP, N, NUM_GROUPS, BLOCK_N, BLOCK_K // QGROUP)
-    if HAS_S3:
-        _prefetch_l2(s3_ptr, n0, k0, N, K, BLOCK_N, BLOCK_K)
-        if STATE_DTYPE == "int8":
-            _prefetch_l2(q3_ptr, n0, k0 // QGROUP, N, NUM_GROUPS, BLOCK_N, BLOCK_K // QGROUP)
 
 
 @triton.jit
@@ -299,9 +233,6 @@ class KernelConfig:
     # the next tile's first loads are in flight during this tile's epilogue.
     programs_per_sm: int = 0
     flatten: bool = False
-    # > 0: split the main loop where this many blocks of BLOCK_T tokens remain and prefetch the
-    # tile's W, states and scales into L2 there (at least the loop's length: before it starts).
-    prefetch_ahead: int = 0
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -403,7 +334,6 @@ def wgrad_update(
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, PERSISTENT=persistent, FLATTEN=cfg.flatten,
-        PREFETCH_AHEAD=cfg.prefetch_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not on_interpreter else {}),
     )
