@@ -18,8 +18,15 @@ of the path, so the difference between two rows is what that layer costs:
 - `wgrad_update, pointers`: the wrapper with TMA descriptors switched off;
 - `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
   autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused);
+- `... , backward on this thread`: the same two with `torch.autograd.set_multithreading_enabled
+  (False)`: on CUDA the autograd engine otherwise runs backward on a device thread, where
+  FORGE's backward (Python) must take the GIL and torch's (C++) need not;
+- `_can_use_tma(dy)`: the wrapper's check (it asks `torch.cuda.get_device_capability`), twice a call;
 - `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
   hook launches; a Llama-3.1-8B step has 65 of them).
+
+Then a cProfile of ForgeLinear's forward + backward (backward on this thread, so the profiler sees
+it): the 25 functions with the most own time, in the JSON under `profile`.
 
 Per row: `host_us`, the host's time per call over a loop without synchronizing (what the host
 spends; the GPU runs behind it), and `wall_us`, the same loop closed by a synchronize (the larger
@@ -29,9 +36,12 @@ of host and GPU time per call). Results print as a table and go to $OUT/launch_b
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import math
 import os
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -68,6 +78,19 @@ def _per_call_us(fn, n: int, sync) -> tuple[float, float]:
     sync()
     wall = time.perf_counter() - start
     return host / n * 1e6, wall / n * 1e6
+
+
+def _profile(fn, n: int, sync, top: int = 25) -> str:
+    """cProfile of `n` calls of `fn`: the `top` functions by own time, as pstats prints them."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    sync()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 def main(argv: list[str]) -> int:
@@ -137,6 +160,13 @@ def main(argv: list[str]) -> int:
     def forge_step():
         fused(xg).backward(dy)
 
+    def on_this_thread(step):
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                step()
+
+        return run
+
     rows = {
         "mm": lambda: torch.mm(dy.t(), x),
         "raw launch": raw(launches["raw launch"]),
@@ -145,15 +175,20 @@ def main(argv: list[str]) -> int:
         "wgrad_update, pointers": pointers_update,
         "nn.Linear fwd+bwd": plain_step,
         "ForgeLinear fwd+bwd": forge_step,
+        "nn.Linear fwd+bwd, backward on this thread": on_this_thread(plain_step),
+        "ForgeLinear fwd+bwd, backward on this thread": on_this_thread(forge_step),
+        "_can_use_tma(dy)": lambda: can_use_tma(dy),
         "elementwise_update, norm": norm_update,
     }
     results = {}
     print(f"T={T} N={N} K={K} on {device}, {calls} calls a row")
-    print(f"{'path':26s} {'host us':>9s} {'wall us':>9s}")
+    print(f"{'path':44s} {'host us':>9s} {'wall us':>9s}")
     for name, fn in rows.items():
         host_us, wall_us = _per_call_us(fn, calls, sync)
         results[name] = dict(host_us=host_us, wall_us=wall_us)
-        print(f"{name:26s} {host_us:9.1f} {wall_us:9.1f}", flush=True)
+        print(f"{name:44s} {host_us:9.1f} {wall_us:9.1f}", flush=True)
+    profile = _profile(on_this_thread(forge_step), calls, sync)
+    print(profile)
     record = dict(
         device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
@@ -162,6 +197,7 @@ def main(argv: list[str]) -> int:
         calls=calls,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         rows=results,
+        profile=profile,
     )
     out = Path(os.environ.get("OUT", "."))
     (out / "launch_breakdown.json").write_text(json.dumps(record, indent=1) + "\n")
