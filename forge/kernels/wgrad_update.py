@@ -268,6 +268,12 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """Hopper or newer (asked once per device: the query costs microseconds on every launch)."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _can_use_tma(t: torch.Tensor) -> bool:
     """Bulk tensor copies need a 2-D tensor with unit last stride and 16-byte aligned rows and base."""
     return (
@@ -276,7 +282,7 @@ def _can_use_tma(t: torch.Tensor) -> bool:
         and t.stride(1) == 1
         and (t.stride(0) * t.element_size()) % 16 == 0
         and t.data_ptr() % 16 == 0
-        and torch.cuda.get_device_capability(t.device)[0] >= 9
+        and _has_tma(t.device)
     )
 
 
