@@ -68,6 +68,9 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # Large T, where the main loop dominates: a 128 x 256 tile (two warpgroups of m64n256 MMAs)
         # ran the bare GEMM at 95-98% of cuBLAS in the prototypes (shared/KERNEL-LEADS.md) where
         # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
+        # Where the GEMM is shorter than its launch (Llama's k and v at T = 1024), the host's cost
+        # per launch sets the time: plain pointers skip encoding two TMA descriptors per call.
+        "pointers": [dict(c, tma=False) for c in shipped],
         "wide": [
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
@@ -240,7 +243,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
     if config.get("kernel") == "elementwise":
         compiled = _compile_elementwise(arch, state_dtype, config["block_r"], config["block_c"])
     else:
-        compiled = _compile(config, arch, state_dtype, tma)
+        compiled = _compile(config, arch, state_dtype, tma and config.get("tma", True))
     usage, sass = _cubin_report(compiled.asm["cubin"])
     registers = _number(r"REG:(\d+)", usage)
     shared = int(compiled.metadata.shared)
@@ -249,7 +252,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         config=config,
         arch=arch,
         state_dtype=state_dtype,
-        tma=tma,
+        tma=tma and config.get("tma", True),
         triton=_triton_version(),
         registers=registers,
         stack_bytes=_number(r"STACK:(\d+)", usage),  # per thread: where spilled registers live
@@ -293,6 +296,8 @@ def describe(c: dict) -> str:
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
+    if c.get("tma") is False:
+        name += " pointers"
     if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:
@@ -331,6 +336,7 @@ def main(argv: list[str]) -> int:
         "maxnreg",
         "programs_per_sm",
         "flatten",
+        "tma",
         "int8_group",
         *ELEMENTWISE,
     }

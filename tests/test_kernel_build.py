@@ -67,3 +67,12 @@ def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
     assert len(kernel_build.candidates()) == sum(map(len, groups.values()))
     with pytest.raises(ValueError, match="unknown candidate groups"):
         kernel_build.candidates(["prefech"])
+
+
+def test_the_pointer_candidates_build_without_tensor_descriptors():
+    """`KernelConfig.tma=False` (group "pointers": a cheaper launch for GEMMs shorter than it) builds
+    the masked-pointer main loop and still fits two programs per SM."""
+    pointers = kernel_build.candidate_groups()["pointers"]
+    assert pointers and all(c["tma"] is False for c in pointers)
+    (r,) = kernel_build.resources(pointers[1:2])
+    assert r["tma"] is False and r["programs_per_sm"] == 2 and r["stack_bytes"] == 0

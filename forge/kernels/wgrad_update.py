@@ -233,6 +233,10 @@ class KernelConfig:
     # the next tile's first loads are in flight during this tile's epilogue.
     programs_per_sm: int = 0
     flatten: bool = False
+    # Hopper: read dy and x through tensor descriptors built on the host (TMA). False: plain masked
+    # pointers, a slower main loop but a launch that costs the host ~35 us less (the descriptors
+    # are encoded on every call), which matters where the GEMM is shorter than its launch.
+    tma: bool = True
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -318,7 +322,8 @@ def wgrad_update(
     if state_dtype == "int8" and cfg.block_k % int8_group:
         raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
     exact = dy.dtype == torch.float32 or x.dtype == torch.float32
-    use_tma = not on_interpreter and not exact and dy.dtype == x.dtype and _can_use_tma(dy) and _can_use_tma(x)
+    use_tma = cfg.tma and not on_interpreter and not exact and dy.dtype == x.dtype
+    use_tma = use_tma and _can_use_tma(dy) and _can_use_tma(x)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
