@@ -70,7 +70,10 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
         # Where the GEMM is shorter than its launch (Llama's k and v at T = 1024), the host's cost
         # per launch sets the time: plain pointers skip encoding two TMA descriptors per call.
-        "pointers": [dict(c, tma=False) for c in shipped],
+        # "device" keeps the bulk copies but has each program build its descriptors, so the launch
+        # carries plain pointers.
+        "pointers": [dict(c, tma="none") for c in shipped],
+        "device_tma": [dict(c, tma="device") for c in shipped],
         "wide": [
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
@@ -90,12 +93,13 @@ def candidates(groups: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 def _compile(
-    config: dict[str, Any], arch: int, state_dtype: str, tma: bool, stochastic_rounding: bool = True
+    config: dict[str, Any], arch: int, state_dtype: str, tma: str, stochastic_rounding: bool = True
 ):
-    """The CompiledKernel of the fused AdamW update (bf16 weights) under `config` for sm_<arch>."""
+    """The CompiledKernel of the fused AdamW update (bf16 weights) under `config` for sm_<arch>;
+    `tma` as `KernelConfig.tma` ("host", "device", "none")."""
     from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel
 
-    tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma else "*bf16"
+    tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma == "host" else "*bf16"
     signature = _slots_signature(state_dtype)
     signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
     T, N, K = PROBLEM
@@ -104,7 +108,7 @@ def _compile(
     integers.update(stride_dy_t=N, stride_dy_n=1, stride_x_t=K, stride_x_k=1)  # contiguous dy and x
     constants = _epilogue_constants(state_dtype, stochastic_rounding, group)
     constants.update(
-        USE_TMA=tma,
+        TMA=tma,
         UPCAST_DOT=False,
         DOT_PRECISION="tf32",
         BLOCK_N=config["block_n"],
@@ -243,7 +247,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
     if config.get("kernel") == "elementwise":
         compiled = _compile_elementwise(arch, state_dtype, config["block_r"], config["block_c"])
     else:
-        compiled = _compile(config, arch, state_dtype, tma and config.get("tma", True))
+        compiled = _compile(config, arch, state_dtype, config.get("tma", "host") if tma else "none")
     usage, sass = _cubin_report(compiled.asm["cubin"])
     registers = _number(r"REG:(\d+)", usage)
     shared = int(compiled.metadata.shared)
@@ -252,7 +256,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         config=config,
         arch=arch,
         state_dtype=state_dtype,
-        tma=tma and config.get("tma", True),
+        tma=config.get("tma", "host") if tma else "none",
         triton=_triton_version(),
         registers=registers,
         stack_bytes=_number(r"STACK:(\d+)", usage),  # per thread: where spilled registers live
@@ -296,8 +300,8 @@ def describe(c: dict) -> str:
     )
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
-    if c.get("tma") is False:
-        name += " pointers"
+    if c.get("tma", "host") != "host":
+        name += " pointers" if c["tma"] in ("none", False) else f" TMA descriptors on the {c['tma']}"
     if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:

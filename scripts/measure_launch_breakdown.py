@@ -13,9 +13,11 @@ of the path, so the difference between two rows is what that layer costs:
 - `mm`: cuBLAS's dW GEMM (`torch.mm(dy.t(), x)`), the launch the baseline pays instead;
 - `raw launch`: `_wgrad_update_kernel[grid](...)` with its arguments built once (Triton's binder,
   cache key and C launcher, which encodes the two TMA descriptors on every call);
-- `raw launch, pointers`: the same without TMA descriptors (USE_TMA=False);
+- `raw launch, pointers`: the same reading dy and x by masked pointer loads (`tma="none"`);
+- `raw launch, device TMA`: bulk copies through descriptors each program builds (`tma="device"`),
+  so only plain pointers cross the launch;
 - `wgrad_update`: FORGE's wrapper around the raw launch (config, descriptors, argument list);
-- `wgrad_update, pointers`: the wrapper with TMA descriptors switched off;
+- `wgrad_update, pointers` and `wgrad_update, device TMA`: the wrapper under those two configs;
 - `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
   autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused);
 - `... , backward on this thread`: the same two with `torch.autograd.set_multithreading_enabled
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import math
@@ -117,28 +120,28 @@ def main(argv: list[str]) -> int:
     coefficients, flags = rule.coefficients(hparams, 3, {}), rule.flags(hparams)
     options = dict(rule="adamw", flags=flags, state_dtype="bf16", stochastic_rounding=True)
 
-    def update():
-        wu.wgrad_update(w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7, **options)
+    shipped = wu._pick_config(T, N, K, "bf16", on_interpreter=device == "cpu")
 
-    kernel, can_use_tma = wu._wgrad_update_kernel, wu._can_use_tma
+    def update(tma: str = "host"):
+        config = dataclasses.replace(shipped, tma=tma)
+        args = (w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7)
+        return lambda: wu.wgrad_update(*args, **options, config=config)
+
+    kernel = wu._wgrad_update_kernel
     launches = {}
-    for name, tma in (("raw launch", True), ("raw launch, pointers", False)):
+    for name, tma in (
+        ("raw launch", "host"),
+        ("raw launch, pointers", "none"),
+        ("raw launch, device TMA", "device"),
+    ):
         capture = _Capture()
         wu._wgrad_update_kernel = capture
-        wu._can_use_tma = can_use_tma if tma else (lambda t: False)
-        update()
-        wu._wgrad_update_kernel, wu._can_use_tma = kernel, can_use_tma
+        update(tma)()
+        wu._wgrad_update_kernel = kernel
         launches[name] = capture
 
     def raw(capture):
         return lambda: kernel[capture.grid](*capture.args, **capture.kwargs)
-
-    def pointers_update():
-        wu._can_use_tma = lambda t: False
-        try:
-            update()
-        finally:
-            wu._can_use_tma = can_use_tma
 
     norm = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
     norm_grad = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
@@ -171,13 +174,15 @@ def main(argv: list[str]) -> int:
         "mm": lambda: torch.mm(dy.t(), x),
         "raw launch": raw(launches["raw launch"]),
         "raw launch, pointers": raw(launches["raw launch, pointers"]),
-        "wgrad_update": update,
-        "wgrad_update, pointers": pointers_update,
+        "raw launch, device TMA": raw(launches["raw launch, device TMA"]),
+        "wgrad_update": update("host"),
+        "wgrad_update, pointers": update("none"),
+        "wgrad_update, device TMA": update("device"),
         "nn.Linear fwd+bwd": plain_step,
         "ForgeLinear fwd+bwd": forge_step,
         "nn.Linear fwd+bwd, backward on this thread": on_this_thread(plain_step),
         "ForgeLinear fwd+bwd, backward on this thread": on_this_thread(forge_step),
-        "_can_use_tma(dy)": lambda: can_use_tma(dy),
+        "_can_use_tma(dy)": lambda: wu._can_use_tma(dy),
         "elementwise_update, norm": norm_update,
     }
     results = {}

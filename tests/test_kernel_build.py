@@ -69,10 +69,12 @@ def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
         kernel_build.candidates(["prefech"])
 
 
-def test_the_pointer_candidates_build_without_tensor_descriptors():
-    """`KernelConfig.tma=False` (group "pointers": a cheaper launch for GEMMs shorter than it) builds
-    the masked-pointer main loop and still fits two programs per SM."""
-    pointers = kernel_build.candidate_groups()["pointers"]
-    assert pointers and all(c["tma"] is False for c in pointers)
-    (r,) = kernel_build.resources(pointers[1:2])
-    assert r["tma"] is False and r["programs_per_sm"] == 2 and r["stack_bytes"] == 0
+def test_the_cheaper_launch_candidates_build_and_fit_two_programs_per_sm():
+    """`KernelConfig.tma`: "none" (group "pointers", masked loads) and "device" (group
+    "device_tma", descriptors built by each program) both launch with plain pointers; both build
+    for Hopper at two programs per SM."""
+    groups = kernel_build.candidate_groups()
+    pointers, device = groups["pointers"][1], groups["device_tma"][1]
+    assert (pointers["tma"], device["tma"]) == ("none", "device")
+    for r in kernel_build.resources([pointers, device]):
+        assert r["tma"] in ("none", "device") and r["programs_per_sm"] == 2 and r["stack_bytes"] == 0

@@ -9,6 +9,8 @@ whatever slices. Triton interpreter, small odd
 shapes so that edge tiles are partial.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -92,3 +94,45 @@ def test_int8_groups_of_128_give_the_same_bits_under_another_schedule(config):
 def test_int8_groups_must_fit_the_tile():
     with pytest.raises(ValueError, match="whole int8 groups of 128"):
         _step(ONE_PER_TILE, "int8", int8_group=128)  # 64-column tiles would split a group
+
+
+def test_descriptors_built_in_the_kernel_read_what_pointers_read():
+    """`KernelConfig(tma="device")`: each program builds tensor descriptors for dy and x (bf16,
+    rows 16-byte aligned) and reads them by bulk copies; out-of-bounds rows and columns read as
+    zeros, so the step equals the masked-pointer loop's bit for bit (T = 37: a partial last block)."""
+    from forge.kernels.wgrad_update import _tma_mode
+
+    g = torch.Generator().manual_seed(11)
+    T, N, K = 37, 72, 136  # 2 x 3 tiles, partial ones; rows of 144 and 272 bytes
+    x = torch.randn(T, K, generator=g).bfloat16()
+    dy = (torch.randn(T, N, generator=g) / T**0.5).bfloat16()
+    assert _tma_mode("device", dy, x, exact=False, on_interpreter=True) == "device"
+    w0 = (torch.randn(N, K, generator=g) * 0.02).bfloat16()
+    m0, v0 = (
+        (torch.randn(N, K, generator=g) * 1e-3).bfloat16(),
+        (torch.rand(N, K, generator=g) * 1e-6).bfloat16(),
+    )
+    rule = get_rule("adamw")
+    h = resolve_hparams(rule, dict(lr=1e-2, weight_decay=0.1))
+
+    def step(tma):
+        w, m, v = w0.clone(), m0.clone(), v0.clone()
+        wgrad_update(
+            w,
+            (m, v, None),
+            (None,) * 3,
+            (True, False, False),
+            dy,
+            x,
+            rule.coefficients(h, 3, {}),
+            5,
+            rule="adamw",
+            flags=rule.flags(h),
+            state_dtype="bf16",
+            stochastic_rounding=True,
+            config=replace(ONE_PER_TILE, tma=tma),
+        )
+        return w, m, v
+
+    for got, want, name in zip(step("device"), step("none"), "wmv"):
+        assert torch.equal(got, want), f"{name} differs"

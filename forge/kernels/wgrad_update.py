@@ -24,8 +24,9 @@ tensor cores with fp32 accumulation, exactly as cuBLAS does.
 This kernel updates W and the states in place: it must never be re-run by an autotuner (each run
 would apply another optimizer step). Block shapes come from `_pick_config`, a table measured
 offline (see docs/perf-notes.md). A `KernelConfig` may also ask for a persistent grid (a few
-programs per multiprocessor, each looping over tiles): the same arithmetic per tile, another
-schedule, offered to the offline tuner.
+programs per multiprocessor, each looping over tiles), or another way to read dy and x (`tma`:
+descriptors built on the host, in the kernel, or masked pointers, which cost the host less per
+launch): the same arithmetic per tile, another schedule, offered to the offline tuner.
 """
 
 import functools
@@ -52,8 +53,8 @@ def _wgrad_update_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place
-    dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (USE_TMA) or a pointer
-    x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (USE_TMA) or a pointer
+    dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (TMA "host") or a pointer
+    x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (TMA "host") or a pointer
     T, N, K, NUM_GROUPS,
     stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,  # element strides (pointer path only)
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
@@ -64,7 +65,7 @@ def _wgrad_update_kernel(
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
     STOCHASTIC_ROUNDING: tl.constexpr,
-    USE_TMA: tl.constexpr,  # Hopper bulk tensor copies for dy and x (out-of-bounds reads give zeros)
+    TMA: tl.constexpr,  # dy and x by bulk tensor copies, descriptors built on the "host" or on the "device"; "none"
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -80,14 +81,14 @@ def _wgrad_update_kernel(
                       T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, TMA, UPCAST_DOT, DOT_PRECISION,
                       BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
     else:
         _one_tile(tl.program_id(0), w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
                   T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                  STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, USE_TMA, UPCAST_DOT, DOT_PRECISION,
+                  STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, TMA, UPCAST_DOT, DOT_PRECISION,
                   BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
 
 
@@ -100,7 +101,7 @@ def _one_tile(
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
 ):
@@ -118,10 +119,16 @@ def _one_tile(
 
     # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if USE_TMA:
+    if TMA != "none":  # out-of-bounds rows and columns read as zeros
+        if TMA == "device":  # plain pointers crossed the launch: each program builds its descriptors
+            dy_src = tl.make_tensor_descriptor(dy_src, [T, N], [stride_dy_t, 1], [BLOCK_T, BLOCK_N])
+            x_src = tl.make_tensor_descriptor(x_src, [T, K], [stride_x_t, 1], [BLOCK_T, BLOCK_K])
         for t0 in range(0, T, BLOCK_T):
             dy = dy_src.load([t0, n0])
             x = x_src.load([t0, k0])
+            if UPCAST_DOT:
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
             acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
     else:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -233,10 +240,12 @@ class KernelConfig:
     # the next tile's first loads are in flight during this tile's epilogue.
     programs_per_sm: int = 0
     flatten: bool = False
-    # Hopper: read dy and x through tensor descriptors built on the host (TMA). False: plain masked
-    # pointers, a slower main loop but a launch that costs the host ~35 us less (the descriptors
-    # are encoded on every call), which matters where the GEMM is shorter than its launch.
-    tma: bool = True
+    # Hopper, how the main loop reads dy and x: "host", bulk tensor copies (TMA) through
+    # descriptors built on the host, which Triton's launcher encodes on every call (~35 us of
+    # host); "device", the same copies through descriptors each program builds in global scratch
+    # (a launch of plain pointers); "none", masked pointer loads (a slower main loop). The host's
+    # cost matters where the GEMM is shorter than its launch.
+    tma: str = "host"
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -278,16 +287,42 @@ def _has_tma(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _can_use_tma(t: torch.Tensor) -> bool:
-    """Bulk tensor copies need a 2-D tensor with unit last stride and 16-byte aligned rows and base."""
+def _tma_layout(t: torch.Tensor) -> bool:
+    """Bulk tensor copies need a 2-D 16-bit tensor with unit last stride, 16-byte aligned rows and base."""
     return (
-        t.is_cuda
-        and t.dtype in (torch.bfloat16, torch.float16)
+        t.dtype in (torch.bfloat16, torch.float16)
         and t.stride(1) == 1
         and (t.stride(0) * t.element_size()) % 16 == 0
         and t.data_ptr() % 16 == 0
-        and _has_tma(t.device)
     )
+
+
+def _can_use_tma(t: torch.Tensor) -> bool:
+    """A CUDA tensor that a Hopper (or newer) GPU can read by bulk tensor copies."""
+    return t.is_cuda and _tma_layout(t) and _has_tma(t.device)
+
+
+def _tma_mode(requested: str, dy: torch.Tensor, x: torch.Tensor, exact: bool, on_interpreter: bool) -> str:
+    """The config's `tma` where the operands allow it, else "none". Exact fp32 products always read
+    by pointers; the interpreter has no host descriptors of its own but builds device ones."""
+    if requested == "none" or exact or dy.dtype != x.dtype:
+        return "none"
+    if on_interpreter:
+        return requested if requested == "device" and _tma_layout(dy) and _tma_layout(x) else "none"
+    return requested if _can_use_tma(dy) and _can_use_tma(x) else "none"
+
+
+_scratch: dict[int, torch.Tensor] = {}
+
+
+def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for the descriptors that programs build ("device" TMA): one buffer per
+    stream, reused, since launches on a stream run one after another (torch.empty per launch would
+    cost the host what the device descriptors save)."""
+    buffer = _scratch.get(stream)
+    if buffer is None or buffer.numel() < size:
+        buffer = _scratch[stream] = torch.empty(max(size, 1 << 20), dtype=torch.int8, device="cuda")
+    return buffer
 
 
 def wgrad_update(
@@ -322,15 +357,17 @@ def wgrad_update(
     if state_dtype == "int8" and cfg.block_k % int8_group:
         raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
     exact = dy.dtype == torch.float32 or x.dtype == torch.float32
-    use_tma = cfg.tma and not on_interpreter and not exact and dy.dtype == x.dtype
-    use_tma = use_tma and _can_use_tma(dy) and _can_use_tma(x)
-    if use_tma:
+    tma = _tma_mode(cfg.tma, dy, x, exact, on_interpreter)
+    dy_src, x_src = dy, x
+    if tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         dy_src = TensorDescriptor.from_tensor(dy, [cfg.block_t, cfg.block_n])
         x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
-    else:
-        dy_src, x_src = dy, x
+    elif tma == "device" and not on_interpreter:
+        # Set on every launch: Triton's allocator is a context variable, and the backward runs on
+        # autograd's device thread, whose context is not the caller's.
+        triton.set_allocator(_descriptor_scratch)
     tiles = _cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k)
     persistent = cfg.programs_per_sm > 0
     grid = (min(tiles, cfg.programs_per_sm * _multiprocessors(dy.device)) if persistent else tiles,)
@@ -341,7 +378,7 @@ def wgrad_update(
         *coefficients, seed,
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
-        USE_TMA=use_tma,
+        TMA=tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, PERSISTENT=persistent, FLATTEN=cfg.flatten,
