@@ -82,6 +82,9 @@ class GpuConfig:
 
     name: str = MISSING
     memory_cap_gib: float | None = None  # cap via torch.cuda.set_per_process_memory_fraction
+    # PYTORCH_CUDA_ALLOC_CONF of each point's process, e.g. "expandable_segments:True" (segments
+    # that grow in place instead of new blocks: less fragmentation under a cap); None: torch's default
+    allocator: str | None = None
     peak_tflops: float | None = None  # dense bf16 peak for MFU; None: look up the detected GPU
 
 
@@ -250,6 +253,12 @@ def validate(cfg: DictConfig) -> None:
     for key in ("batch_size", "seq_len", "steps", "timeout_s", "gpus"):
         _positive(key, cfg[key])
     _positive("gpu.memory_cap_gib", cfg.gpu.memory_cap_gib)
+    allocator = cfg.gpu.allocator
+    if allocator is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", str(allocator)):
+        raise ConfigError(
+            f"gpu.allocator={allocator!r} is not a PYTORCH_CUDA_ALLOC_CONF value; "
+            "write option:value pairs separated by commas, e.g. gpu.allocator=expandable_segments:True"
+        )
     if not 0 <= cfg.warmup_steps < cfg.steps:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
     if cfg.method.dtype is not None:

@@ -92,9 +92,7 @@ def candidates(groups: list[str] | None = None) -> list[dict[str, Any]]:
     return [c for g in chosen for c in table[g]]
 
 
-def _compile(
-    config: dict[str, Any], arch: int, state_dtype: str, tma: str, stochastic_rounding: bool = True
-):
+def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stochastic_rounding: bool = True):
     """The CompiledKernel of the fused AdamW update (bf16 weights) under `config` for sm_<arch>;
     `tma` as `KernelConfig.tma` ("host", "device", "none")."""
     from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel

@@ -30,6 +30,7 @@ CONFIG_FIELDS = (
     "memory_cap_gib",
     "gpu_count",  # GPUs one point ran on: a tensor-parallel point is not its one-GPU twin
     "seed",  # weights and data order (config.seed): repeats of a run under other seeds stay apart
+    "cuda_alloc_conf",  # the CUDA allocator's settings (gpu.allocator): they change what fits
 )
 
 REFERENCE_METHOD = "fused_adamw"

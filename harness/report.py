@@ -157,11 +157,14 @@ def _capacity_section(sel: Selection | None, sizes: dict[str, float], out: Path)
 
 def _largest_batch_plots(anchor: str, records: Sequence[Record], out: Path) -> list[Path]:
     paths = []
-    for (model, gpu, seq, cap, ckpt), entries in largest_batches(records).items():
-        ac = "_ac" if ckpt else ""  # one plot per search: with and without checkpointing
-        name = f"{anchor}_largest_batch_{slug(str(model))}_s{seq}{ac}_cap{slug(f'{cap:g}')}.png"
+    for (model, gpu, seq, cap, ckpt, allocator), entries in largest_batches(records).items():
+        # one plot per search: with and without checkpointing, under each allocator setting
+        ac = "_ac" if ckpt else ""
+        alloc = f"_{slug(allocator)}" if allocator else ""
+        name = f"{anchor}_largest_batch_{slug(str(model))}_s{seq}{ac}{alloc}_cap{slug(f'{cap:g}')}.png"
         title = f"Largest micro-batch under {cap:g} GiB: {model}, seq {seq}"
         title += "\nwith activation checkpointing" if ckpt else ""
+        title += f"\nallocator {allocator}" if allocator else ""
         if anchor != "t3":
             title += f"\n{gpu}, each GPU capped"
         paths.append(plots.largest_batch(entries, title, out / "plots" / name))

@@ -77,6 +77,7 @@ EXTRA_FIELDS = (
     "method_label",  # the conf/method file the point used, unique within a sweep ("forge_int8")
     "master_weights",  # precision of the weights the update is applied to ("bf16", "fp32", "bf16+8")
     "emulated",  # True when gpu= emulates a smaller card with a memory cap
+    "cuda_alloc_conf",  # PYTORCH_CUDA_ALLOC_CONF of the point's process (None: torch's default)
     "gpu",  # the conf/gpu choice ("h200", "a100_40gb", "cpu")
     "device",  # "cuda" or "cpu"
     "dtype",  # dtype of the model weights

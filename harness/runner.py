@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import traceback
 from typing import Any
 
@@ -71,6 +72,8 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         device=device,
         memory_cap_gib=cfg.gpu.memory_cap_gib,
         emulated=cfg.gpu.memory_cap_gib is not None,
+        # the CUDA allocator's settings the point ran under (the worker inherits them from the sweep)
+        cuda_alloc_conf=cfg.gpu.allocator or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         steps=cfg.steps,
         warmup_steps=cfg.warmup_steps,
         dtype=config_mod.weight_dtype(cfg),

@@ -64,7 +64,8 @@ def point_id(cfg: DictConfig) -> str:
     tp = f"/tp{cfg.gpus}" if cfg.gpus > 1 else ""
     seed = f"/seed{cfg.seed}" if cfg.seed else ""  # the default seed 0 keeps the ids of old results
     shape = f"b{cfg.batch_size}/s{cfg.seq_len}"
-    return f"{cfg.method.label}/{cfg.model.name}/{shape}{ac}{tp}{seed}/{cfg.gpu.name}"
+    allocator = f"/alloc={cfg.gpu.allocator}" if cfg.gpu.allocator else ""  # another search, not a resume
+    return f"{cfg.method.label}/{cfg.model.name}/{shape}{ac}{tp}{seed}/{cfg.gpu.name}{allocator}"
 
 
 def _axes(cfg: DictConfig) -> dict[str, list[Any]]:
@@ -132,8 +133,10 @@ def _kill_live_workers() -> None:
             _kill_group(proc)
 
 
-def _child_env(device: str) -> dict[str, str]:
+def _child_env(device: str, allocator: str | None = None) -> dict[str, str]:
     child = dict(os.environ, PYTHONUNBUFFERED="1")
+    if allocator:  # read by torch's CUDA allocator when it starts, in the worker
+        child["PYTORCH_CUDA_ALLOC_CONF"] = allocator
     child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     if device == "cpu":
         child.setdefault("TRITON_INTERPRET", "1")  # forge's kernels run in Triton's interpreter
@@ -170,7 +173,7 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
             proc = subprocess.Popen(
                 cmd,
                 cwd=REPO,
-                env=launch.child_env(_child_env(device), gpus),
+                env=launch.child_env(_child_env(device, point.cfg.gpu.allocator), gpus),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

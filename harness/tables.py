@@ -435,15 +435,21 @@ def _capacity_table(
     groups = capacity_groups(capped)
     best = {key: _capacity(points) for key, points in groups.items()}
     with_ac = any(key[4] for key in groups)  # a column only when some search ran with checkpointing
+    with_allocator = any(key[5] for key in groups)  # and when some ran under another allocator setting
     rows = []
     for key in sorted(best, key=_capacity_order):
         row = _capacity_row(key, best, notes)
+        if with_allocator:
+            row = row[:3] + [key[5] or "default"] + row[3:]
         if with_ac:
             row = row[:3] + ["on" if key[4] else "off"] + row[3:]
         rows.append(row[:1] + [fmt_int(gpus(groups[key][0]))] + row[1:] if with_gpus else row)
     header = ["Model", "Seq", "Cap GiB", "Method", "Largest batch", "Peak alloc GiB", "Step ms (median)"]
     header += ["Tokens/s", "Throughput vs fused AdamW", "First failure", "Paper"]
     align = "lrrl" + "r" * 6 + "l"
+    if with_allocator:
+        header = header[:3] + ["Allocator"] + header[3:]
+        align = align[:3] + "l" + align[3:]
     if with_ac:
         header = header[:3] + ["Act. ckpt"] + header[3:]
         align = align[:3] + "l" + align[3:]
@@ -457,25 +463,27 @@ def _capacity_table(
 
 
 def capacity_groups(records: Iterable[Record]) -> dict[tuple, list[Record]]:
-    """Capped records by (model, GPU name and count, seq, cap, checkpointing, method, options)."""
+    """Capped records by (model, GPU name and count, seq, cap, checkpointing, CUDA allocator
+    setting, method, options): a search under another allocator setting is another search."""
     groups: dict[tuple, list[Record]] = {}
     for record in records:
         where = f"{record.get('gpu_name')}" + (f" x {gpus(record)}" if gpus(record) > 1 else "")
         group = (record.get("model"), where, _int(record.get("seq_len")))
         group += (record.get("memory_cap_gib"), bool(record.get("activation_checkpointing")))
+        group += (record.get("cuda_alloc_conf") or None,)
         group += (record.get("method"), options_key(record.get("method_options")))
         groups.setdefault(group, []).append(record)
     return groups
 
 
 def largest_batches(records: Sequence[Record]) -> dict[tuple, list[tuple[str, int | None]]]:
-    """Per capped configuration (model, GPU, seq, cap, ckpt): (method label, largest ok batch)."""
+    """Per capped search (model, GPU, seq, cap, ckpt, allocator): (method label, largest ok batch)."""
     out: dict[tuple, list[tuple[str, int | None]]] = {}
     groups = capacity_groups(records)
     for key in sorted(groups, key=_capacity_order):
         largest, _failure = _capacity(groups[key])
         batch = _int(largest.get("batch_size")) if largest else None
-        out.setdefault(key[:5], []).append((display_name(groups[key][0]), batch))
+        out.setdefault(key[:6], []).append((display_name(groups[key][0]), batch))
     return out
 
 
@@ -490,8 +498,8 @@ def _capacity(points: list[Record]) -> tuple[Record | None, Record | None]:
 
 
 def _capacity_order(key: tuple) -> tuple:
-    model, gpu, seq, cap, ac, method, options = key
-    return (str(model), str(gpu), seq or 0, cap or 0, ac, method_rank(method), options)
+    model, gpu, seq, cap, ac, allocator, method, options = key
+    return (str(model), str(gpu), seq or 0, cap or 0, ac, str(allocator or ""), method_rank(method), options)
 
 
 SWEEP_NOTE = (
@@ -506,7 +514,7 @@ UNBOUNDED_CAPACITY = (
 
 
 def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
-    model, _gpu, seq, cap, _ac, method, options = key
+    model, _gpu, seq, cap, _ac, _allocator, method, options = key
     largest, failure = best[key]
     ref_largest = _reference_capacity(key, best)
     label = display_name(largest or failure or {"method": method, "method_options": options})
@@ -533,5 +541,5 @@ def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
 
 
 def _reference_capacity(key: tuple, best: dict) -> Record | None:
-    candidates = sorted(k for k in best if k[:5] == key[:5] and k[5] == REFERENCE_METHOD)
+    candidates = sorted(k for k in best if k[:6] == key[:6] and k[6] == REFERENCE_METHOD)
     return best[candidates[0]][0] if candidates else None

@@ -70,6 +70,7 @@ def test_architectures_have_the_published_size(model, expected):
         ("sweep.mode=random", "grid, capacity"),
         ("method.options.state_dtype=fp8", "fp32, bf16, int8"),
         ("+method.options.colour=red", "valid options"),
+        ("gpu.allocator=expandable", "expandable_segments:True"),
     ],
 )
 def test_bad_override_fails_clearly(override, must_mention):

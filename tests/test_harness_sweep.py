@@ -180,6 +180,15 @@ def test_cli_run_one_point(tmp_path, capsys):
     assert record["status"] == "ok" and (tmp_path / ".gitignore").exists()
 
 
+def test_an_allocator_setting_reaches_the_worker_and_is_recorded(tmp_path):
+    setting = "expandable_segments:True"
+    assert sweep._child_env("cuda", setting)["PYTORCH_CUDA_ALLOC_CONF"] == setting
+    path = sweep.run_sweep(_overrides(tmp_path, ["no_optimizer"], f"gpu.allocator={setting}", "steps=2"))
+    (record,) = results.read(path)
+    assert record["status"] == "ok" and record["cuda_alloc_conf"] == setting
+    assert record["point"].endswith(f"/alloc={setting}")  # a search of its own, never a resume of another
+
+
 def test_another_seed_is_another_point():
     # seed 0 keeps the ids of results written before seeds were part of them
     assert "/seed" not in sweep.make_point([*TINY, "method=no_optimizer"]).id

@@ -302,6 +302,20 @@ def test_checkpointed_capacity_search_gets_its_own_plot(records, tmp_path):
     assert any("_ac_" in p.name for p in paths) and any("_ac_" not in p.name for p in paths)
 
 
+def test_a_search_under_another_allocator_setting_gets_its_own_rows_and_plot(records, tmp_path):
+    capped = [r for r in records if r.get("memory_cap_gib") is not None and r.get("gpu_count") == 1]
+    assert "Allocator" not in t3_capacity(capped).table.header
+    setting = "expandable_segments:True"  # as the sweep records it: another point id, another search
+    expandable = [dict(r, cuda_alloc_conf=setting, point=f"{r['point']}/alloc={setting}") for r in capped]
+    table = t3_capacity(capped + expandable).table
+    column = table.header.index("Allocator")
+    assert {row[column] for row in table.rows} == {"default", "expandable_segments:True"}
+    assert len(table.rows) == 2 * len(t3_capacity(capped).table.rows)
+    paths = report._largest_batch_plots("t3", capped + expandable, tmp_path)
+    assert len(set(paths)) == 2 * len(report._largest_batch_plots("t3", capped, tmp_path))
+    assert any("expandable" in p.name for p in paths)
+
+
 def test_rows_from_several_sweeps_name_their_sweep(records):
     # the fixture's T1 holds llama8b_h200 and activation_checkpointing points
     table = t1_llama(records).table
