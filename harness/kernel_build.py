@@ -68,16 +68,15 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # Large T, where the main loop dominates: a 128 x 256 tile (two warpgroups of m64n256 MMAs)
         # ran the bare GEMM at 95-98% of cuBLAS in the prototypes (shared/KERNEL-LEADS.md) where
         # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
-        # Where the GEMM is shorter than its launch (Llama's k and v at T = 1024), the host's cost
-        # per launch sets the time: plain pointers skip encoding two TMA descriptors per call.
-        # "device" keeps the bulk copies but has each program build its descriptors, so the launch
-        # carries plain pointers.
-        "pointers": [dict(c, tma="none") for c in shipped],
-        "device_tma": [dict(c, tma="device") for c in shipped],
         "wide": [
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
         ],
+        # Where the GEMM is shorter than its launch (Llama's k and v at T = 1024), the host's cost
+        # per launch sets the time: plain pointers skip encoding two TMA descriptors per call, and
+        # "device" keeps the bulk copies but has each program build its descriptors.
+        "pointers": [dict(c, tma="none") for c in shipped],
+        "device_tma": [dict(c, tma="device") for c in shipped],
     }
 
 
@@ -299,7 +298,7 @@ def describe(c: dict) -> str:
     if c.get("programs_per_sm"):
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
     if c.get("tma", "host") != "host":
-        name += " pointers" if c["tma"] in ("none", False) else f" TMA descriptors on the {c['tma']}"
+        name += " pointers" if c["tma"] == "none" else f" TMA descriptors on the {c['tma']}"
     if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:

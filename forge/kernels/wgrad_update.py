@@ -312,7 +312,7 @@ def _tma_mode(requested: str, dy: torch.Tensor, x: torch.Tensor, exact: bool, on
     return requested if _can_use_tma(dy) and _can_use_tma(x) else "none"
 
 
-_scratch: dict[int, torch.Tensor] = {}
+_scratch: dict[int | None, torch.Tensor] = {}
 
 
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
