@@ -77,6 +77,9 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # "device" keeps the bulk copies but has each program build its descriptors.
         "pointers": [dict(c, tma="none") for c in shipped],
         "device_tma": [dict(c, tma="device") for c in shipped],
+        # In slice order each epilogue slice's loads wait for the previous slice's stores (the
+        # SASS reads LDG x3, STG x3, eight times over): load the next slice first.
+        "overlap": [dict(c, overlap_slices=True) for c in shipped],
     }
 
 
@@ -113,6 +116,7 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
         BLOCK_T=config["block_t"],
         GROUP_N=config["group_n"],
         EPILOGUE_SPLIT=config["epilogue_split"],
+        OVERLAP_SLICES=config.get("overlap_slices", False),
         PERSISTENT=config.get("programs_per_sm", 0) > 0,
         FLATTEN=config.get("flatten", False),
     )
@@ -238,6 +242,17 @@ def programs_per_multiprocessor(registers: int, shared_bytes: int, threads: int)
     return min(by_registers, by_shared, HOPPER["threads"] // threads)
 
 
+def loads_before_first_store(sass: str) -> int:
+    """Global loads the epilogue issues before its first global store (SASS after the last
+    tensor-core MMA): 3 for AdamW with bf16 states updated slice by slice (W, m, v of one slice),
+    more when the next slice's loads are in flight too."""
+    ops = re.findall(r"\b(HGMMA|LDG|STG)\b", sass)
+    last_mma = max((i for i, op in enumerate(ops) if op == "HGMMA"), default=-1)
+    epilogue = ops[last_mma + 1 :]
+    first_store = epilogue.index("STG") if "STG" in epilogue else len(epilogue)
+    return epilogue[:first_store].count("LDG")
+
+
 def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", tma: bool = True) -> dict:
     """Registers, spills, shared memory and programs per multiprocessor of one config (in-process:
     TRITON_INTERPRET must be off). `ELEMENTWISE` as the config measures the element-wise kernel."""
@@ -260,6 +275,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),  # instructions, not executions
         spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
         shared_bytes=shared,
+        epilogue_loads_before_first_store=loads_before_first_store(sass),
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
 
@@ -299,6 +315,8 @@ def describe(c: dict) -> str:
         name += f" persistent {c['programs_per_sm']}/SM" + (" flatten" if c.get("flatten") else "")
     if c.get("tma", "host") != "host":
         name += " pointers" if c["tma"] == "none" else f" TMA descriptors on the {c['tma']}"
+    if c.get("overlap_slices"):
+        name += " overlapped slices"
     if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
     if c.get("int8_group", 64) != 64:
@@ -338,6 +356,7 @@ def main(argv: list[str]) -> int:
         "programs_per_sm",
         "flatten",
         "tma",
+        "overlap_slices",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -79,3 +79,18 @@ def test_the_cheaper_launch_candidates_build_and_fit_two_programs_per_sm():
     assert (pointers["tma"], device["tma"]) == ("none", "device")
     for r in kernel_build.resources([pointers, device]):
         assert r["tma"] in ("none", "device") and r["registers"] <= 128 and r["programs_per_sm"] == 2
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
+    """`overlap_slices` (group "overlap"): the epilogue issues the next slice's loads before the
+    first slice's stores, where the shipped epilogue loads one slice at a time; on 64-row tiles it
+    still fits two programs per SM (spill-free with triton 3.6)."""
+    shipped = kernel_build.candidate_groups()["shipped"][2]  # 64 x 128, four 16-row slices
+    plain, overlapped = kernel_build.resources(
+        [shipped, dict(shipped, overlap_slices=True)], state_dtype=state_dtype
+    )
+    assert (
+        overlapped["epilogue_loads_before_first_store"] == 2 * plain["epilogue_loads_before_first_store"] > 0
+    )
+    assert overlapped["registers"] <= 128 and overlapped["programs_per_sm"] == 2

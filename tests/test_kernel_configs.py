@@ -2,7 +2,8 @@
 
 The persistent grid (a few programs looping over tiles, `KernelConfig.programs_per_sm`), the
 epilogue's row slices (`epilogue_split`, which bound its registers) and a tile of half the rows
-(what the Hopper table picks for int8 states at small T) must give bit-for-bit the weights and
+(what the Hopper table picks for int8 states at small T) and slices whose loads are issued before
+the slice above is stored (`overlap_slices`) must give bit-for-bit the weights and
 states of one program per tile updating it whole: every tile accumulates over T in
 the same order and runs the same arithmetic per element, whichever program runs it and in
 whatever slices. Triton interpreter, small odd
@@ -27,6 +28,13 @@ OTHERS = {
     "split-4": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=4),
     "split-8": KernelConfig(block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=8),
     "half-rows": KernelConfig(block_n=16, block_k=64, block_t=32, group_n=2, num_warps=4),
+    # each slice's W and states loaded before the slice above it is stored
+    "overlap-split-4": KernelConfig(
+        block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=4, overlap_slices=True
+    ),
+    "overlap-split-2": KernelConfig(
+        block_n=32, block_k=64, block_t=32, group_n=2, num_warps=4, epilogue_split=2, overlap_slices=True
+    ),
 }
 
 
@@ -79,6 +87,9 @@ WIDE = {  # tiles 128 columns wide: whole groups of 128
     "one-per-tile": KernelConfig(block_n=32, block_k=128, block_t=32, group_n=2, num_warps=4),
     "split-8": KernelConfig(block_n=32, block_k=128, block_t=32, group_n=2, num_warps=4, epilogue_split=8),
     "1-per-sm": KernelConfig(block_n=16, block_k=128, block_t=32, group_n=2, num_warps=4, programs_per_sm=1),
+    "overlap-split-4": KernelConfig(
+        block_n=32, block_k=128, block_t=32, group_n=2, num_warps=4, epilogue_split=4, overlap_slices=True
+    ),
 }
 
 

@@ -82,35 +82,49 @@ def quantize_positive(x):
 
 
 @triton.jit
-def load_state(
+def load_state_raw(
     ptr,  # state codes or values, same layout as the weight
     scale_ptr,  # (rows, ceil(cols / QGROUP)) bf16 block scales; only read for int8
     offs,  # (ROWS, COLS) int64 element offsets
     scale_offs,  # (ROWS, COLS // QGROUP) int64 scale offsets
     mask,  # (ROWS, COLS) bool
     scale_mask,  # (ROWS, COLS // QGROUP) bool
+    STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
+):
+    """A tile of one state slot as stored: (values, scales), the scales only for int8 (else the
+    values again). Loading apart from decoding lets a caller issue the loads early."""
+    values = tl.load(ptr + offs, mask=mask, other=0)
+    scales = values
+    if STATE_DTYPE == "int8":
+        scales = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0)
+    return values, scales
+
+
+@triton.jit
+def decode_state(
+    values, scales,  # as `load_state_raw` returns them
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
-    STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
+    STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
 ):
-    """A tile of one state slot as fp32 (ROWS, COLS); masked elements read as 0."""
+    """The stored tile as fp32 (ROWS, COLS)."""
     if STATE_DTYPE == "int8":
-        q = tl.reshape(tl.load(ptr + offs, mask=mask, other=0), (ROWS, COLS // QGROUP, QGROUP))
-        scale = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0).to(tl.float32)[:, :, None]
+        q = tl.reshape(values, (ROWS, COLS // QGROUP, QGROUP))
+        scale = scales.to(tl.float32)[:, :, None]
         if SIGNED:
             x = dequantize_signed(q, scale)
         else:
             x = dequantize_positive(q, scale)
         return tl.reshape(x, (ROWS, COLS))
     else:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return values.to(tl.float32)
 
 
 @triton.jit
 def store_state(
-    ptr, scale_ptr, offs, scale_offs, mask, scale_mask,  # as in load_state
+    ptr, scale_ptr, offs, scale_offs, mask, scale_mask,  # as in load_state_raw
     x,  # (ROWS, COLS) fp32 new values
     ROWS: tl.constexpr,
     COLS: tl.constexpr,

@@ -14,9 +14,83 @@ column that is a multiple of QGROUP and spans whole groups, so its scales are it
 import triton
 import triton.language as tl
 
-from forge.kernels.quant import load_state, store_state
+from forge.kernels.quant import decode_state, load_state_raw, store_state
 from forge.kernels.rounding import store_weight
 from forge.rules import apply_rule
+
+
+@triton.jit
+def tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Element and scale offsets of the (BLOCK_N, BLOCK_K) tile at (n_start, k_start), with masks."""
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    offs = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    groups = k_start // QGROUP + tl.arange(0, BLOCK_K // QGROUP)
+    scale_offs = offs_n.to(tl.int64)[:, None] * NUM_GROUPS + groups[None, :]
+    scale_mask = (offs_n[:, None] < N) & (groups[None, :] < NUM_GROUPS)
+    return offs, mask, scale_offs, scale_mask
+
+
+@triton.jit
+def load_tile(
+    n_start, k_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """What `finish_tile` reads for one tile, as stored (nothing decoded, so a caller can issue
+    these loads early and hold them in few registers): (w, s1, q1, s2, q2, s3, q3), a slot the
+    rule lacks holding w again."""
+    offs, mask, scale_offs, scale_mask = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    s1, q1, s2, q2, s3, q3 = w, w, w, w, w, w
+    if HAS_S1:
+        s1, q1 = load_state_raw(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
+    if HAS_S2:
+        s2, q2 = load_state_raw(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
+    if HAS_S3:
+        s3, q3 = load_state_raw(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
+    return w, s1, q1, s2, q2, s3, q3
+
+
+@triton.jit
+def finish_tile(
+    acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
+    n_start, k_start,
+    loaded,  # what `load_tile` returned for this tile
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Decode the loaded tile, apply the rule to the gradient in `acc` in fp32, store W and states."""
+    offs, mask, scale_offs, scale_mask = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
+    w = w_raw.to(tl.float32)
+    s1 = acc
+    s2 = acc
+    s3 = acc
+    if HAS_S1:
+        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
+    if HAS_S2:
+        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
+    if HAS_S3:
+        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
+
+    w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED)
+
+    store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING)
+    if HAS_S1:
+        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
+    if HAS_S2:
+        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
+    if HAS_S3:
+        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
 
 
 @triton.jit
@@ -34,34 +108,12 @@ def update_tile(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Load W and the states of one tile, apply the rule to the gradient in `acc`, store them."""
-    offs_n = n_start + tl.arange(0, BLOCK_N)
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    offs = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    groups = k_start // QGROUP + tl.arange(0, BLOCK_K // QGROUP)
-    scale_offs = offs_n.to(tl.int64)[:, None] * NUM_GROUPS + groups[None, :]
-    scale_mask = (offs_n[:, None] < N) & (groups[None, :] < NUM_GROUPS)
-
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    s1 = acc
-    s2 = acc
-    s3 = acc
-    if HAS_S1:
-        s1 = load_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
-    if HAS_S2:
-        s2 = load_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
-    if HAS_S3:
-        s3 = load_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
-
-    w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED)
-
-    store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING)
-    if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
-    if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
-    if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
+    loaded = load_tile(n_start, k_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
+                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, BLOCK_N, BLOCK_K)
+    finish_tile(acc, n_start, k_start, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
 
 
 def slot_arguments(param, states: tuple, scales: tuple) -> list:

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels import _cdiv, interpreting
-from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
+from forge.kernels.update_tile import epilogue_constexprs, finish_tile, load_tile, slot_arguments, update_tile
 
 
 @triton.jit
@@ -71,6 +71,7 @@ def _wgrad_update_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
     GROUP_N: tl.constexpr,  # tiles of N walked together, for L2 reuse of x
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2, 4 or 8: update the tile in this many row slices (registers)
+    OVERLAP_SLICES: tl.constexpr,  # load slice i + 1 before slice i is updated and stored
     PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
     FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
 ):
@@ -82,14 +83,14 @@ def _wgrad_update_kernel(
                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, TMA, UPCAST_DOT, DOT_PRECISION,
-                      BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
+                      BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT, OVERLAP_SLICES)
     else:
         _one_tile(tl.program_id(0), w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_src, x_src,
                   T, N, K, NUM_GROUPS, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, TMA, UPCAST_DOT, DOT_PRECISION,
-                  BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT)
+                  BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT, OVERLAP_SLICES)
 
 
 @triton.jit
@@ -103,7 +104,7 @@ def _one_tile(
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-    GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    GROUP_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, OVERLAP_SLICES: tl.constexpr,
 ):
     """Accumulate the gradient of one (BLOCK_N, BLOCK_K) tile of W over all T, then update it."""
     # Grouped ordering: GROUP_N consecutive tiles share a column of x tiles in L2.
@@ -149,7 +150,12 @@ def _one_tile(
 
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
-    if EPILOGUE_SPLIT == 1:
+    if OVERLAP_SLICES:
+        _update_overlapped(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                           N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, EPILOGUE_SPLIT, BLOCK_N, BLOCK_K)
+    elif EPILOGUE_SPLIT == 1:
         update_tile(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                     RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
@@ -176,6 +182,47 @@ def _one_tile(
                          q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                          RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                          STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
+
+
+@triton.jit
+def _slices(tile, ROWS: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr):
+    """A (ROWS, COLS) register tile as a tuple of PARTS (1, 2, 4 or 8) row slices, top first."""
+    if PARTS == 1:
+        parts = (tile,)
+    else:
+        top, bottom = _halves(tile, ROWS, COLS)
+        parts = _slices(top, ROWS // 2, COLS, PARTS // 2) + _slices(bottom, ROWS // 2, COLS, PARTS // 2)
+    return parts
+
+
+@triton.jit
+def _update_overlapped(
+    acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Update the tile in SPLIT row slices, each slice's W and states loaded before the slice above
+    it is updated and stored. In slice order the loads of a slice would wait for the stores of the
+    one before, so every slice paid a full memory latency; a slice's loads do not depend on its
+    gradient, so two slices' loads can be in flight."""
+    ROWS: tl.constexpr = BLOCK_N // SPLIT
+    parts = _slices(acc, BLOCK_N, BLOCK_K, SPLIT)
+    loaded = load_tile(n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
+                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
+    for i in tl.static_range(SPLIT):
+        if i + 1 < SPLIT:
+            following = load_tile(n0 + (i + 1) * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                  N, K, NUM_GROUPS, HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
+        finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                    STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+        if i + 1 < SPLIT:
+            loaded = following
 
 
 @triton.jit
@@ -246,6 +293,9 @@ class KernelConfig:
     # (a launch of plain pointers); "none", masked pointer loads (a slower main loop). The host's
     # cost matters where the GEMM is shorter than its launch.
     tma: str = "host"
+    # Load each epilogue slice's W and states before the slice above it is updated and stored (two
+    # slices' loads in flight instead of one; a few more registers).
+    overlap_slices: bool = False
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -381,7 +431,8 @@ def wgrad_update(
         TMA=tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
-        EPILOGUE_SPLIT=cfg.epilogue_split, PERSISTENT=persistent, FLATTEN=cfg.flatten,
+        EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices, PERSISTENT=persistent,
+        FLATTEN=cfg.flatten,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not on_interpreter else {}),
     )
