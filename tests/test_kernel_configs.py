@@ -38,11 +38,21 @@ OTHERS = {
 }
 
 
-def _step(config: KernelConfig, state_dtype: str, seed: int = 1234, int8_group: int = 64):
-    g = torch.Generator().manual_seed(7)
-    T, N, K = 37, 70, 130  # 3 x 3 tiles, the last row and column partial
+def _operands(g: torch.Generator, bf16: bool = False):
+    """(x, dy): fp32 on 3 x 3 tiles with the last row and column partial (T = 37, N = 70, K = 130);
+    bf16 with rows 16-byte aligned, as bulk tensor copies need (N = 72, K = 136)."""
+    T, N, K = (37, 72, 136) if bf16 else (37, 70, 130)
     x = torch.randn(T, K, generator=g)
     dy = torch.randn(T, N, generator=g) / T**0.5
+    return (x.bfloat16(), dy.bfloat16()) if bf16 else (x, dy)
+
+
+def _step(
+    config: KernelConfig, state_dtype: str, seed: int = 1234, int8_group: int = 64, bf16_operands=False
+):
+    g = torch.Generator().manual_seed(7)
+    x, dy = _operands(g, bf16_operands)
+    (N, K) = dy.shape[1], x.shape[1]
     w = (torch.randn(N, K, generator=g) * 0.02).to(torch.bfloat16)
     m = torch.randn(N, K, generator=g) * 1e-3
     v = torch.rand(N, K, generator=g) * 1e-6
@@ -113,37 +123,9 @@ def test_descriptors_built_in_the_kernel_read_what_pointers_read():
     zeros, so the step equals the masked-pointer loop's bit for bit (T = 37: a partial last block)."""
     from forge.kernels.wgrad_update import _tma_mode
 
-    g = torch.Generator().manual_seed(11)
-    T, N, K = 37, 72, 136  # 2 x 3 tiles, partial ones; rows of 144 and 272 bytes
-    x = torch.randn(T, K, generator=g).bfloat16()
-    dy = (torch.randn(T, N, generator=g) / T**0.5).bfloat16()
+    x, dy = _operands(torch.Generator().manual_seed(7), bf16=True)
     assert _tma_mode("device", dy, x, exact=False, on_interpreter=True) == "device"
-    w0 = (torch.randn(N, K, generator=g) * 0.02).bfloat16()
-    m0, v0 = (
-        (torch.randn(N, K, generator=g) * 1e-3).bfloat16(),
-        (torch.rand(N, K, generator=g) * 1e-6).bfloat16(),
-    )
-    rule = get_rule("adamw")
-    h = resolve_hparams(rule, dict(lr=1e-2, weight_decay=0.1))
-
-    def step(tma):
-        w, m, v = w0.clone(), m0.clone(), v0.clone()
-        wgrad_update(
-            w,
-            (m, v, None),
-            (None,) * 3,
-            (True, False, False),
-            dy,
-            x,
-            rule.coefficients(h, 3, {}),
-            5,
-            rule="adamw",
-            flags=rule.flags(h),
-            state_dtype="bf16",
-            stochastic_rounding=True,
-            config=replace(ONE_PER_TILE, tma=tma),
-        )
-        return w, m, v
-
-    for got, want, name in zip(step("device"), step("none"), "wmv"):
-        assert torch.equal(got, want), f"{name} differs"
+    got = _step(replace(ONE_PER_TILE, tma="device"), "bf16", bf16_operands=True)
+    want = _step(replace(ONE_PER_TILE, tma="none"), "bf16", bf16_operands=True)
+    for a, b, name in zip(got, want, "wmv"):
+        assert torch.equal(a, b), f"{name} differs"
