@@ -52,7 +52,7 @@ def _step(
 ):
     g = torch.Generator().manual_seed(7)
     x, dy = _operands(g, bf16_operands)
-    (N, K) = dy.shape[1], x.shape[1]
+    N, K = dy.shape[1], x.shape[1]
     w = (torch.randn(N, K, generator=g) * 0.02).to(torch.bfloat16)
     m = torch.randn(N, K, generator=g) * 1e-3
     v = torch.rand(N, K, generator=g) * 1e-6
