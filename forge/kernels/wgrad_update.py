@@ -150,43 +150,16 @@ def _one_tile(
 
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
-    if OVERLAP_SLICES:
-        _update_overlapped(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                           N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, EPILOGUE_SPLIT, BLOCK_N, BLOCK_K)
-    elif EPILOGUE_SPLIT == 1:
-        update_tile(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                    STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
-    elif EPILOGUE_SPLIT == 2:
-        top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
-        _update_slices(top, bottom, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-    elif EPILOGUE_SPLIT == 4:
-        _update_quarters(acc, n0, k0, BLOCK_N, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-    else:
-        tl.static_assert(EPILOGUE_SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
-        top, bottom = _halves(acc, BLOCK_N, BLOCK_K)
-        _update_quarters(top, n0, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-        _update_quarters(bottom, n0 + BLOCK_N // 2, k0, BLOCK_N // 2, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr,
-                         q2_ptr, q3_ptr, N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                         STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
+    _update_in_slices(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                      N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                      RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _slices(tile, ROWS: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr):
     """A (ROWS, COLS) register tile as a tuple of PARTS (1, 2, 4 or 8) row slices, top first."""
+    tl.static_assert(PARTS == 1 or PARTS == 2 or PARTS == 4 or PARTS == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
     if PARTS == 1:
         parts = (tile,)
     else:
@@ -196,78 +169,40 @@ def _slices(tile, ROWS: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _update_overlapped(
+def _update_in_slices(
     acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Update the tile in SPLIT row slices, each slice's W and states loaded before the slice above
-    it is updated and stored. In slice order the loads of a slice would wait for the stores of the
-    one before, so every slice paid a full memory latency; a slice's loads do not depend on its
-    gradient, so two slices' loads can be in flight."""
+    """Update the tile in SPLIT (1, 2, 4 or 8) row slices, top first. In slice order a slice's
+    loads wait for the stores of the slice before it, so every slice pays a full memory latency;
+    with OVERLAP each slice's W and states are loaded before the slice above it is updated and
+    stored (a slice's loads do not depend on its gradient): two slices' loads in flight."""
     ROWS: tl.constexpr = BLOCK_N // SPLIT
     parts = _slices(acc, BLOCK_N, BLOCK_K, SPLIT)
-    loaded = load_tile(n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
-    for i in tl.static_range(SPLIT):
-        if i + 1 < SPLIT:
-            following = load_tile(n0 + (i + 1) * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                  N, K, NUM_GROUPS, HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
-        finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                    STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
-        if i + 1 < SPLIT:
-            loaded = following
-
-
-@triton.jit
-def _update_quarters(
-    tile, n0, k0, ROWS: tl.constexpr,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Update a (ROWS, BLOCK_K) gradient tile starting at row n0 in four slices of ROWS // 4 rows."""
-    top, bottom = _halves(tile, ROWS, BLOCK_K)
-    a, b = _halves(top, ROWS // 2, BLOCK_K)
-    _update_slices(a, b, n0, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                   N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-    c, d = _halves(bottom, ROWS // 2, BLOCK_K)
-    _update_slices(c, d, n0 + ROWS // 2, k0, ROWS // 4, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                   N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_K)
-
-
-@triton.jit
-def _update_slices(
-    first, second, n0, k0, ROWS: tl.constexpr,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Update two consecutive row slices of ROWS rows each, starting at row n0."""
-    update_tile(first, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
-    update_tile(second, n0 + ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+    if OVERLAP:
+        loaded = load_tile(n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
+                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
+        for i in tl.static_range(SPLIT):
+            if i + 1 < SPLIT:
+                following = load_tile(n0 + (i + 1) * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                      N, K, NUM_GROUPS, HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
+            finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+            if i + 1 < SPLIT:
+                loaded = following
+    else:
+        for i in tl.static_range(SPLIT):
+            update_tile(parts[i], n0 + i * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
 
 
 @dataclass(frozen=True)
