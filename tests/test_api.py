@@ -146,6 +146,27 @@ def test_step_and_zero_grad_are_harmless():
         assert torch.equal(p, q)
 
 
+def test_under_torch_compile_the_fused_step_leaves_the_graph(monkeypatch):
+    """Eager backward calls the optimizer directly (no compiler wrapper on the host path); while
+    torch.compile traces, the step goes through the `torch.compiler.disable`d function instead,
+    and computes the same update."""
+    import forge.nn as forge_nn
+
+    base, batch = _mlp(), _batches(1)[0]
+    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
+    forge.attach(eager, "adamw", state_dtype="fp32")
+    forge.attach(traced, "adamw", state_dtype="fp32")
+    _step(eager, batch)
+    outside = []
+    wrapped = forge_nn._fused_step_outside_graph
+    monkeypatch.setattr(forge_nn, "_fused_step_outside_graph", lambda *a: outside.append(1) or wrapped(*a))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    _step(traced, batch)
+    assert len(outside) == 2  # both linears
+    for p, q in zip(eager.parameters(), traced.parameters()):
+        assert torch.equal(p, q)
+
+
 def test_detach_restores_plain_linear_and_keeps_weights():
     model = _mlp()
     forge.attach(model, "adamw")
