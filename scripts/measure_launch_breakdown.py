@@ -27,8 +27,14 @@ of the path, so the difference between two rows is what that layer costs:
 - `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
   hook launches; a Llama-3.1-8B step has 65 of them).
 
+- `ForgeLinear fwd+bwd, backward on this thread, no kernel`: the same with the fused kernel's
+  launch replaced by a no-op, so the difference to the row above is what the launch costs inside
+  a layer's backward (against `wgrad_update` alone, where nothing else is queued).
+
 Then a cProfile of ForgeLinear's forward + backward (backward on this thread, so the profiler sees
-it): the 25 functions with the most own time, in the JSON under `profile`.
+it): the 25 functions with the most own time, in the JSON under `profile`; and torch.profiler's
+table of the same calls by own CPU time (aten ops and CUDA runtime calls, a synchronization
+among them), under `torch_profile`.
 
 Per row: `host_us`, the host's time per call over a loop without synchronizing (what the host
 spends; the GPU runs behind it), and `wall_us`, the same loop closed by a synchronize (the larger
@@ -94,6 +100,18 @@ def _profile(fn, n: int, sync, top: int = 25) -> str:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
+
+
+def _torch_profile(fn, n: int, sync, top: int = 25) -> str:
+    """torch.profiler over `n` calls of `fn`: the `top` ops and runtime calls by own CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
 def main(argv: list[str]) -> int:
@@ -170,6 +188,16 @@ def main(argv: list[str]) -> int:
 
         return run
 
+    def without_kernel(step):
+        def run():
+            wu._wgrad_update_kernel = _Capture()
+            try:
+                step()
+            finally:
+                wu._wgrad_update_kernel = kernel
+
+        return run
+
     rows = {
         "mm": lambda: torch.mm(dy.t(), x),
         "raw launch": raw(launches["raw launch"]),
@@ -182,6 +210,7 @@ def main(argv: list[str]) -> int:
         "ForgeLinear fwd+bwd": forge_step,
         "nn.Linear fwd+bwd, backward on this thread": on_this_thread(plain_step),
         "ForgeLinear fwd+bwd, backward on this thread": on_this_thread(forge_step),
+        "ForgeLinear fwd+bwd, backward on this thread, no kernel": on_this_thread(without_kernel(forge_step)),
         "_can_use_tma(dy)": lambda: wu._can_use_tma(dy),
         "elementwise_update, norm": norm_update,
     }
@@ -194,6 +223,8 @@ def main(argv: list[str]) -> int:
         print(f"{name:44s} {host_us:9.1f} {wall_us:9.1f}", flush=True)
     profile = _profile(on_this_thread(forge_step), calls, sync)
     print(profile)
+    torch_profile = _torch_profile(on_this_thread(forge_step), min(calls, 200), sync)
+    print(torch_profile)
     record = dict(
         device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
@@ -203,6 +234,7 @@ def main(argv: list[str]) -> int:
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         rows=results,
         profile=profile,
+        torch_profile=torch_profile,
     )
     out = Path(os.environ.get("OUT", "."))
     (out / "launch_breakdown.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -28,7 +28,14 @@ def test_launch_breakdown_dry_run(tmp_path):
     done = _run("measure_launch_breakdown.py", "--tiny", out=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "launch_breakdown.json").read_text())
-    assert set(record["rows"]) >= {"mm", "raw launch", "wgrad_update", "ForgeLinear fwd+bwd"}
+    assert set(record["rows"]) >= {
+        "mm",
+        "raw launch",
+        "wgrad_update",
+        "ForgeLinear fwd+bwd",
+        "ForgeLinear fwd+bwd, backward on this thread, no kernel",
+    }
+    assert "ForgeLinearFunctionBackward" in record["torch_profile"]
     assert all(row["host_us"] > 0 and row["wall_us"] >= row["host_us"] for row in record["rows"].values())
 
 

@@ -251,6 +251,7 @@ _HOPPER_SMALL_T = {
 _HOST_BOUND_FLOPS = 2e10
 
 
+@functools.lru_cache(maxsize=256)  # asked on every launch; a few shapes per model
 def _pick_config(
     T: int, N: int, K: int, state_dtype: str, on_interpreter: bool, int8_group: int = 64
 ) -> KernelConfig:
