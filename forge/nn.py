@@ -67,7 +67,7 @@ class ForgeLinearFunction(torch.autograd.Function):
             db = dy2.sum(0)
         if torch.compiler.is_compiling():
             _fused_step_outside_graph(optimizer, weight, dy2, x2)
-        else:  # eager: the disable wrapper would cost every layer's backward ~20 us of host
+        else:  # eager: skip the disable wrapper (4% of a profiled ForgeLinear step on the GPU machine)
             optimizer.update_linear(weight, dy2, x2)
         return dx, None, db, None, None
 

@@ -23,13 +23,12 @@ of the path, so the difference between two rows is what that layer costs:
 - `... , backward on this thread`: the same two with `torch.autograd.set_multithreading_enabled
   (False)`: on CUDA the autograd engine otherwise runs backward on a device thread, where
   FORGE's backward (Python) must take the GIL and torch's (C++) need not;
-- `_can_use_tma(dy)`: the wrapper's check (it asks `torch.cuda.get_device_capability`), twice a call;
-- `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
-  hook launches; a Llama-3.1-8B step has 65 of them).
-
 - `ForgeLinear fwd+bwd, backward on this thread, no kernel`: the same with the fused kernel's
   launch replaced by a no-op, so the difference to the row above is what the launch costs inside
   a layer's backward (against `wgrad_update` alone, where nothing else is queued).
+- `_can_use_tma(dy)`: the wrapper's check (it asks `torch.cuda.get_device_capability`), twice a call;
+- `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
+  hook launches; a Llama-3.1-8B step has 65 of them).
 
 Then a cProfile of ForgeLinear's forward + backward (backward on this thread, so the profiler sees
 it): the 25 functions with the most own time, in the JSON under `profile`; and torch.profiler's

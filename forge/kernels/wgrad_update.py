@@ -241,7 +241,7 @@ class KernelConfig:
 # shapes; at T = 8192 both lose to the 128 x 128 tile in 32-row slices. The int8 64-row tiles also
 # load each slice before the one above is stored (1-3.5% on every point at T <= 2048). Below
 # _HOST_BOUND_FLOPS the GEMM is shorter than the launch: masked pointer loads cost the GPU 5-9 us
-# there (k at T = 1024 and 2048) and the host ~45 us less per launch than two TMA descriptors.
+# there (k at T = 1024 and 2048) and the host 27-47 us less per launch than two TMA descriptors.
 _HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
                        num_stages=3, maxnreg=128)
 _HOPPER_SMALL_T = {
