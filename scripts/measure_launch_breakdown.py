@@ -26,7 +26,7 @@ of the path, so the difference between two rows is what that layer costs:
 - `ForgeLinear fwd+bwd, backward on this thread, no kernel`: the same with the fused kernel's
   launch replaced by a no-op, so the difference to the row above is what the launch costs inside
   a layer's backward (against `wgrad_update` alone, where nothing else is queued).
-- `_can_use_tma(dy)`: the wrapper's check (it asks `torch.cuda.get_device_capability`), twice a call;
+- `_can_use_tma(dy)`: the wrapper's layout check, twice a call (the capability query is cached per device);
 - `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
   hook launches; a Llama-3.1-8B step has 65 of them).
 
