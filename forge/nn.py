@@ -62,7 +62,10 @@ class ForgeLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         dx = db = None
         if ctx.needs_input_grad[0]:
-            dx = (dy2 @ local(weight).to(dy2.dtype)).reshape(x.shape).to(x.dtype)  # old W, before the update
+            w = local(weight)  # the old W, before the update; cast only under autocast
+            dx = (dy2 @ (w if w.dtype == dy2.dtype else w.to(dy2.dtype))).reshape(x.shape)
+            if dx.dtype != x.dtype:
+                dx = dx.to(x.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         if torch.compiler.is_compiling():

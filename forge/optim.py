@@ -172,9 +172,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
             int8_group=self.int8_group,
         )
 
-    @torch.no_grad()
     def update_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
-        """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused."""
+        """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused.
+
+        No torch.no_grad() here: nothing below is a torch op that autograd could record (the
+        kernel writes through raw pointers), and the context manager cost each of the 225 calls of
+        a Llama-3.1-8B step a few microseconds of host."""
         group, coefficients, seed = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
         wgrad_update(

@@ -16,7 +16,9 @@ of the path, so the difference between two rows is what that layer costs:
 - `raw launch, pointers`: the same reading dy and x by masked pointer loads (`tma="none"`);
 - `raw launch, device TMA`: bulk copies through descriptors each program builds (`tma="device"`),
   so only plain pointers cross the launch;
-- `wgrad_update`: FORGE's wrapper around the raw launch (config, descriptors, argument list);
+- `direct launch` and `direct launch, pointers`: the same arguments through
+  `forge.kernels.launch.DirectLauncher`, its key seen before (Triton's C launcher, no binder);
+- `wgrad_update`: FORGE's wrapper around the launch (key, cached plan, descriptors, argument list);
 - `wgrad_update, pointers` and `wgrad_update, device TMA`: the wrapper under those two configs;
 - `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
   autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused);
@@ -59,19 +61,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import forge  # noqa: E402, I001  (first: on a CPU it turns Triton's interpreter on before Triton loads)
 import forge.kernels.wgrad_update as wu  # noqa: E402
 from forge.kernels.elementwise_update import elementwise_update  # noqa: E402
+from forge.kernels.launch import DirectLauncher  # noqa: E402
 from forge.rules import get_rule, resolve_hparams  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
 
 class _Capture:
-    """Stands in for the @triton.jit kernel for one call and keeps what the wrapper launched with."""
+    """Stands in for the wrapper's launcher for one call and keeps what it was asked to launch."""
 
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.grid, self.args, self.kwargs = grid, args, kwargs
-
-        return launch
+    def __call__(self, key, grid, args, constexprs, options):
+        self.key, self.grid, self.args, self.kwargs = key, grid, args, {**constexprs, **options}
 
 
 def _per_call_us(fn, n: int, sync) -> tuple[float, float]:
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
         args = (w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7)
         return lambda: wu.wgrad_update(*args, **options, config=config)
 
-    kernel = wu._wgrad_update_kernel
+    kernel, launcher = wu._wgrad_update_kernel, wu._launch
     launches = {}
     for name, tma in (
         ("raw launch", "host"),
@@ -152,13 +152,22 @@ def main(argv: list[str]) -> int:
         ("raw launch, device TMA", "device"),
     ):
         capture = _Capture()
-        wu._wgrad_update_kernel = capture
+        wu._launch = capture
         update(tma)()
-        wu._wgrad_update_kernel = kernel
+        wu._launch = launcher
         launches[name] = capture
 
     def raw(capture):
         return lambda: kernel[capture.grid](*capture.args, **capture.kwargs)
+
+    def direct(capture):
+        if device == "cpu":  # the interpreter has no compiled kernel to launch directly
+            return raw(capture)
+        own = DirectLauncher(kernel)
+        option_names = ("num_warps", "num_stages", "maxnreg")
+        constexprs = {k: v for k, v in capture.kwargs.items() if k not in option_names}
+        options = {k: v for k, v in capture.kwargs.items() if k in option_names}
+        return lambda: own(capture.key, capture.grid, capture.args, constexprs, options)
 
     norm = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
     norm_grad = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
@@ -189,11 +198,11 @@ def main(argv: list[str]) -> int:
 
     def without_kernel(step):
         def run():
-            wu._wgrad_update_kernel = _Capture()
+            wu._launch = _Capture()
             try:
                 step()
             finally:
-                wu._wgrad_update_kernel = kernel
+                wu._launch = launcher
 
         return run
 
@@ -202,6 +211,8 @@ def main(argv: list[str]) -> int:
         "raw launch": raw(launches["raw launch"]),
         "raw launch, pointers": raw(launches["raw launch, pointers"]),
         "raw launch, device TMA": raw(launches["raw launch, device TMA"]),
+        "direct launch": direct(launches["raw launch"]),
+        "direct launch, pointers": direct(launches["raw launch, pointers"]),
         "wgrad_update": update("host"),
         "wgrad_update, pointers": update("none"),
         "wgrad_update, device TMA": update("device"),

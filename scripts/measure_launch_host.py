@@ -3,11 +3,13 @@
     python scripts/measure_launch_host.py            # Llama k_proj at T = 1024, AdamW, bf16 states
 
 Two figures, medians over a few thousand calls of `forge.kernels.wgrad_update.wgrad_update` on CPU
-tensors (nothing runs; the kernel object is replaced by a recorder):
+tensors (nothing runs; the launcher is replaced by a recorder):
 
-- FORGE's wrapper: picking the config, building the two TMA tensor descriptors, the argument list;
+- FORGE's wrapper: the problem's key and cached plan, the two TMA tensor descriptors, the argument
+  list (what a launch costs before `forge.kernels.launch.DirectLauncher` calls Triton's C launcher);
 - the same plus Triton's own Python dispatch (the binder that specializes every argument, then the
-  compiled-kernel cache key), as `JITFunction.run` does it for Hopper before calling its C launcher.
+  compiled-kernel cache key), as `JITFunction.run` does it for Hopper before calling its C launcher:
+  what each launch paid before the direct launches, and what the first launch of a key still pays.
 
 What it cannot see: the C launcher (argument packing, encoding the TMA descriptors) and the
 driver's launch call. On the GPU machine small FORGE kernels show a floor of about 0.12-0.15 ms a
@@ -35,7 +37,7 @@ from forge.rules import get_rule, resolve_hparams  # noqa: E402
 
 
 class _Recorder:
-    """Stands in for the @triton.jit kernel: `kernel[grid](...)` runs Triton's binder or nothing."""
+    """Stands in for the wrapper's launcher: runs Triton's binder and cache key, or nothing."""
 
     def __init__(self, kernel) -> None:
         self.binder = create_function_from_signature(
@@ -44,14 +46,13 @@ class _Recorder:
         self.key_cache: dict = {}
         self.bind = False
 
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            if self.bind:
-                kwargs.update(debug=False, instrumentation_mode="")  # what JITFunction.run adds
-                _bound, specialization, options = self.binder(*args, **kwargs)
-                compute_cache_key(self.key_cache, specialization, options)
-
-        return launch
+    def __call__(self, key, grid, args, constexprs, options):
+        if self.bind:
+            # what JITFunction.run adds to the options
+            _bound, specialization, opts = self.binder(
+                *args, **constexprs, **options, debug=False, instrumentation_mode=""
+            )
+            compute_cache_key(self.key_cache, specialization, opts)
 
 
 def _median_us(call, n: int = 3000) -> float:
@@ -67,7 +68,7 @@ def _median_us(call, n: int = 3000) -> float:
 
 def main() -> None:
     recorder = _Recorder(wu._wgrad_update_kernel)
-    wu._wgrad_update_kernel = recorder
+    wu._launch = recorder
     wu._can_use_tma = lambda t: True  # CPU tensors: build the descriptors as on a Hopper GPU
     wu.interpreting = lambda: False
     T, N, K = 1024, 1024, 4096

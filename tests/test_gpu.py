@@ -239,3 +239,41 @@ def test_forward_end_memory_sits_between_the_weights_and_the_peak():
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     saved = 512 * 4096 * 4  # at least the hidden activation kept for GELU's backward
     assert weights + saved <= forward_end.bytes <= torch.cuda.max_memory_allocated()
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
+    """After the first launch of a problem, FORGE's kernels are launched past Triton's dispatch
+    (`forge.kernels.launch.DirectLauncher`). Four steps that way must leave the weights and states
+    of four steps through Triton's own launches to the bit: a 4096 x 4096 weight (the main loop
+    reads by TMA descriptors), a 256-row one (by pointers), and a LayerNorm (element-wise kernel)."""
+    import forge.kernels.elementwise_update as eu
+    import forge.kernels.wgrad_update as wu
+
+    class TritonOnly(wu.DirectLauncher):
+        def _remember(self, *args):  # never keeps a compiled kernel: every launch is Triton's
+            pass
+
+    def train(launchers):
+        for module, launcher in launchers.items():
+            monkeypatch.setattr(module, "_launch", launcher)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4096, 4096), nn.LayerNorm(4096), nn.Linear(4096, 256))
+        model = model.cuda().bfloat16()
+        opt = forge.attach(model, "adamw", lr=1e-3, state_dtype=state_dtype, seed=3)
+        x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+        for _ in range(4):
+            model(x).float().pow(2).mean().backward()
+        torch.cuda.synchronize()
+        return model, opt
+
+    kernels = {wu: wu._wgrad_update_kernel, eu: eu._elementwise_update_kernel}
+    direct = {module: wu.DirectLauncher(kernel) for module, kernel in kernels.items()}
+    fast, fast_opt = train(direct)
+    slow, slow_opt = train({module: TritonOnly(kernel) for module, kernel in kernels.items()})
+    assert direct[wu].direct_launches == 2 * 3 and direct[eu].direct_launches >= 3
+    for (name, a), b in zip(fast.named_parameters(), slow.parameters()):
+        assert torch.equal(a, b), f"{name} differs between direct and Triton launches"
+        for key, value in fast_opt.state[a].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, slow_opt.state[b][key]), f"{name}: state {key} differs"

@@ -4,6 +4,7 @@
 - `elementwise_update`: the same update for any other parameter, from its gradient.
 - `quant`: int8 block quantization of optimizer states (one scale per 64 elements).
 - `rounding`: fp32 -> bf16 rounding, stochastic for weights, nearest-even (also on the interpreter).
+- `launch`: launches of a compiled kernel that skip Triton's per-call dispatch (host time).
 
 On a machine without CUDA, `forge` sets TRITON_INTERPRET=1 before these modules are imported and
 the same kernels run in Triton's interpreter on CPU tensors (slowly: test at small shapes).

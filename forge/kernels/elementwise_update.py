@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels import _cdiv, _next_power_of_2, interpreting
+from forge.kernels.launch import DirectLauncher, tensor_facts
 from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
 
 
@@ -44,6 +45,10 @@ def _elementwise_update_kernel(
                 R, C, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                 STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
+
+
+_launch = DirectLauncher(_elementwise_update_kernel)
+_OPTIONS = dict(num_warps=4)
 
 
 def as_rows(t: torch.Tensor) -> tuple[int, int]:
@@ -79,10 +84,15 @@ def elementwise_update(
         block_c = max(block_c, int8_group)  # a tile spans whole int8 groups
     block_r = max(1, min(_next_power_of_2(rows), 4096 // block_c))
     grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
-    _elementwise_update_kernel[grid](
-        param, *slot_arguments(param, states, scales), grad,
-        rows, cols, _cdiv(cols, int8_group), *coefficients, seed,
+    slots = slot_arguments(param, states, scales)
+    args = (param, *slots, grad, rows, cols, _cdiv(cols, int8_group), *coefficients, seed)
+    constexprs = dict(
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+        BLOCK_R=block_r, BLOCK_C=block_c,
     )
+    # Every fact the launch depends on (`forge.kernels.launch`): the block shape and compile-time
+    # arguments above follow from these.
+    key = (rows, cols, param.get_device(), tensor_facts(param, *slots, grad), tuple(s is None for s in states),
+           signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding, int8_group)
+    _launch(key, grid, args, constexprs, _OPTIONS)

@@ -27,6 +27,10 @@ offline (see docs/perf-notes.md). A `KernelConfig` may also ask for a persistent
 programs per multiprocessor, each looping over tiles), or another way to read dy and x (`tma`:
 descriptors built on the host, in the kernel, or masked pointers, which cost the host less per
 launch): the same arithmetic per tile, another schedule, offered to the offline tuner.
+
+Host cost: a launch's plan (config, operand path, grid, compile-time arguments) is cached under a
+key of every fact it depends on, and on a GPU the launch itself skips Triton's per-call dispatch
+once the key has been seen (`forge.kernels.launch`).
 """
 
 import functools
@@ -37,6 +41,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels import _cdiv, interpreting
+from forge.kernels.launch import DirectLauncher, tensor_facts
 from forge.kernels.update_tile import epilogue_constexprs, finish_tile, load_tile, slot_arguments, update_tile
 
 
@@ -319,6 +324,52 @@ def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.
     return buffer
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a launch of one problem needs besides its tensors and this step's scalars."""
+
+    config: KernelConfig
+    tma: str  # how the main loop reads dy and x, where the operands allow the config's choice
+    grid: tuple
+    num_groups: int
+    constexprs: dict
+    options: dict
+    on_interpreter: bool
+
+
+_plans: dict = {}
+_launch = DirectLauncher(_wgrad_update_kernel)
+
+
+def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config):
+    """Config, operand path, grid and compile-time arguments of a launch (once per problem key)."""
+    T, N = dy.shape
+    K = x.shape[1]
+    assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
+    on_interpreter = interpreting()
+    cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
+    if state_dtype == "int8" and cfg.block_k % int8_group:
+        raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
+    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
+    tma = _tma_mode(cfg.tma, dy, x, exact, on_interpreter)
+    tiles = _cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k)
+    persistent = cfg.programs_per_sm > 0
+    grid = (min(tiles, cfg.programs_per_sm * _multiprocessors(dy.device)) if persistent else tiles,)
+    constexprs = dict(
+        **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                              stochastic_rounding=stochastic_rounding, int8_group=int8_group),
+        TMA=tma,
+        UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
+        EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices, PERSISTENT=persistent,
+        FLATTEN=cfg.flatten,
+    )
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and not on_interpreter:
+        options["maxnreg"] = cfg.maxnreg
+    return _Plan(cfg, tma, grid, _cdiv(K, int8_group), constexprs, options, on_interpreter)
+
+
 def wgrad_update(
     weight: torch.Tensor,
     states: tuple,
@@ -342,41 +393,33 @@ def wgrad_update(
     where the rule has no such state; scales only for int8). Updates `weight`, `states` and
     `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`. `int8_group`:
     elements per int8 scale along K (64 or 128); a config's BLOCK_K must be a multiple of it.
+
+    The key below holds every fact the launch depends on (shapes, strides, dtypes, alignments,
+    device, options): a problem seen before skips the planning and, on a GPU, Triton's dispatch.
     """
     T, N = dy.shape
     K = x.shape[1]
-    assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
-    on_interpreter = interpreting()
-    cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
-    if state_dtype == "int8" and cfg.block_k % int8_group:
-        raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
-    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
-    tma = _tma_mode(cfg.tma, dy, x, exact, on_interpreter)
+    slots = slot_arguments(weight, states, scales)
+    key = (
+        T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x),
+        tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
+        int8_group, config,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= DirectLauncher.max_entries:
+            _plans.clear()
+        plan = _plans[key] = _plan(weight, states, signed, dy, x, rule=rule, flags=flags, state_dtype=state_dtype,
+                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group, config=config)
     dy_src, x_src = dy, x
-    if tma == "host":
+    if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        dy_src = TensorDescriptor.from_tensor(dy, [cfg.block_t, cfg.block_n])
-        x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
-    elif tma == "device" and not on_interpreter:
+        dy_src = TensorDescriptor.from_tensor(dy, [plan.config.block_t, plan.config.block_n])
+        x_src = TensorDescriptor.from_tensor(x, [plan.config.block_t, plan.config.block_k])
+    elif plan.tma == "device" and not plan.on_interpreter:
         # Set on every launch: Triton's allocator is a context variable, and the backward runs on
         # autograd's device thread, whose context is not the caller's.
         triton.set_allocator(_descriptor_scratch)
-    tiles = _cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k)
-    persistent = cfg.programs_per_sm > 0
-    grid = (min(tiles, cfg.programs_per_sm * _multiprocessors(dy.device)) if persistent else tiles,)
-    _wgrad_update_kernel[grid](
-        weight, *slot_arguments(weight, states, scales), dy_src, x_src,
-        T, N, K, _cdiv(K, int8_group),
-        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
-        *coefficients, seed,
-        **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
-                              stochastic_rounding=stochastic_rounding, int8_group=int8_group),
-        TMA=tma,
-        UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
-        EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices, PERSISTENT=persistent,
-        FLATTEN=cfg.flatten,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not on_interpreter else {}),
-    )
+    args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy.stride(), *x.stride(), *coefficients, seed)
+    _launch(key, plan.grid, args, plan.constexprs, plan.options)
