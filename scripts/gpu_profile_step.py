@@ -17,7 +17,10 @@ torch.profiler and prints, and writes as JSON to $OUT (or the current directory)
 - matmul device time per input shape (`aten::mm`/`addmm`/`bmm`, forward and dx alike), to compare
   the same GEMM across methods;
 - the autograd nodes with the most host time (ForgeLinearFunctionBackward shows what each FORGE
-  launch costs the host).
+  launch costs the host);
+- clocks: the SM clock (MHz) and board power (W) that NVML reported every 10 ms during the
+  profiled steps (median, min, max), and the clock-event reasons seen (power cap, thermal, ...):
+  two methods whose same GEMMs take different times either ran at different clocks or not.
 
 The question it answers (issue 3): FORGE adds about 63 ms over "no optimizer" at Llama-3.1-8B b1,
 about the same with fp32 and bf16 states, so the added time does not follow the update's bytes.
@@ -29,7 +32,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +48,80 @@ from harness.config import compose_config  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+class ClockSampler:
+    """NVML's SM clock, power draw and clock-event reasons for one GPU, sampled in a thread while
+    open. Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
+
+    def __init__(self, index: int, period_s: float = 0.01) -> None:
+        self.period_s = period_s
+        self.samples: list[tuple[int, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            self._nvml = None
+
+    def _sample(self) -> tuple[int, float, int]:
+        nvml, handle = self._nvml, self._handle
+        # nvidia-ml-py renamed "throttle reasons" to "clock event reasons"; either name will do
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        return (
+            int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            int(reasons(handle)),
+        )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self._sample())
+            time.sleep(self.period_s)
+
+    def __enter__(self) -> ClockSampler:
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._run, name="clock-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def _reason_names(self, mask: int) -> list[str]:
+        """The single-bit reason constants of NVML set in `mask`, by name (unions left out)."""
+        names = set()
+        for name in dir(self._nvml):
+            value = getattr(self._nvml, name)
+            single = isinstance(value, int) and value > 0 and value & (value - 1) == 0
+            for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
+                if name.startswith(prefix) and single and mask & value:
+                    names.add(name[len(prefix) :])
+        return sorted(names)
+
+    def summary(self) -> dict | None:
+        if not self.samples:
+            return None
+        clocks, power, masks = zip(*self.samples)
+        seen = 0
+        for mask in masks:
+            seen |= mask
+
+        def spread(values):
+            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+        return {
+            "samples": len(self.samples),
+            "sm_clock_mhz": spread(clocks),
+            "power_w": spread(power),
+            "clock_event_reasons": self._reason_names(seen),
+        }
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -77,7 +156,8 @@ def main(argv: list[str]) -> int:
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     step_ms = []
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    clocks = ClockSampler(torch.cuda.current_device() if device == "cuda" else 0)
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof, clocks:
         for _ in range(steps):
             t0 = time.perf_counter()
             method.step(batch)
@@ -123,6 +203,7 @@ def main(argv: list[str]) -> int:
             {"name": k.key, "calls": k.count / steps, "host_ms": k.cpu_time_total / 1000 / steps}
             for k in by_host
         ],
+        "clocks": clocks.summary() if device == "cuda" else None,
     }
     if tensor_parallel.rank() == 0:
         print(json.dumps(report, indent=1))
