@@ -327,14 +327,15 @@ def t5_checkpointing(records: Sequence[Record]) -> Selection | None:
     if not checkpointed:
         return None
     configs = {_ac_group(r) for r in checkpointed}
-    chosen = dedupe_sorted(
+    comparable = [
         r
         for r in records
         if _ac_group(r) in configs
         and r.get("memory_cap_gib") is None
         and not is_convergence(r)
         and gpus(r) <= 1
-    )
+    ]
+    chosen = dedupe_sorted(comparable, with_references=True)
     notes = Notes()
     cols = [COL_MODEL, COL_BATCH, COL_SEQ, COL_AC, COL_METHOD, COL_ALLOC, COL_ACTS, COL_STEP, COL_TOKENS]
     cols += [COL_MEM_RATIO, COL_TIME_RATIO]
@@ -344,7 +345,7 @@ def t5_checkpointing(records: Sequence[Record]) -> Selection | None:
         "Ratios compare with fused AdamW at the same checkpointing setting. Activations: allocated when "
         "the forward returns, less weights and optimizer states (where a record lacks that measurement, "
         "the remainder of the peak).",
-    ]
+    ] + _add_sweep_column(chosen, cols)
     return Selection(
         render_rows("t5_activation_checkpointing", title, cols, _rows(chosen, records, notes), notes, extra),
         chosen,

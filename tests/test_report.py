@@ -16,7 +16,14 @@ from harness import expectations, report
 from harness.markup import Table, to_latex, to_markdown
 from harness.points import display_name
 from harness.records import load_records, split_kinds
-from harness.tables import t1_llama, t2_scaling, t3_capacity, t6_capacity, t6_tensor_parallel
+from harness.tables import (
+    t1_llama,
+    t2_scaling,
+    t3_capacity,
+    t5_checkpointing,
+    t6_capacity,
+    t6_tensor_parallel,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 TABLES = (
@@ -349,3 +356,15 @@ def test_bars_of_one_method_from_two_sweeps_name_the_sweep():
         dict(method="no_optimizer", method_label="no_optimizer", sweep="a"),
     ]
     assert _bar_labels(records) == ["fused_adamw\n(a)", "fused_adamw\n(b)", "no_optimizer"]
+
+
+def test_t5_rows_from_two_sweeps_name_their_sweep_and_keep_its_fused_adamw(records):
+    checkpointing = [r for r in records if r.get("sweep") == "activation_checkpointing"]
+    assert "Sweep" not in t5_checkpointing(checkpointing).table.header
+    later = "2100-01-01T00:00:00"
+    rerun = [dict(r, sweep="rerun", time=later) for r in checkpointing if r["method"] == "forge"]
+    rerun += [dict(r, sweep="rerun") for r in checkpointing if r["method"] == "fused_adamw"]
+    table = t5_checkpointing(checkpointing + rerun).table
+    sweep, method = table.header.index("Sweep"), table.header.index("Method")
+    fused = [row[sweep] for row in table.rows if row[method] == "fused_adamw"]
+    assert sorted(set(fused)) == ["activation_checkpointing", "rerun"]  # each sweep's own reference
