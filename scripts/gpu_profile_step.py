@@ -18,6 +18,10 @@ torch.profiler and prints, and writes as JSON to $OUT (or the current directory)
   the same GEMM across methods;
 - the autograd nodes with the most host time (ForgeLinearFunctionBackward shows what each FORGE
   launch costs the host);
+- mm_kernels: per matmul call site kind, its input shapes and strides, the kernels it launched
+  (by name) and their device time: which cuBLAS kernel each GEMM got, comparable across methods
+  (the per-shape table above can misattribute kernels between ops; this one follows each op's
+  own launches);
 - clocks: the SM clock (MHz) and board power (W) that NVML reported every 10 ms during the
   profiled steps (median, min, max), and the clock-event reasons seen (power cap, thermal, ...):
   two methods whose same GEMMs take different times either ran at different clocks or not.
@@ -137,6 +141,31 @@ def busy_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1000
 
 
+def _mm_kernels(events, steps: int, top: int = 30) -> list[dict]:
+    """Matmul ops grouped by (op, input shapes, input strides, kernels launched): calls and device
+    ms a step, the `top` by device time."""
+    groups: dict[tuple, list[float]] = {}
+    for e in events:
+        if e.name not in MATMULS or e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        strides = getattr(e, "structured_input_strides", None) or getattr(e, "input_strides", None)
+        kernels = tuple(sorted({k.name[:120] for k in e.kernels}))
+        key = (e.name, str(e.input_shapes), str(strides), kernels)
+        groups.setdefault(key, []).append(sum(k.duration for k in e.kernels))
+    rows = [
+        {
+            "op": op,
+            "shapes": shapes,
+            "strides": strides,
+            "kernels": list(kernels),
+            "calls": len(us) / steps,
+            "device_ms": sum(us) / 1000 / steps,
+        }
+        for (op, shapes, strides, kernels), us in groups.items()
+    ]
+    return sorted(rows, key=lambda r: r["device_ms"], reverse=True)[:top]
+
+
 def main(argv: list[str]) -> int:
     warmup = int(os.environ.get("PROFILE_WARMUP", 3))
     steps = int(os.environ.get("PROFILE_STEPS", 3))
@@ -176,6 +205,8 @@ def main(argv: list[str]) -> int:
     matmuls = [k for k in prof.key_averages(group_by_input_shape=True) if k.key in MATMULS]
     matmuls = sorted(matmuls, key=lambda k: k.device_time_total, reverse=True)[:20]
 
+    mm_kernels = _mm_kernels(events, steps)
+
     step = sum(step_ms) / len(step_ms)
     busy = busy_ms(intervals) / steps if intervals else None
     report = {
@@ -203,6 +234,7 @@ def main(argv: list[str]) -> int:
             {"name": k.key, "calls": k.count / steps, "host_ms": k.cpu_time_total / 1000 / steps}
             for k in by_host
         ],
+        "mm_kernels": mm_kernels,
         "clocks": clocks.summary() if device == "cuda" else None,
     }
     if tensor_parallel.rank() == 0:

@@ -30,3 +30,5 @@ def test_profile_dry_run_on_cpu(tmp_path):
     assert report["gpu_busy_ms"] is None  # no GPU: no device kernels to count
     assert report["matmuls_by_shape"] and all(m["calls"] > 0 for m in report["matmuls_by_shape"])
     assert "[[" in report["matmuls_by_shape"][0]["shapes"]  # input shapes recorded
+    assert report["mm_kernels"] and all(m["calls"] > 0 for m in report["mm_kernels"])
+    assert report["clocks"] is None  # no GPU: no NVML clocks
