@@ -13,7 +13,7 @@ turns each planned nn.Linear's weight into a DTensor sharded over a 1-D mesh of 
 Either way the fused kernel can run on the local shard, from local tensors only, and its update
 is the update a single GPU would apply to those rows or columns. `tp_linear_forward` is the
 ForgeLinear forward for such a weight: it takes the layer's input as a DTensor (the plan's input
-hook made it one), redistributes it to the layout the shard needs, runs `ForgeLinearFunction` on
+hook made it one), redistributes it to the layout the shard needs, runs `forge_linear` on
 `.to_local()` tensors, and hands back a DTensor with the output's placement (Shard on the last dim
 for colwise, Partial for rowwise), declaring the gradient placements so that DTensor inserts the
 same collectives in backward as for a plain nn.Linear. The optimizer states of a sharded weight
@@ -117,7 +117,7 @@ def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """ForgeLinear's forward when its weight is sharded colwise (Shard(0)) or rowwise (Shard(1))."""
-    from forge.nn import ForgeLinearFunction
+    from forge.nn import forge_linear
 
     weight, bias, name = module.weight, module.bias, module._forge_name
     if not is_dtensor(x):
@@ -132,14 +132,14 @@ def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if layout == COLWISE:
         # x replicated; dx = sum_r dy_r W_r is a partial sum on each rank: DTensor all-reduces it.
         x_local = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-        y_local = ForgeLinearFunction.apply(x_local, weight, local(bias), module._forge_optimizer, name)
+        y_local = forge_linear(x_local, weight, local(bias), module._forge_optimizer, name)
         return DTensor.from_local(
             y_local, mesh, [Shard(last)], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
         )
     # ROWWISE: x sharded on its last dim; y is a partial sum (DTensor reduces it in the output hook);
     # its gradient comes back replicated (DTensor's rule for Partial), so dW_r = dy^T x_r is complete.
     x_local = x.redistribute(mesh, [Shard(last)]).to_local(grad_placements=[Shard(last)])
-    y_local = ForgeLinearFunction.apply(x_local, weight, None, module._forge_optimizer, name)
+    y_local = forge_linear(x_local, weight, None, module._forge_optimizer, name)
     y = DTensor.from_local(
         y_local, mesh, [Partial()], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
     )

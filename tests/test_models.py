@@ -51,6 +51,41 @@ def test_activation_checkpointing_gives_the_same_weights():
         assert torch.equal(p, q), f"{name} differs with activation checkpointing"
 
 
+def test_checkpoint_recompute_stops_before_the_last_linear(monkeypatch):
+    """Non-reentrant checkpointing stops recomputing once every saved tensor is back. FORGE saves a
+    linear's input ahead of its GEMM under saved-tensor hooks, so the recompute of a block ending
+    in a linear runs the first linear again (GELU needs its output) but not the last, as it would
+    for nn.Linear; and the steps equal those without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    from forge.nn import ForgeLinearFunction
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    calls = []
+    forward = ForgeLinearFunction.forward
+
+    def counted(ctx, x, *args):
+        calls.append(x.shape[-1])
+        return forward(ctx, x, *args)
+
+    monkeypatch.setattr(ForgeLinearFunction, "forward", staticmethod(counted))
+    models = []
+    for checkpointed in (False, True):
+        model = copy.deepcopy(base)
+        forge.attach(model, "adamw", lr=1e-2, state_dtype="fp32")
+        for _ in range(2):
+            xg = x.clone().requires_grad_(True)
+            y = checkpoint(model, xg, use_reentrant=False) if checkpointed else model(xg)
+            y.pow(2).sum().backward()
+        models.append(model)
+    assert calls[:4] == [16, 32, 16, 32]  # without checkpointing: two forwards, no recompute
+    assert calls[4:] == [16, 32, 16] * 2  # with it: forward, then a recompute that stops at the last
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), f"{name} differs with activation checkpointing"
+
+
 def test_bf16_model_trains():
     model = tiny_qwen3().bfloat16()
     forge.attach(model, "adamw", lr=3e-3, state_dtype="int8")
