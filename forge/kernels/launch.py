@@ -4,8 +4,8 @@
 (dtype and 16-byte alignment of a tensor, divisibility of an integer by 16) to find the compiled
 specialization, a cache key is hashed, launch metadata and hooks are prepared, and only then the C
 launcher packs the arguments and calls the driver. On the H200 machine's host that Python costs
-25-35 us of a 36-49 us launch (docs/perf-notes.md), and a Llama-3.1-8B step launches the fused
-kernel 225 times, on the host's critical path at batch 1.
+17-24 us of a 32-47 us launch (docs/perf-notes.md, eighth session), and a Llama-3.1-8B step
+launches the fused kernel 225 times, on the host's critical path at batch 1.
 
 `DirectLauncher` remembers, per device and per key the caller computes, the CompiledKernel Triton
 returned the first time, and afterwards calls its C launcher directly. The key must determine the
