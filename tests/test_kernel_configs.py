@@ -129,3 +129,46 @@ def test_descriptors_built_in_the_kernel_read_what_pointers_read():
     want = _step(replace(ONE_PER_TILE, tma="none"), "bf16", bf16_operands=True)
     for a, b, name in zip(got, want, "wmv"):
         assert torch.equal(a, b), f"{name} differs"
+
+
+def test_a_cached_plan_never_serves_another_layout():
+    """`wgrad_update` caches each launch's plan under a key of everything it depends on. The same
+    shapes with dy as a transposed view (no unit last stride: bulk copies impossible) must get a
+    plan of its own: reusing the contiguous dy's device-descriptor plan would read the wrong
+    elements. Both results equal the masked-pointer loop's on the same operands."""
+    import forge.kernels.wgrad_update as wu
+
+    g = torch.Generator().manual_seed(7)
+    x, dy = _operands(g, bf16=True)
+    dy_t = dy.t().contiguous().t()  # same values, strides (1, T)
+    config = replace(ONE_PER_TILE, tma="device")
+    rule = get_rule("adamw")
+    h = resolve_hparams(rule, dict(lr=1e-2, weight_decay=0.1))
+
+    def step(dy, config):
+        w = (
+            torch.randn(dy.shape[1], x.shape[1], generator=torch.Generator().manual_seed(3)) * 0.02
+        ).bfloat16()
+        m, v = torch.zeros_like(w), torch.zeros_like(w)
+        options = dict(rule="adamw", flags=rule.flags(h), state_dtype="bf16", stochastic_rounding=True)
+        wgrad_update(
+            w,
+            (m, v, None),
+            (None,) * 3,
+            (True, False, False),
+            dy,
+            x,
+            rule.coefficients(h, 1, {}),
+            5,
+            **options,
+            config=config,
+        )
+        return w, m, v
+
+    wu._plans.clear()
+    contiguous = step(dy, config)
+    transposed = step(dy_t, config)  # the contiguous call's plan is cached by now
+    assert {plan.tma for plan in wu._plans.values()} == {"device", "none"}
+    for got, want in ((contiguous, step(dy, replace(config, tma="none"))), (transposed, contiguous)):
+        for a, b, name in zip(got, want, "wmv"):
+            assert torch.equal(a, b), f"{name} differs"
