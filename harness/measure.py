@@ -165,9 +165,13 @@ class NvmlSampler:
     def _used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
 
+    def _sample(self) -> None:
+        """One poll (a subclass may read other NVML figures here)."""
+        self.peak_bytes = max(self.peak_bytes or 0, self._used())
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes or 0, self._used())
+            self._sample()
             time.sleep(self.period_s)
 
     def start(self) -> NvmlSampler:

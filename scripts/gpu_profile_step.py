@@ -38,7 +38,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -49,54 +48,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import forge  # noqa: E402, F401  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
 from harness import models, runner, tensor_parallel  # noqa: E402
 from harness.config import compose_config  # noqa: E402
+from harness.measure import NvmlSampler  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
-class ClockSampler:
-    """NVML's SM clock, power draw and clock-event reasons for one GPU, sampled in a thread while
-    open. Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
+class ClockSampler(NvmlSampler):
+    """NVML's SM clock, power draw and clock-event reasons for one GPU, polled every `period_s`
+    between start() and stop() (by harness.measure's sampler thread, which also keeps the memory
+    peak). Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
 
     def __init__(self, index: int, period_s: float = 0.01) -> None:
-        self.period_s = period_s
         self.samples: list[tuple[int, float, int]] = []
-        self._stop = threading.Event()
-        self._thread = None
-        try:
-            import pynvml
+        super().__init__(index, period_s)
 
-            pynvml.nvmlInit()
-            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception:
-            self._nvml = None
-
-    def _sample(self) -> tuple[int, float, int]:
+    def _sample(self) -> None:
         nvml, handle = self._nvml, self._handle
         # nvidia-ml-py renamed "throttle reasons" to "clock event reasons"; either name will do
         reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        return (
-            int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-            int(reasons(handle)),
-        )
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self._sample())
-            time.sleep(self.period_s)
-
-    def __enter__(self) -> ClockSampler:
-        if self._nvml is not None:
-            self._thread = threading.Thread(target=self._run, name="clock-sampler", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
+        clock = int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        self.samples.append((clock, nvml.nvmlDeviceGetPowerUsage(handle) / 1000, int(reasons(handle))))
 
     def _reason_names(self, mask: int) -> list[str]:
         """The single-bit reason constants of NVML set in `mask`, by name (unions left out)."""
@@ -185,13 +158,14 @@ def main(argv: list[str]) -> int:
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     step_ms = []
-    clocks = ClockSampler(torch.cuda.current_device() if device == "cuda" else 0)
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof, clocks:
+    clocks = ClockSampler(torch.cuda.current_device() if device == "cuda" else 0).start()
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             t0 = time.perf_counter()
             method.step(batch)
             sync()
             step_ms.append((time.perf_counter() - t0) * 1000)
+    clocks.stop()
     events = prof.events()
     device_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device_events]
