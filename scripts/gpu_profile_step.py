@@ -56,8 +56,8 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 class ClockSampler(NvmlSampler):
     """NVML's SM clock, power draw and clock-event reasons for one GPU, polled every `period_s`
-    between start() and stop() (by harness.measure's sampler thread, which also keeps the memory
-    peak). Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
+    between start() and stop() by harness.measure's sampler thread (its per-poll hook reads these
+    instead of the memory). Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
 
     def __init__(self, index: int, period_s: float = 0.01) -> None:
         self.samples: list[tuple[int, float, int]] = []
