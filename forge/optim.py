@@ -12,6 +12,22 @@ that the tools built around torch.optim keep working:
 * `step()` and `zero_grad()` are allowed and do nothing (the step already happened), so an
   ordinary training loop runs unchanged.
 
+CUDA graphs. With `capturable=True` every update reads its coefficients and seed from a row of
+device memory (one int32 row per parameter) instead of taking them as launch arguments, so a
+forward + backward captured once under `torch.cuda.graph` can be replayed for every later step:
+
+    opt = forge.attach(model, "adamw", lr=1e-4, capturable=True)
+    ...eager warm-up steps on a side stream, then: with torch.cuda.graph(g): model(x).loss.backward()
+    for batch in data:
+        static_x.copy_(batch)
+        opt.prepare_replay()  # advance every captured parameter's step, upload the step's values
+        g.replay()
+
+Outside a capture, an update in capturable mode advances its step on the host and writes its row
+just before its kernel (so warm-up steps run the same kernels the graph will); inside a capture it
+only records the parameter, and `prepare_replay` does the host's part for all of them at once.
+Replayed steps are bit-identical to eager ones: the same host arithmetic, the same fp32 values.
+
 What users must know: each backward IS an optimizer step, so there is no gradient accumulation over
 micro-batches and no global gradient-norm clipping; a second backward through the same graph
 (`retain_graph=True`) is refused rather than applied twice.
@@ -32,8 +48,9 @@ import torch
 from forge.distributed import check_param, like_param, local, local_grad
 from forge.kernels import interpreting, quant
 from forge.kernels.elementwise_update import elementwise_update
+from forge.kernels.update_tile import STEP_ROW
 from forge.kernels.wgrad_update import wgrad_update
-from forge.rules import get_rule, resolve_hparams
+from forge.rules import NUM_COEFFICIENTS, get_rule, resolve_hparams
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
@@ -51,6 +68,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         stochastic_rounding: bool = True,
         seed: int = 0,
         int8_group: int = quant.GROUP,
+        capturable: bool = False,
         **hparams,
     ):
         self.rule = get_rule(rule)
@@ -71,6 +89,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._index: dict[torch.Tensor, int] = {}
         self._group_of: dict[torch.Tensor, dict] = {}
         self._slot_cache: dict[torch.Tensor, tuple] = {}
+        # capturable: each parameter's step row on the device, and the parameters updated inside a
+        # capture (in order; a dict as an ordered set), which `prepare_replay` advances
+        self.capturable = bool(capturable)
+        self._step_rows: torch.Tensor | None = None
+        self._captured: dict[torch.Tensor, None] = {}
         # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
         self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
         super().__init__(params, resolve_hparams(self.rule, hparams))
@@ -149,12 +172,66 @@ class ForgeOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ the updates (called in backward)
 
     def _begin_update(self, p: torch.Tensor):
+        """(group, coefficients, seed, step row) of p's next update; advances its step. The row is
+        None unless capturable; inside a CUDA-graph capture nothing advances (the replays will)."""
         group = self._group_of[p]
+        if not self.capturable:
+            return (group, *self._advance(p, group), None)
+        row = self._step_row(p)
+        if _capturing(p):
+            self._captured[p] = None
+            return group, _NO_COEFFICIENTS, 0, row
+        coefficients, seed = self._advance(p, group)
+        row.copy_(_step_values([coefficients], [seed])[0], non_blocking=True)
+        return group, coefficients, seed, row
+
+    def _advance(self, p: torch.Tensor, group: dict) -> tuple[tuple, int]:
+        """Count one more step of p; return its coefficients and seed for that step."""
         state = self.state[p]
         state["step"] += 1
         self._version[p] += 1
-        coefficients = self.rule.coefficients(group, state["step"], state)
-        return group, coefficients, self._seed_for(p, state["step"])
+        return self.rule.coefficients(group, state["step"], state), self._seed_for(p, state["step"])
+
+    def _step_row(self, p: torch.Tensor) -> torch.Tensor:
+        """p's row of the step values (allocated, for every parameter, at the first update)."""
+        rows = self._step_rows
+        if rows is None or rows.shape[0] < len(self._index):
+            device = local(p).device
+            if _capturing(p):
+                raise RuntimeError(
+                    "FORGE: the first update of a capturable optimizer happened inside a CUDA-graph "
+                    "capture. Run at least one eager step (the usual warm-up on a side stream) before "
+                    "capturing, so that its buffers and kernels exist outside the graph."
+                )
+            devices = {local(q).device for q in self._index}
+            if len(devices) != 1 or (device.type != "cuda" and not interpreting()):
+                raise RuntimeError(
+                    "FORGE: capturable=True needs every parameter on one CUDA device, found "
+                    f"{sorted(map(str, devices))}"
+                )
+            rows = torch.zeros((len(self._index), STEP_ROW), dtype=torch.int32, device=device)
+            self._step_rows = rows
+        return rows[self._index[p]]
+
+    def prepare_replay(self) -> None:
+        """Before each replay of a captured step: advance every parameter updated inside the capture
+        by one step, and upload their coefficients and seeds to the device in one copy."""
+        if not self.capturable:
+            raise RuntimeError(
+                "prepare_replay() is for capturable optimizers: forge.attach(..., capturable=True)"
+            )
+        if not self._captured:
+            raise RuntimeError(
+                "prepare_replay(): no FORGE update has been captured yet. Capture a forward and backward "
+                "under torch.cuda.graph with this optimizer attached, then call it before each replay."
+            )
+        rows = self._step_rows
+        coefficient_rows = [_NO_COEFFICIENTS] * rows.shape[0]  # rows the graph does not read stay zero
+        seeds = [0] * rows.shape[0]
+        for p in self._captured:
+            i = self._index[p]
+            coefficient_rows[i], seeds[i] = self._advance(p, self._group_of[p])
+        rows.copy_(_step_values(coefficient_rows, seeds), non_blocking=True)
 
     def _seed_for(self, p: torch.Tensor, step: int) -> int:
         """A per-step, per-tensor Philox seed: fixed seed -> reproducible bits."""
@@ -178,21 +255,19 @@ class ForgeOptimizer(torch.optim.Optimizer):
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
-        group, coefficients, seed = self._begin_update(weight)
+        group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        wgrad_update(
-            local(weight), states, scales, signed, dy, x, coefficients, seed, **self._kernel_options(group)
-        )
+        options = dict(self._kernel_options(group), step_values=row)
+        wgrad_update(local(weight), states, scales, signed, dy, x, coefficients, seed, **options)
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """One step of any parameter from its materialized gradient (element-wise kernel)."""
-        group, coefficients, seed = self._begin_update(p)
+        group, coefficients, seed, row = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
-        elementwise_update(
-            local(p), grad, states, scales, signed, coefficients, seed, **self._kernel_options(group)
-        )
+        options = dict(self._kernel_options(group), step_values=row)
+        elementwise_update(local(p), grad, states, scales, signed, coefficients, seed, **options)
 
     def version(self, p: torch.Tensor) -> int:
         """How many updates `p` has received from this optimizer (guards double backward)."""
@@ -244,3 +319,21 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
+
+
+_NO_COEFFICIENTS = (0.0,) * NUM_COEFFICIENTS  # a captured launch reads its values from its step row
+
+
+def _capturing(p: torch.Tensor) -> bool:
+    """Whether work issued now is being captured into a CUDA graph (never on a CPU tensor)."""
+    return p.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _step_values(coefficient_rows: list, seeds: list) -> torch.Tensor:
+    """Step rows in host memory, pinned where CUDA exists: words 0-8 the coefficients as fp32 bits
+    (rounded from Python's floats as a launch argument is), word 9 the seed. A fresh tensor each
+    call: the pinned-memory allocator keeps it until the copy that reads it has run."""
+    values = torch.zeros((len(seeds), STEP_ROW), dtype=torch.int32)
+    values[:, :NUM_COEFFICIENTS] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
+    values[:, NUM_COEFFICIENTS] = torch.tensor(seeds, dtype=torch.int32)
+    return values.pin_memory() if torch.cuda.is_available() else values

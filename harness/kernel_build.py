@@ -196,6 +196,8 @@ def _build(
     signature = dict(signature, **{name: "i32" for name in integers if name not in ones})
     signature.update({f"h{i}": "fp32" for i in range(9)})
     signature["seed"] = "i32"  # do_not_specialize: never a constant, never marked divisible
+    signature["step_ptr"] = "*bf16"  # the weight again, unread: the launches of an eager step
+    constants = dict(constants, STEPS_IN_MEMORY=False)
     signature.update({name: "constexpr" for name in constants})
     missing = [name for name in kernel.arg_names if name not in signature]
     if missing:

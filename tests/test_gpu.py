@@ -277,3 +277,57 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
         for key, value in fast_opt.state[a].items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(value, slow_opt.state[b][key]), f"{name}: state {key} differs"
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype):
+    """`capturable=True`: two eager warm-up steps on a side stream, a forward and backward captured
+    in a CUDA graph, then three replays (each after `prepare_replay`) leave the weights and states
+    of five eager steps of an ordinary optimizer to the bit: an embedding and a LayerNorm
+    (element-wise kernel, hooks), a wide weight (TMA reads) and a small one (pointer reads)."""
+    import copy
+
+    torch.manual_seed(0)
+    vocab, width = 256, 8192  # at 2048 tokens the wide weight is read by TMA, the vocab one by pointers
+    layers = [nn.Embedding(vocab, 1024), nn.Linear(1024, width), nn.LayerNorm(width), nn.Linear(width, vocab)]
+    base = nn.Sequential(*layers).cuda().bfloat16()
+    eager, graphed = copy.deepcopy(base), copy.deepcopy(base)
+    options = dict(lr=1e-3, weight_decay=0.01, state_dtype=state_dtype, seed=5)
+    eager_opt = forge.attach(eager, "adamw", **options)
+    graph_opt = forge.attach(graphed, "adamw", capturable=True, **options)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batches = [torch.randint(0, vocab, (2, 1024), device="cuda", generator=gen) for _ in range(5)]
+
+    def step(model, ids):
+        loss = nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten())
+        loss.backward()
+        return loss.detach()
+
+    eager_losses = [float(step(eager, ids)) for ids in batches]
+
+    static_ids = batches[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for ids in batches[:2]:
+            static_ids.copy_(ids)
+            step(graphed, static_ids)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(graphed, static_ids)
+    replay_losses = []
+    for ids in batches[2:]:
+        static_ids.copy_(ids)
+        graph_opt.prepare_replay()
+        graph.replay()
+        replay_losses.append(float(static_loss))
+    torch.cuda.synchronize()
+
+    assert replay_losses == eager_losses[2:]
+    for (name, a), b in zip(eager.named_parameters(), graphed.parameters()):
+        assert torch.equal(a, b), f"{name} differs between replayed and eager steps"
+        assert graph_opt.state[b]["step"] == eager_opt.state[a]["step"] == 5
+        for key, value in eager_opt.state[a].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, graph_opt.state[b][key]), f"{name}: state {key} differs"

@@ -15,7 +15,13 @@ import triton.language as tl
 
 from forge.kernels import _cdiv, _next_power_of_2, interpreting
 from forge.kernels.launch import DirectLauncher, tensor_facts
-from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, update_tile
+from forge.kernels.update_tile import (
+    epilogue_constexprs,
+    load_step_values,
+    slot_arguments,
+    step_arguments,
+    update_tile,
+)
 
 
 # `seed` changes every step: specializing on its value (== 1, divisible by 16) would compile a new
@@ -29,12 +35,16 @@ def _elementwise_update_kernel(
     R, C, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step
     seed,  # int32 stochastic-rounding seed
+    step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of QGROUP
 ):
+    if STEPS_IN_MEMORY:
+        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
     r_start = tl.program_id(0) * BLOCK_R
     c_start = tl.program_id(1) * BLOCK_C
     offs_r = r_start + tl.arange(0, BLOCK_R)
@@ -71,8 +81,10 @@ def elementwise_update(
     state_dtype: str,
     stochastic_rounding: bool,
     int8_group: int = 64,
+    step_values: torch.Tensor | None = None,
 ) -> None:
-    """Apply one optimizer step to `param` from `grad`, in place (states and scales too)."""
+    """Apply one optimizer step to `param` from `grad`, in place (states and scales too).
+    `step_values`: as for `wgrad_update`, the step's scalars read from device memory instead."""
     assert param.is_contiguous(), "FORGE updates parameters in place and needs them contiguous"
     grad = grad.contiguous()
     rows, cols = as_rows(param)
@@ -85,14 +97,15 @@ def elementwise_update(
     block_r = max(1, min(_next_power_of_2(rows), 4096 // block_c))
     grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
     slots = slot_arguments(param, states, scales)
-    args = (param, *slots, grad, rows, cols, _cdiv(cols, int8_group), *coefficients, seed)
+    args = (param, *slots, grad, rows, cols, _cdiv(cols, int8_group),
+            *step_arguments(param, coefficients, seed, step_values))
     constexprs = dict(
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
-        BLOCK_R=block_r, BLOCK_C=block_c,
+        STEPS_IN_MEMORY=step_values is not None, BLOCK_R=block_r, BLOCK_C=block_c,
     )
     # Every fact the launch depends on (`forge.kernels.launch`): the block shape and compile-time
     # arguments above follow from these.
     key = (rows, cols, param.get_device(), tensor_facts(param, *slots, grad), tuple(s is None for s in states),
-           signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding, int8_group)
+           signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding, int8_group, step_values is None)
     _launch(key, grid, args, constexprs, _OPTIONS)

@@ -94,6 +94,24 @@ def finish_tile(
 
 
 @triton.jit
+def load_step_values(step_ptr):
+    """This step's coefficients and seed from device memory, for a launch captured in a CUDA graph
+    (`ForgeOptimizer(capturable=True)`): an int32 row of STEP_ROW words, h0..h8 as fp32 bits in
+    words 0-8 and the seed in word 9, written before each replay. Returns (h0, ..., h8, seed)."""
+    h0 = tl.load(step_ptr + 0).to(tl.float32, bitcast=True)
+    h1 = tl.load(step_ptr + 1).to(tl.float32, bitcast=True)
+    h2 = tl.load(step_ptr + 2).to(tl.float32, bitcast=True)
+    h3 = tl.load(step_ptr + 3).to(tl.float32, bitcast=True)
+    h4 = tl.load(step_ptr + 4).to(tl.float32, bitcast=True)
+    h5 = tl.load(step_ptr + 5).to(tl.float32, bitcast=True)
+    h6 = tl.load(step_ptr + 6).to(tl.float32, bitcast=True)
+    h7 = tl.load(step_ptr + 7).to(tl.float32, bitcast=True)
+    h8 = tl.load(step_ptr + 8).to(tl.float32, bitcast=True)
+    seed = tl.load(step_ptr + 9)
+    return h0, h1, h2, h3, h4, h5, h6, h7, h8, seed
+
+
+@triton.jit
 def update_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start,  # first row of this tile
@@ -114,6 +132,18 @@ def update_tile(
                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                 STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+
+
+STEP_ROW = 16  # int32 words per parameter in a capturable optimizer's step rows (64-byte aligned rows)
+
+
+def step_arguments(param, coefficients: tuple, seed: int, step_values) -> tuple:
+    """The launch's per-step scalars and step-row pointer: the host's values with `param` as an
+    unread pointer, or, when `step_values` (a row of STEP_ROW int32) is given, zeros and the row,
+    which the kernel reads instead (`load_step_values`)."""
+    if step_values is None:
+        return (*coefficients, seed, param)
+    return (0.0,) * len(coefficients) + (0, step_values)
 
 
 def slot_arguments(param, states: tuple, scales: tuple) -> list:

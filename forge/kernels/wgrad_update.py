@@ -42,7 +42,15 @@ import triton.language as tl
 
 from forge.kernels import _cdiv, interpreting
 from forge.kernels.launch import DirectLauncher, tensor_facts
-from forge.kernels.update_tile import epilogue_constexprs, finish_tile, load_tile, slot_arguments, update_tile
+from forge.kernels.update_tile import (
+    epilogue_constexprs,
+    finish_tile,
+    load_step_values,
+    load_tile,
+    slot_arguments,
+    step_arguments,
+    update_tile,
+)
 
 
 @triton.jit
@@ -64,12 +72,14 @@ def _wgrad_update_kernel(
     stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,  # element strides (pointer path only)
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
+    step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
     STOCHASTIC_ROUNDING: tl.constexpr,
+    STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # dy and x by bulk tensor copies, descriptors built on the "host" or on the "device"; "none"
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
@@ -80,6 +90,8 @@ def _wgrad_update_kernel(
     PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
     FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
 ):
+    if STEPS_IN_MEMORY:
+        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
     tiles = tl.cdiv(N, BLOCK_N) * tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
@@ -341,7 +353,8 @@ _plans: dict = {}
 _launch = DirectLauncher(_wgrad_update_kernel)
 
 
-def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config):
+def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config,
+          steps_in_memory):
     """Config, operand path, grid and compile-time arguments of a launch (once per problem key)."""
     T, N = dy.shape
     K = x.shape[1]
@@ -358,7 +371,7 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
     constexprs = dict(
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
-        TMA=tma,
+        STEPS_IN_MEMORY=steps_in_memory, TMA=tma,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices, PERSISTENT=persistent,
@@ -386,6 +399,7 @@ def wgrad_update(
     stochastic_rounding: bool,
     int8_group: int = 64,
     config: KernelConfig | None = None,
+    step_values: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
 
@@ -393,6 +407,8 @@ def wgrad_update(
     where the rule has no such state; scales only for int8). Updates `weight`, `states` and
     `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`. `int8_group`:
     elements per int8 scale along K (64 or 128); a config's BLOCK_K must be a multiple of it.
+    `step_values`: an int32 row (`update_tile.STEP_ROW` words) the kernel reads `coefficients`
+    and `seed` from instead, so that a CUDA graph can replay the launch with new values.
 
     The key below holds every fact the launch depends on (shapes, strides, dtypes, alignments,
     device, options): a problem seen before skips the planning and, on a GPU, Triton's dispatch.
@@ -403,14 +419,15 @@ def wgrad_update(
     key = (
         T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x),
         tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
-        int8_group, config,
+        int8_group, config, step_values is None,
     )
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= DirectLauncher.max_entries:
             _plans.clear()
         plan = _plans[key] = _plan(weight, states, signed, dy, x, rule=rule, flags=flags, state_dtype=state_dtype,
-                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group, config=config)
+                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group, config=config,
+                                   steps_in_memory=step_values is not None)
     dy_src, x_src = dy, x
     if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -421,5 +438,6 @@ def wgrad_update(
         # Set on every launch: Triton's allocator is a context variable, and the backward runs on
         # autograd's device thread, whose context is not the caller's.
         triton.set_allocator(_descriptor_scratch)
-    args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy.stride(), *x.stride(), *coefficients, seed)
+    args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy.stride(), *x.stride(),
+            *step_arguments(weight, coefficients, seed, step_values))
     _launch(key, plan.grid, args, plan.constexprs, plan.options)
