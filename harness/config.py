@@ -74,6 +74,9 @@ class MethodConfig:
     # "bf16": forward and loss under torch.autocast to bf16 (mixed precision over the method's
     # weights, normally fp32: the usual fp32-master-weights recipe); None: plain, in the weight dtype
     autocast: str | None = None
+    # true: capture the whole step (forward, backward, update) once in a CUDA graph and replay it
+    # every step, so Python launches nothing per step (harness.graphs); one GPU, capturable methods
+    cuda_graph: bool = False
 
 
 @dataclass
@@ -243,6 +246,23 @@ def _validate_convergence(conv: Any) -> None:
         _positive(f"convergence.{key}", conv[key])
 
 
+def _validate_cuda_graph(cfg: DictConfig) -> None:
+    """What a captured step cannot do here (a method or device that cannot capture is a record:
+    `unavailable`, from `methods.unavailable_reason`)."""
+    if not cfg.method.cuda_graph:
+        return
+    if cfg.gpus > 1:
+        raise ConfigError(
+            f"method.cuda_graph=true with gpus={cfg.gpus}: CUDA graphs are single-GPU here (tensor "
+            "parallelism's collectives are not captured); set gpus=1 or method.cuda_graph=false"
+        )
+    if cfg.convergence.enabled:
+        raise ConfigError(
+            "method.cuda_graph=true with convergence.enabled=true: a convergence run changes the "
+            "learning rate every step, which a captured step would freeze; set method.cuda_graph=false"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Check what the types cannot: choices, ranges, the method and its options. Raises ConfigError."""
     from harness import methods
@@ -268,6 +288,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_sweep(cfg.sweep, cfg.convergence.enabled)
     _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
+    _validate_cuda_graph(cfg)
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "

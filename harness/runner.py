@@ -82,6 +82,8 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
     )
     if cfg.method.autocast is not None:  # mixed precision: the same weights, another configuration
         r["method_options"]["autocast"] = cfg.method.autocast
+    if cfg.method.cuda_graph:  # the same method, its step captured once and replayed: recorded only when on
+        r["method_options"]["cuda_graph"] = True
     if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
         r["method_options"]["weights"] = r["dtype"]
         r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
@@ -132,6 +134,7 @@ def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods
     options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
     method.autocast = cfg.method.autocast
+    method.cuda_graph = cfg.method.cuda_graph
     try:
         method.setup()
     except ImportError as e:
@@ -253,7 +256,9 @@ def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None 
     record = stamp_env(base_record(cfg, point, device), device, git)
     record["nvml_baseline_gib"] = gib(sampler.baseline_bytes) if device == "cuda" else None
     record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
-    reason = methods.unavailable_reason(cfg.method.name, config_mod.to_dict(cfg.method.options), device)
+    reason = methods.unavailable_reason(
+        cfg.method.name, config_mod.to_dict(cfg.method.options), device, cfg.method.cuda_graph
+    )
     if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():
         reason = "device=cuda but no CUDA device is visible"
     if reason:

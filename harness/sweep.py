@@ -210,8 +210,9 @@ def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, d
     from harness import runner
 
     device = runner.resolve_device(point.cfg.device)
+    method = point.cfg.method
     reason = methods.unavailable_reason(
-        point.cfg.method.name, config_mod.to_dict(point.cfg.method.options), device
+        method.name, config_mod.to_dict(method.options), device, method.cuda_graph
     )
     if reason:
         record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)

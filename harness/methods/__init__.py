@@ -74,9 +74,14 @@ def validate(name: str, options: dict[str, Any]) -> None:
     make_options(name, options)
 
 
-def unavailable_reason(name: str, options: dict[str, Any], device: str) -> str | None:
-    """Why the method cannot run on this device with these options (None when it can)."""
-    return get(name).unavailable_reason(device, make_options(name, options))
+def unavailable_reason(
+    name: str, options: dict[str, Any], device: str, cuda_graph: bool = False
+) -> str | None:
+    """Why the method cannot run on this device with these options, or with its step captured in
+    a CUDA graph (`method.cuda_graph`); None when it can."""
+    cls = get(name)
+    reason = cls.unavailable_reason(device, make_options(name, options))
+    return reason or (cls.graph_unavailable_reason(device) if cuda_graph else None)
 
 
 def check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:

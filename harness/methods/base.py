@@ -5,6 +5,7 @@ A method turns "a model and a batch" into "a trained step". The runner calls, in
     reason = Method.unavailable_reason(device, options)  # cheap, no imports: None if it can run
     m = Method(model, lr, options, device)       # options: an instance of the method's Options
     m.autocast = "bf16"                          # optional: loss() under torch.autocast
+    m.cuda_graph = True                          # optional: step() replays a captured eager_step
     m.setup()                                    # build the optimizer, register hooks
     loss = m.step(input_ids)                     # forward, backward and update; returns the loss
     m.optimizer_state_tensors()                  # for the memory breakdown
@@ -13,6 +14,11 @@ A method turns "a model and a batch" into "a trained step". The runner calls, in
 `gradient_bytes` is modelled from the parameters' sizes and the method's design (all gradients
 at once, one parameter's at a time, none), because a gradient that lives inside a backward hook
 cannot be observed from outside without perturbing the timed step. Everything else is measured.
+
+`step` runs `eager_step` (override that, or `update`, for a method's own step). With
+`cuda_graph` on, a method whose class says `graph_capturable` has its first `step` capture one
+`eager_step` in a CUDA graph (`harness.graphs`) and every step replay it, calling `before_replay`
+first: the hook where a method refreshes what the graph reads from memory (FORGE's step and seeds).
 
 Hooks are kept on `self` on purpose: a hook handle that is garbage-collected takes its hook with
 it, and the method then trains nothing while looking fast (DESIGN.md, "Measuring").
@@ -24,9 +30,12 @@ import contextlib
 import importlib.util
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from harness.graphs import CapturedStep
 
 
 @dataclass
@@ -43,7 +52,9 @@ class Method:
     needs_cuda: ClassVar[str | None] = None  # why it cannot run without CUDA, if it cannot
     trains: ClassVar[bool] = True  # False for the no-optimizer floor: skip the "did it train" check
     tensor_parallel: ClassVar[bool] = False  # runs on DTensor (TP-sharded) parameters, gpus > 1
+    graph_capturable: ClassVar[bool] = False  # its eager_step can be captured in a CUDA graph
     autocast: str | None = None  # "bf16": mixed precision (set from the config's method.autocast)
+    cuda_graph: bool = False  # capture the step once, replay it (set from method.cuda_graph)
 
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
@@ -52,6 +63,7 @@ class Method:
         self.device = device
         self.notes: list[str] = []
         self.hooks: list[Any] = []
+        self.captured: CapturedStep | None = None  # the CUDA graph of the step, once captured
 
     @classmethod
     def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
@@ -61,6 +73,21 @@ class Method:
                 return f"{package} is not installed (pip install 'forge-bench[baselines]')"
         if cls.needs_cuda and device != "cuda":
             return cls.needs_cuda
+        return None
+
+    @classmethod
+    def graph_unavailable_reason(cls, device: str) -> str | None:
+        """None when this method's step can be captured in a CUDA graph here; else why not."""
+        if not cls.graph_capturable:
+            from harness.methods import REGISTRY, get
+
+            capturable = ", ".join(n for n in REGISTRY if get(n).graph_capturable)
+            return (
+                f"method {cls.name or cls.__name__!r} cannot capture its step in a CUDA graph; "
+                f"set method.cuda_graph=false, or use one that can: {capturable}"
+            )
+        if device != "cuda":
+            return f"method.cuda_graph=true needs CUDA (device is {device!r}); set method.cuda_graph=false"
         return None
 
     def params(self) -> list[torch.nn.Parameter]:
@@ -77,17 +104,38 @@ class Method:
             return self.model(input_ids=input_ids, labels=input_ids).loss
 
     def autocast_context(self) -> contextlib.AbstractContextManager:
-        """torch.autocast to `self.autocast` (config `method.autocast`), or nothing."""
+        """torch.autocast to `self.autocast` (config `method.autocast`), or nothing. Under
+        `cuda_graph` without autocast's cache of cast weights: a graph cannot capture it."""
         if self.autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.autocast])
+        dtype = AUTOCAST_DTYPES[self.autocast]
+        return torch.autocast(self.device, dtype=dtype, cache_enabled=not self.cuda_graph)
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """One whole training step. Default: forward, backward, then `update()`."""
+        """One whole training step; returns the loss. `eager_step`, or with `cuda_graph` on, a
+        replay of it captured at the first call (which runs warm-up steps first: see the note)."""
+        if not self.cuda_graph:
+            return self.eager_step(input_ids)
+        if self.captured is None:
+            from harness.graphs import CapturedStep
+
+            self.captured = CapturedStep(self.eager_step, self.params(), input_ids, self.before_replay)
+            self.notes.append(
+                f"cuda_graph: the first step ran {self.captured.warmup} eager warm-up steps and the "
+                "capture before its replay"
+            )
+        return self.captured.replay(input_ids)
+
+    def eager_step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One whole training step, run as Python says. Default: forward, backward, `update()`."""
         loss = self.loss(input_ids)
         loss.backward()
         self.update()
         return loss.detach()
+
+    def before_replay(self) -> None:
+        """Called before every replay of the captured step (never before eager steps): refresh
+        what the graph reads from device memory. Default: nothing."""
 
     def update(self) -> None:
         """Apply the update after backward (methods that update in backward leave this empty)."""

@@ -8,6 +8,11 @@ sgd), the state dtype (fp32, bf16, int8 with one absmax scale per `int8_group` =
 elements) and stochastic rounding
 of bf16 weights; `hparams` go to the rule as torch.optim names them (betas, eps, weight_decay...).
 On a CPU the kernels run in the Triton interpreter: slow, so keep CPU points tiny.
+
+Under `method.cuda_graph` (harness.graphs) FORGE is attached `capturable=True`: its kernels read each
+step's coefficients and seed from a row of device memory, and `before_replay` calls
+`opt.prepare_replay()`, which advances the step of every parameter the graph updates and uploads
+their rows, before each replay.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class ForgeOptions:
 class Forge(Method):
     name = "forge"
     tensor_parallel = True
+    graph_capturable = True
     Options = ForgeOptions
     requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
 
@@ -58,8 +64,12 @@ class Forge(Method):
             state_dtype=o.state_dtype,
             stochastic_rounding=o.stochastic_rounding,
             int8_group=o.int8_group,
+            capturable=self.cuda_graph,
             **hparams,
         )
+
+    def before_replay(self) -> None:
+        self.opt.prepare_replay()
 
     def optimizer_state_tensors(self):
         return state_tensors_of(self.opt)

@@ -2,7 +2,9 @@
 
 All gradients exist at once between backward and `step()`, so its peak holds weights, gradients
 and both moments together. On a machine without CUDA the fused kernel is not what we compare, so
-the point runs the plain (for-each) AdamW and says so in its notes.
+the point runs the plain (for-each) AdamW and says so in its notes. Under `method.cuda_graph` it is
+built `capturable=True` (step counts on the device), and `step()` and `zero_grad()` are captured
+with the forward and backward (harness.graphs).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from harness.tensor_parallel import layout_groups
 class FusedAdamW(StepOptimizerMethod):
     name = "fused_adamw"
     tensor_parallel = True
+    graph_capturable = True
     Options = AdamWOptions
 
     def setup(self) -> None:
@@ -31,4 +34,5 @@ class FusedAdamW(StepOptimizerMethod):
             weight_decay=o.weight_decay,
             fused=fused,
             foreach=None if fused else True,  # the multi-tensor path on a CPU too, as the note says
+            capturable=self.cuda_graph,
         )

@@ -50,7 +50,7 @@ class LomoMethod(Method):
             weight_decay=self.options.weight_decay,
         )
 
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def eager_step(self, input_ids: torch.Tensor) -> torch.Tensor:
         loss = self.loss(input_ids)
         if self.options.clip_grad_norm:
             self.opt.grad_norm(loss)

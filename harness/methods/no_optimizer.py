@@ -14,6 +14,7 @@ from harness.methods.base import Method, largest_param_bytes
 class NoOptimizer(Method):
     name = "no_optimizer"
     tensor_parallel = True
+    graph_capturable = True
     trains = False
 
     def setup(self) -> None:
