@@ -10,6 +10,10 @@ string (sorted JSON) so that equal options compare equal and sort the same way o
 
 Methods are listed in a fixed order (the baseline first, the floor and FORGE last) so that tables
 and plots come out in the same order however the results files were written.
+
+A method's ratios compare it with fused AdamW of the same sweep and configuration whose step runs
+the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not), so a graphed
+FORGE row is a ratio of the graphed fused AdamW, never of the eager one.
 """
 
 from __future__ import annotations
@@ -179,9 +183,20 @@ def latest_by_key(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[s
     return {key: value[2] for key, value in chosen.items()}
 
 
+def graphed(record: Mapping[str, Any]) -> bool:
+    """Whether the record's step was captured in a CUDA graph and replayed (`method.cuda_graph`)."""
+    return bool(options_dict(record.get("method_options")).get("cuda_graph"))
+
+
+def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool]:
+    """How the step ran, beyond the method's own options: (autocast dtype or None, graphed)."""
+    return (options_dict(record.get("method_options")).get("autocast"), graphed(record))
+
+
 def reference_key(record: Mapping[str, Any]) -> tuple:
-    """(sweep, configuration without the method): where to look for a record's fused AdamW."""
-    return (_plain(record.get("sweep")),) + config_key(record)[2:]
+    """(sweep, configuration without the method, step mode): where to look for a record's fused
+    AdamW: the one whose step ran the same way (autocast, CUDA graph)."""
+    return (_plain(record.get("sweep")),) + config_key(record)[2:] + step_mode(record)
 
 
 def reference_index(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:

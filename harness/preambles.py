@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from harness import expectations as ex
 from harness.markup import Table, fmt_float, fmt_gib, fmt_ms, to_markdown
-from harness.points import display_name, method_rank, options_key
+from harness.points import display_name, graphed, method_rank, options_dict, options_key
 from harness.records import Record
 
 STEP_TEXT = (
@@ -36,15 +36,23 @@ STEP_TEXT = (
 
 
 def _variants(records: Sequence[Record]) -> list[Record]:
-    """One record per (method, options, master weights), in method order. A failed point may not
-    say its master weights: it stands for its method only where no point of it does."""
+    """One record per (method, options, master weights), in method order, a graphed step counted
+    as its eager twin (the same bytes per parameter) and named by it where both ran. A failed
+    point may not say its master weights: it stands for its method only where no point of it does."""
     found: dict[tuple[str, str, str], Record] = {}
-    for r in sorted(records, key=lambda r: r.get("master_weights") is None):  # stable: file order kept
-        method = (str(r.get("method")), options_key(r.get("method_options")))
+    for r in sorted(records, key=lambda r: (r.get("master_weights") is None, graphed(r))):  # stable
+        method = (str(r.get("method")), _bytes_options(r))
         if r.get("master_weights") is None and any(key[:2] == method for key in found):
             continue
         found.setdefault((*method, str(r.get("master_weights"))), r)
     return [found[k] for k in sorted(found, key=lambda k: (method_rank(k[0]), k))]
+
+
+def _bytes_options(record: Record) -> str:
+    """The record's options that set its bytes per parameter: all but `cuda_graph`."""
+    options = options_dict(record.get("method_options"))
+    options.pop("cuda_graph", None)
+    return options_key(options)
 
 
 def model_sizes(records: Sequence[Record]) -> dict[str, float]:

@@ -9,8 +9,10 @@ Rules every table follows:
 - rows sorted by configuration, methods in `harness.points.METHOD_ORDER`;
 - a point that did not run is shown by its status in every measured cell (`OOM`, `error [n]`,
   `unavailable [n]`, `diverged`), with the error or reason as footnote n: never as zero;
-- ratios compare a method with fused AdamW measured in the same sweep at the same configuration
-  (DESIGN.md: quote ratios, not bare times from different runs);
+- ratios compare a method with fused AdamW measured in the same sweep at the same configuration,
+  its step run the same way: a graphed row (`method.cuda_graph`) with the graphed fused AdamW, an
+  autocast row with the autocast one (`harness.points.step_mode`; DESIGN.md: quote ratios, not bare
+  times from different runs);
 - the paper's figure sits in its own column where the paper gives one (`harness.paper`).
 """
 
@@ -36,12 +38,14 @@ from harness.points import (
     REFERENCE_METHOD,
     config_key,
     display_name,
+    graphed,
     latest_by_key,
     method_rank,
     options_key,
     reference_index,
     reference_key,
     sort_key,
+    step_mode,
 )
 from harness.records import Record, activations_gib, is_convergence
 from harness.stats import step_stats
@@ -241,7 +245,7 @@ def dedupe_sorted(records: Iterable[Record], with_references: bool = False) -> l
     def key(item: tuple[tuple, Record]) -> tuple:
         sk = dict(zip(CONFIG_FIELDS, sort_key(item[0])))
         size = sizes.get(item[1].get("model"), 0.0)
-        return (size,) + tuple(sk[f] for f in order) + (sk["method"], sk["method_options"])
+        return (size,) + tuple(sk[f] for f in order) + (sk["method"], graphed(item[1]), sk["method_options"])
 
     return [record for _, record in sorted(chosen.items(), key=key)]
 
@@ -281,17 +285,23 @@ def t1_llama(records: Sequence[Record]) -> Selection | None:
     if not chosen:
         return None
     notes = Notes()
-    figure = lambda r: paper.lookup(
-        paper.T1, (r.get("model"), _int(r.get("batch_size")), _int(r.get("seq_len")), r.get("method"))
-    )
     cols = [COL_BATCH, COL_SEQ, COL_METHOD, COL_ALLOC, COL_RESERVED, COL_NVML, COL_STEP, COL_SPREAD]
     cols += [COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO, COL_PAPER]
     if len({r.get("gpu_name") for r in chosen}) > 1:
         cols.insert(0, COL_GPU)
     footer = [paper.T1_NOTE] + _add_sweep_column(chosen, cols)
     title = "T1: Llama-3.1-8B on one GPU: peak memory and step time per method"
-    rows = _rows(chosen, records, notes, figure)
+    rows = _rows(chosen, records, notes, _t1_figure)
     return Selection(render_rows("t1_llama8b", title, cols, rows, notes, footer), chosen)
+
+
+def _t1_figure(record: Record) -> str | None:
+    """The paper's T1 figure for the row's method and shape; none for a graphed step (the paper's
+    ran eager)."""
+    if graphed(record):
+        return None
+    key = (record.get("model"), _int(record.get("batch_size")), _int(record.get("seq_len")))
+    return paper.lookup(paper.T1, key + (record.get("method"),))
 
 
 def _add_sweep_column(chosen: Sequence[Record], cols: list[Col]) -> list[str]:
@@ -542,5 +552,11 @@ def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
 
 
 def _reference_capacity(key: tuple, best: dict) -> Record | None:
-    candidates = sorted(k for k in best if k[:6] == key[:6] and k[6] == REFERENCE_METHOD)
+    """The fused AdamW search of the same group whose step ran the same way (autocast, graph)."""
+    mode = step_mode({"method_options": key[7]})
+    candidates = sorted(
+        k
+        for k in best
+        if k[:6] == key[:6] and k[6] == REFERENCE_METHOD and step_mode({"method_options": k[7]}) == mode
+    )
     return best[candidates[0]][0] if candidates else None
