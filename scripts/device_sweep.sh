@@ -6,9 +6,10 @@
 #   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
 #
-# Each argument is one step, run in order: `tests` runs tests/test_gpu.py; `tune [GROUPS]` times the
-# fused kernel's candidate launch configs (`python -m harness kernels --tune`, results/kernels/tuning-*;
-# GROUPS: names from harness.kernel_build.candidate_groups, e.g. 'tune wide', default all);
+# Each argument is one step, run in order: `tests` runs tests/test_gpu.py and tests/test_gpu_graphs.py;
+# `tune [GROUPS]` times the fused kernel's candidate launch configs (`python -m harness kernels
+# --tune`, results/kernels/tuning-*; GROUPS: names from harness.kernel_build.candidate_groups,
+# e.g. 'tune wide', default all);
 # `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
 # host time per autograd node; its JSON goes to $OUT), e.g.
 # 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
@@ -82,7 +83,7 @@ for step in "$@"; do
     if [ "$(echo $overrides)" = tests ]; then
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$log"
       tests_log=$(mktemp)
-      timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider >"$tests_log" 2>&1 &
+      timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py tests/test_gpu_graphs.py -q -p no:cacheprovider >"$tests_log" 2>&1 &
     else
       # shellcheck disable=SC2086  # word splitting is the point: one override per word
       timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &
