@@ -259,7 +259,8 @@ def _validate_cuda_graph(cfg: DictConfig) -> None:
     if cfg.convergence.enabled:
         raise ConfigError(
             "method.cuda_graph=true with convergence.enabled=true: a convergence run changes the "
-            "learning rate every step, which a captured step would freeze; set method.cuda_graph=false"
+            "learning rate every step, which fused AdamW's captured step would freeze (a float lr "
+            "is baked into its graph); set method.cuda_graph=false"
         )
 
 

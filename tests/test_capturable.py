@@ -77,7 +77,8 @@ def test_a_capture_records_the_parameters_and_a_replay_advances_them(monkeypatch
     assert all(opt.state[p]["step"] == 1 for p in params), "a capture must not count a step"
     assert set(opt._captured) == set(params)
 
-    for step in (2, 3):
+    for step, lr in ((2, 1e-2), (3, 5e-3)):  # a scheduler's new lr reaches the next replay
+        opt.param_groups[0]["lr"] = lr
         opt.prepare_replay()
         rows = opt._step_rows
         for p in params:
