@@ -39,6 +39,12 @@ CONFIG_FIELDS = (
 
 REFERENCE_METHOD = "fused_adamw"
 
+# Options a method gained after some of its records were written, with the value every older
+# record ran at (FORGE's int8 scales came in groups of 64 before `int8_group` existed). A record
+# that lacks one is keyed as if it had it, so an old point and a new one of the same
+# configuration are the same point (the latest wins) rather than two rows of one method.
+OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64}}
+
 METHOD_ORDER = (
     "fused_adamw",
     "adamw_in_backward",
@@ -139,7 +145,8 @@ def config_key(record: Mapping[str, Any]) -> tuple:
     key = []
     for field in CONFIG_FIELDS:
         if field == "method_options":
-            key.append(options_key(record.get(field)))
+            added = OPTIONS_ADDED_LATER.get(str(record.get("method")), {})
+            key.append(options_key({**added, **options_dict(record.get(field))}))
         elif field == "activation_checkpointing":
             key.append(bool(_plain(record.get(field)) or False))
         elif field == "seed":

@@ -14,7 +14,7 @@ import pytest
 
 from harness import expectations, report
 from harness.markup import Table, to_latex, to_markdown
-from harness.points import display_name
+from harness.points import config_key, display_name
 from harness.records import load_records, split_kinds
 from harness.tables import (
     t1_llama,
@@ -368,3 +368,15 @@ def test_t5_rows_from_two_sweeps_name_their_sweep_and_keep_its_fused_adamw(recor
     sweep, method = table.header.index("Sweep"), table.header.index("Method")
     fused = [row[sweep] for row in table.rows if row[method] == "fused_adamw"]
     assert sorted(set(fused)) == ["activation_checkpointing", "rerun"]  # each sweep's own reference
+
+
+def test_an_option_added_later_keys_old_records_at_the_value_they_ran_at():
+    """FORGE records written before `int8_group` existed ran with groups of 64: they are the same
+    configuration as new records that say so (one row, the latest), not as ones with 128."""
+    options = {"lr": 1e-4, "state_dtype": "int8"}
+    old = {"method": "forge", "method_options": options, "model": "m"}
+    new = {"method": "forge", "method_options": {**options, "int8_group": 64}, "model": "m"}
+    g128 = {"method": "forge", "method_options": {**options, "int8_group": 128}, "model": "m"}
+    assert config_key(old) == config_key(new) != config_key(g128)
+    other = {"method": "fused_adamw", "method_options": {"lr": 1e-4}, "model": "m"}
+    assert "int8_group" not in config_key(other)[1]
