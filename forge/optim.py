@@ -28,6 +28,9 @@ just before its kernel (so warm-up steps run the same kernels the graph will); i
 only records the parameter, and `prepare_replay` does the host's part for all of them at once.
 Replayed steps are bit-identical to eager ones: the same host arithmetic, the same fp32 values.
 
+With `update_stream=True` the fused updates run on a second CUDA stream, beside the dX GEMMs of
+the layers below (`forge.streams`); the main stream waits for them when the backward ends.
+
 What users must know: each backward IS an optimizer step, so there is no gradient accumulation over
 micro-batches and no global gradient-norm clipping; a second backward through the same graph
 (`retain_graph=True`) is refused rather than applied twice.
@@ -51,6 +54,7 @@ from forge.kernels.elementwise_update import elementwise_update
 from forge.kernels.update_tile import STEP_ROW
 from forge.kernels.wgrad_update import wgrad_update
 from forge.rules import NUM_COEFFICIENTS, get_rule, resolve_hparams
+from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
@@ -69,6 +73,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         seed: int = 0,
         int8_group: int = quant.GROUP,
         capturable: bool = False,
+        update_stream: bool = False,
         **hparams,
     ):
         self.rule = get_rule(rule)
@@ -94,6 +99,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self.capturable = bool(capturable)
         self._step_rows: torch.Tensor | None = None
         self._captured: dict[torch.Tensor, None] = {}
+        # update_stream: fused updates on a second CUDA stream, beside the dX GEMMs (forge.streams)
+        self._update_stream = UpdateStream() if update_stream else None
         # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
         self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
         super().__init__(params, resolve_hparams(self.rule, hparams))
@@ -255,6 +262,13 @@ class ForgeOptimizer(torch.optim.Optimizer):
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
+        if self._update_stream is not None and dy.is_cuda:
+            with self._update_stream.fork(dy, x):
+                self._fused_update(weight, dy, x)
+        else:
+            self._fused_update(weight, dy, x)
+
+    def _fused_update(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
         group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
         options = dict(self._kernel_options(group), step_values=row)

@@ -40,10 +40,11 @@ CONFIG_FIELDS = (
 REFERENCE_METHOD = "fused_adamw"
 
 # Options a method gained after some of its records were written, with the value every older
-# record ran at (FORGE's int8 scales came in groups of 64 before `int8_group` existed). A record
+# record ran at (FORGE's int8 scales came in groups of 64 before `int8_group` existed, and its
+# updates ran on the backward's own stream before `update_stream`). A record
 # that lacks one is keyed as if it had it, so an old point and a new one of the same
 # configuration are the same point (the latest wins) rather than two rows of one method.
-OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64}}
+OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64, "update_stream": False}}
 
 METHOD_ORDER = (
     "fused_adamw",

@@ -103,3 +103,17 @@ def test_replay_helpers_refuse_misuse_with_what_to_do(monkeypatch):
     monkeypatch.setattr(forge_optim, "_capturing", lambda p: True)
     with pytest.raises(RuntimeError, match="eager step"):
         _step(model, _batches(1)[0])  # the first update inside a capture: no step rows yet
+
+
+def test_update_stream_is_a_no_op_off_cuda():
+    """`update_stream=True` moves fused updates to a second CUDA stream; on a CPU there is none
+    and the steps are the ordinary ones (the GPU test checks the streams)."""
+    base = _model().to(torch.bfloat16)
+    plain, streamed = copy.deepcopy(base), copy.deepcopy(base)
+    forge.attach(plain, "adamw", lr=1e-2)
+    forge.attach(streamed, "adamw", lr=1e-2, update_stream=True)
+    for ids in _batches(2):
+        _step(plain, ids)
+        _step(streamed, ids)
+    for a, b in zip(plain.parameters(), streamed.parameters()):
+        assert torch.equal(a, b)

@@ -279,12 +279,14 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
                 assert torch.equal(value, slow_opt.state[b][key]), f"{name}: state {key} differs"
 
 
+@pytest.mark.parametrize("update_stream", [False, True], ids=["one_stream", "update_stream"])
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
-def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype):
+def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream):
     """`capturable=True`: two eager warm-up steps on a side stream, a forward and backward captured
     in a CUDA graph, then three replays (each after `prepare_replay`) leave the weights and states
     of five eager steps of an ordinary optimizer to the bit: an embedding and a LayerNorm
-    (element-wise kernel, hooks), a wide weight (TMA reads) and a small one (pointer reads)."""
+    (element-wise kernel, hooks), a wide weight (TMA reads) and a small one (pointer reads). With
+    `update_stream=True` the fused updates run on a second stream, eager and captured alike."""
     import copy
 
     torch.manual_seed(0)
@@ -294,7 +296,7 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype):
     eager, graphed = copy.deepcopy(base), copy.deepcopy(base)
     options = dict(lr=1e-3, weight_decay=0.01, state_dtype=state_dtype, seed=5)
     eager_opt = forge.attach(eager, "adamw", **options)
-    graph_opt = forge.attach(graphed, "adamw", capturable=True, **options)
+    graph_opt = forge.attach(graphed, "adamw", capturable=True, update_stream=update_stream, **options)
     gen = torch.Generator(device="cuda").manual_seed(1)
     batches = [torch.randint(0, vocab, (2, 1024), device="cuda", generator=gen) for _ in range(5)]
 

@@ -36,6 +36,7 @@ class ForgeOptions:
     state_dtype: str = "bf16"
     stochastic_rounding: bool = True
     int8_group: int = 64
+    update_stream: bool = False  # fused updates on a second CUDA stream (forge.streams)
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,7 @@ class Forge(Method):
             stochastic_rounding=o.stochastic_rounding,
             int8_group=o.int8_group,
             capturable=self.cuda_graph,
+            update_stream=o.update_stream,
             **hparams,
         )
 

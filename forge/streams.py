@@ -1,0 +1,60 @@
+"""Fused updates on a second CUDA stream, beside the rest of the backward pass.
+
+In a linear layer's backward FORGE first computes dX (a cuBLAS GEMM the layers below wait for),
+then launches the fused dW GEMM + update, whose result nothing in this backward reads: only the
+next forward uses the new weight. On one stream the update still sits on the critical path, and
+at small token counts its epilogue is memory-bound (docs/perf-notes.md): the tensor cores idle
+while it streams the weight and states. On a second stream the update of layer i can run while
+the dX GEMMs of the layers below it do, the way FSDP overlaps its post-backward work.
+
+The rules, as FSDP keeps them: the side stream waits for the main stream before each update (dy
+and x are ready), the tensors it reads are marked as used by it (`record_stream`: the allocator
+does not reuse their memory before it is done), and once the backward ends the main stream waits
+for the side stream (a callback queued on the autograd engine), so the next forward reads updated
+weights. Both are CUDA events, so a CUDA-graph capture records the fork and the join too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.autograd import Variable
+
+
+class UpdateStream:
+    """One side stream per device for the fused updates, joined back at the end of each backward."""
+
+    def __init__(self) -> None:
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._pending: dict[torch.device, torch.cuda.Stream] = {}  # main streams still to join
+        self._joined_task = -1  # the autograd graph task whose end already has a join queued
+
+    @contextlib.contextmanager
+    def fork(self, *reads: torch.Tensor) -> Iterator[None]:
+        """Run the body on the side stream of `reads[0]`'s device, after all the main stream's
+        work so far; the tensors in `reads` stay allocated until the side stream is done with them."""
+        device = reads[0].device
+        main = torch.cuda.current_stream(device)
+        side = self._streams.get(device)
+        if side is None:
+            side = self._streams[device] = torch.cuda.Stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            yield
+        for t in reads:
+            t.record_stream(side)
+        self._pending.setdefault(device, main)
+        task = torch._C._current_graph_task_id()  # -1 outside a backward: join at once
+        if task == -1:
+            self._join()
+        elif task != self._joined_task:  # once per backward, even after one that raised
+            self._joined_task = task
+            Variable._execution_engine.queue_callback(self._join)
+
+    def _join(self) -> None:
+        """End of backward: each main stream waits for the updates launched beside it."""
+        for device, main in self._pending.items():
+            main.wait_stream(self._streams[device])
+        self._pending.clear()
