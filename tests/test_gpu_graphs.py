@@ -45,7 +45,9 @@ def _train(method, batches: list[torch.Tensor]) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    "eager_label", ["fused_adamw", "forge_bf16", "forge_int8", "no_optimizer"], ids=lambda s: s
+    "eager_label",
+    ["fused_adamw", "forge_bf16", "forge_int8", "forge_bf16_stream", "no_optimizer"],
+    ids=lambda s: s,
 )
 def test_graphed_steps_equal_eager_steps_to_the_bit(eager_label):
     batches = _batches(GRAPHED_STEPS)
