@@ -12,6 +12,9 @@ torch.profiler and prints, and writes as JSON to $OUT (or the current directory)
 - step_ms: wall time per profiled step (host clock around a synchronized step);
 - gpu_busy_ms: the union of device-kernel intervals per step (overlapping kernels count once),
   and idle_frac = 1 - busy / step: how much of the step the GPU waits for the host;
+- fused_busy_ms, fused_overlap_ms: how long FORGE's fused kernels run a step, and how much of it
+  other kernels run at the same time (`update_stream=True` puts them on a second stream so that
+  they can run under the dX GEMMs; on one stream this stays near zero);
 - kernels_per_step and the 20 GPU kernels with the most device time (kernels only: an op's
   device time can include a blocked launch, as fused AdamW's step shows under the profiler);
 - matmul device time per input shape (`aten::mm`/`addmm`/`bmm`, forward and dx alike), to compare
@@ -52,6 +55,7 @@ from harness.measure import NvmlSampler  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+FUSED_KERNEL = "_wgrad_update_kernel"  # FORGE's fused dW GEMM + update, by its Triton name
 
 
 class ClockSampler(NvmlSampler):
@@ -114,6 +118,12 @@ def busy_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1000
 
 
+def overlap_ms(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """How long (ms, from us intervals) some interval of `a` and some interval of `b` run at once:
+    |union(a) & union(b)| = |union(a)| + |union(b)| - |union(a + b)|."""
+    return busy_ms(a) + busy_ms(b) - busy_ms(a + b)
+
+
 def _mm_kernels(events, steps: int, top: int = 30) -> list[dict]:
     """Matmul ops grouped by (op, input shapes, input strides, kernels launched): calls and device
     ms a step, the `top` by device time."""
@@ -169,6 +179,8 @@ def main(argv: list[str]) -> int:
     events = prof.events()
     device_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device_events]
+    fused = [(e.time_range.start, e.time_range.end) for e in device_events if FUSED_KERNEL in e.name]
+    others = [(e.time_range.start, e.time_range.end) for e in device_events if FUSED_KERNEL not in e.name]
     per_kernel: dict[str, list[float]] = {}
     for e in device_events:
         per_kernel.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
@@ -191,6 +203,8 @@ def main(argv: list[str]) -> int:
         "gpu_busy_ms": busy,
         "idle_frac": None if busy is None else 1 - busy / step,
         "kernels_per_step": len(device_events) / steps,
+        "fused_busy_ms": busy_ms(fused) / steps if fused else None,
+        "fused_overlap_ms": overlap_ms(fused, others) / steps if fused else None,
         "top_kernels": [
             {"name": name[:120], "calls": len(us) / steps, "device_ms": sum(us) / 1000 / steps}
             for name, us in by_device
