@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 CONFIG_FIELDS = (
@@ -180,15 +180,21 @@ def describe(key: tuple) -> dict[str, Any]:
     return dict(zip(CONFIG_FIELDS, key))
 
 
-def latest_by_key(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
-    """One record per configuration: the latest by `time` (ties: the later in the input)."""
-    chosen: dict[tuple, tuple[str, int, Mapping[str, Any]]] = {}
+def latest_by_key(
+    records: Iterable[Mapping[str, Any]],
+    prefer: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> dict[tuple, Mapping[str, Any]]:
+    """One record per configuration: the latest by `time` (ties: the later in the input). With
+    `prefer`, a record it accepts wins over any it refuses, whatever their times (tables prefer a
+    record measured beside its fused AdamW, so its ratio is side by side)."""
+    chosen: dict[tuple, tuple[bool, str, int, Mapping[str, Any]]] = {}
     for index, record in enumerate(records):
         key = config_key(record)
         stamp = "" if missing(record.get("time")) else str(record.get("time"))
-        if key not in chosen or (stamp, index) >= chosen[key][:2]:
-            chosen[key] = (stamp, index, record)
-    return {key: value[2] for key, value in chosen.items()}
+        rank = (bool(prefer(record)) if prefer else True, stamp, index)
+        if key not in chosen or rank >= chosen[key][:3]:
+            chosen[key] = rank + (record,)
+    return {key: value[3] for key, value in chosen.items()}
 
 
 def graphed(record: Mapping[str, Any]) -> bool:

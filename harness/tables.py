@@ -5,7 +5,8 @@ the records behind it (the report names their hardware, versions, commit and con
 returns None when no record fits it, so a table without data is skipped cleanly.
 
 Rules every table follows:
-- one record per configuration: the latest (`harness.points.latest_by_key`);
+- one record per configuration: the latest (`harness.points.latest_by_key`); in the step-time
+  tables the latest measured beside its fused AdamW, where one is;
 - rows sorted by configuration, methods in `harness.points.METHOD_ORDER`;
 - a point that did not run is shown by its status in every measured cell (`OOM`, `error [n]`,
   `unavailable [n]`, `diverged`), with the error or reason as footnote n: never as zero;
@@ -227,16 +228,24 @@ def render_rows(
 
 def dedupe_sorted(records: Iterable[Record], with_references: bool = False) -> list[Record]:
     """Latest record per configuration, sorted by model, GPU, batch, seq, ..., method. With
-    `with_references`, also the fused AdamW each of them is compared with where that is an older
-    record of the same configuration (another sweep's), next to the latest one."""
+    `with_references`, the latest of those measured beside a fused AdamW where there is one (a
+    later run without its reference does not displace a side-by-side ratio), and also the fused
+    AdamW each of them is compared with where that is an older record of the same configuration
+    (another sweep's), next to the latest one."""
     records = list(records)
-    chosen = latest_by_key(records)
     if with_references:
         refs = reference_index(records)
+
+        def beside_reference(record: Record) -> bool:
+            return record.get("method") == REFERENCE_METHOD or reference_key(record) in refs
+
+        chosen = latest_by_key(records, prefer=beside_reference)
         for record in list(chosen.values()):
             ref = refs.get(reference_key(record))
             if ref is not None and ref is not chosen.get(config_key(ref)):
                 chosen[config_key(ref) + (ref.get("sweep"),)] = ref
+    else:
+        chosen = latest_by_key(records)
     order = ("model", "gpu_name", "batch_size", "seq_len", "activation_checkpointing", "memory_cap_gib")
     sizes: dict[Any, float] = {}
     for record in chosen.values():  # failed points may lack n_params: size a model by any of its points

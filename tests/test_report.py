@@ -347,6 +347,24 @@ def test_an_older_sweep_keeps_its_fused_adamw_row_when_its_points_show(records):
     assert [row[6] for row in fused_rows if row[sweep] == "older"] == ["999.0"]
 
 
+def test_a_later_run_without_its_fused_adamw_does_not_displace_a_side_by_side_ratio(records):
+    at_b1 = lambda r: r["batch_size"] == 1 and r["seq_len"] == 1024 and r.get("sweep") == "llama8b_h200"
+    forges = [r for r in records if at_b1(r) and r.get("method_label") == "forge_bf16"]
+    forge = max(forges, key=lambda r: r["time"])
+    alone = dict(forge, sweep="alone", time="2100-01-01T00:00:00")
+    alone.pop("step_times_ms", None)
+    alone["step_time_ms_median"] = 999.0
+
+    def forge_rows(records):
+        return [row for row in t1_llama(records).table.rows if row[:3] == ["1", "1024", "forge_bf16"]]
+
+    assert forge_rows(records + [alone]) == forge_rows(records)
+    # with no fused AdamW at that configuration at all, the latest shows (its ratio cells say so)
+    unreferenced = [r for r in records if not (at_b1(r) and r["method"] == "fused_adamw")]
+    rows = forge_rows(unreferenced + [alone])
+    assert len(rows) == 1 and rows[0][6] == "999.0"
+
+
 def test_bars_of_one_method_from_two_sweeps_name_the_sweep():
     from harness.plots import _bar_labels
 
