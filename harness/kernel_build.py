@@ -81,10 +81,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # SASS reads LDG x3, STG x3, eight times over): load the next slice first (the int8
         # small-T config ships that way; here it is timed in slice order).
         "overlap": [dict(c, overlap_slices=not c.get("overlap_slices")) for c in shipped],
-        # The two programs of a multiprocessor start together and stay in step: main loops at once,
-        # then epilogues at once. Holding the second back about one main loop (a 128 x 128 tile's is
-        # ~6 us at T = 1024, ~50 us at T = 8192) puts each epilogue under the other's main loop.
-        "stagger": [dict(c, stagger_ns=ns) for c in shipped for ns in (3000, 8000, 25000)],
     }
 
 
@@ -124,8 +120,6 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
         OVERLAP_SLICES=config.get("overlap_slices", False),
         PERSISTENT=config.get("programs_per_sm", 0) > 0,
         FLATTEN=config.get("flatten", False),
-        STAGGER_NS=config.get("stagger_ns", 0),
-        SMS=132 if config.get("stagger_ns", 0) else 0,  # the H200's multiprocessors
     )
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
@@ -326,7 +320,7 @@ def describe(c: dict) -> str:
         name += " pointers" if c["tma"] == "none" else f" TMA descriptors on the {c['tma']}"
     if c.get("overlap_slices"):
         name += " overlapped slices"
-    if c.get("stagger_ns"):
+    if c.get("stagger_ns"):  # records of the staggered-start candidates (6c56d66; no gain, perf notes)
         name += f" second program {c['stagger_ns'] / 1000:g} us late"
     if c.get("prefetch_ahead"):  # records of the L2-prefetch candidates (c1de37d; slower, perf notes)
         name += f" L2 prefetch {c['prefetch_ahead']} blocks ahead"
@@ -368,7 +362,6 @@ def main(argv: list[str]) -> int:
         "flatten",
         "tma",
         "overlap_slices",
-        "stagger_ns",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -104,17 +104,3 @@ def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
         overlapped["epilogue_loads_before_first_store"] == 2 * plain["epilogue_loads_before_first_store"] > 0
     )
     assert overlapped["registers"] <= 128 and overlapped["programs_per_sm"] == 2
-
-
-def test_a_staggered_config_builds_with_the_same_resources():
-    """The second program of each multiprocessor's first pair spins on %globaltimer before its
-    first tile (`_stagger`): the wait costs no registers and no shared memory."""
-    shipped = dataclasses.asdict(_pick_config(1024, 14336, 4096, "bf16", on_interpreter=False))
-    staggered = dict(shipped, stagger_ns=8000)
-    plain, late = kernel_build.resources([shipped, staggered], arch=90, state_dtype="bf16")
-    assert (late["registers"], late["shared_bytes"], late["programs_per_sm"]) == (
-        plain["registers"],
-        plain["shared_bytes"],
-        plain["programs_per_sm"],
-    )
-    assert all(c.get("stagger_ns") for c in kernel_build.candidate_groups()["stagger"])

@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import globaltimer
 
 from forge.kernels import _cdiv, interpreting
 from forge.kernels.launch import DirectLauncher, tensor_facts
@@ -90,11 +89,7 @@ def _wgrad_update_kernel(
     OVERLAP_SLICES: tl.constexpr,  # load slice i + 1 before slice i is updated and stored
     PERSISTENT: tl.constexpr,  # a fixed grid whose programs loop over tiles (else one tile each)
     FLATTEN: tl.constexpr,  # persistent: let the pipeliner run the next tile's loads under this epilogue
-    STAGGER_NS: tl.constexpr,  # programs SMS .. 2 * SMS - 1 start this many ns late (0: none)
-    SMS: tl.constexpr,  # multiprocessors of the device (only read with STAGGER_NS)
 ):
-    if STAGGER_NS > 0:
-        _stagger(STAGGER_NS, SMS)
     if STEPS_IN_MEMORY:
         h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
     tiles = tl.cdiv(N, BLOCK_N) * tl.cdiv(K, BLOCK_K)
@@ -113,24 +108,6 @@ def _wgrad_update_kernel(
                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, TMA, UPCAST_DOT, DOT_PRECISION,
                   BLOCK_N, BLOCK_K, BLOCK_T, GROUP_N, EPILOGUE_SPLIT, OVERLAP_SLICES)
-
-
-@triton.jit
-def _stagger(NS: tl.constexpr, SMS: tl.constexpr):
-    """Hold the second program of each multiprocessor's first pair back by NS nanoseconds.
-
-    Two programs share a multiprocessor (the register cap), and they start together: both run
-    their main loops at once (sharing the tensor cores), then both their epilogues (the tensor
-    cores idle). Started half a tile apart, one's epilogue (memory) runs under the other's main
-    loop, and the programs that follow in their slots inherit the offset. The block scheduler
-    fills one slot of every multiprocessor before the second, so programs SMS .. 2 * SMS - 1 are
-    the second residents of the first wave."""
-    pid = tl.program_id(0)
-    if (pid >= SMS) & (pid < 2 * SMS):
-        now = globaltimer()
-        end = now + NS
-        while now < end:
-            now = globaltimer()
 
 
 @triton.jit
@@ -271,9 +248,6 @@ class KernelConfig:
     # Load each epilogue slice's W and states before the slice above it is updated and stored (two
     # slices' loads in flight instead of one; a few more registers).
     overlap_slices: bool = False
-    # Start the second program of each multiprocessor this many ns after the first, so that one's
-    # epilogue runs under the other's main loop instead of both at once (0: no offset; `_stagger`).
-    stagger_ns: int = 0
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -401,8 +375,7 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices, PERSISTENT=persistent,
-        FLATTEN=cfg.flatten, STAGGER_NS=0 if on_interpreter else cfg.stagger_ns,
-        SMS=_multiprocessors(dy.device) if cfg.stagger_ns and not on_interpreter else 0,
+        FLATTEN=cfg.flatten,
     )
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.maxnreg and not on_interpreter:
