@@ -38,6 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Names that moved between Triton 3.6 (the GPU image's) and 3.9: a barrier among the warps of one
+# partition, and a TMA copy from global into shared memory.
+_partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
 # The probe's configuration. Module constants, not kernel arguments: Gluon 3.6 hands a worker
 # partition its arguments as IR values, so a constexpr passed to a worker arrives as an int32. The
 # epilogue's shape is chosen per process (PROBE_EPI_WARPS, PROBE_ROWS) to compare a few in one run.
@@ -89,7 +94,7 @@ def _mma_partition(dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         mbarrier.wait(acc_empty, (done & 1) ^ 1)  # the epilogue has read the tile before
         acc_smem.store(acc)
-        gl.thread_barrier()
+        _partition_barrier()
         mbarrier.arrive(acc_ready)
         done += 1
 
@@ -105,8 +110,8 @@ def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, ac
             slot = count % STAGES
             mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
-            tma.async_copy_global_to_shared(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+            _tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
+            _tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
             count += 1
 
 
@@ -124,7 +129,7 @@ def _epilogue_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem
         for r in gl.static_range(BLOCK_N // ROWS):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
             if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
-                gl.thread_barrier()
+                _partition_barrier()
                 mbarrier.arrive(acc_empty)
             rows = n0 + r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
             offs = rows.to(gl.int64)[:, None] * K + cols[None, :]

@@ -25,9 +25,16 @@ def tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP: tl.constexpr, BLOCK
     """Element and scale offsets of the (BLOCK_N, BLOCK_K) tile at (n_start, k_start), with masks."""
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_k = k_start + tl.arange(0, BLOCK_K)
+    groups = k_start // QGROUP + tl.arange(0, BLOCK_K // QGROUP)
+    return offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS)
+
+
+@triton.jit
+def offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS):
+    """Element and scale offsets, with masks, of the tile whose rows, columns and scale groups are
+    the index vectors given (a Gluon kernel builds them in its own register layout)."""
     offs = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    groups = k_start // QGROUP + tl.arange(0, BLOCK_K // QGROUP)
     scale_offs = offs_n.to(tl.int64)[:, None] * NUM_GROUPS + groups[None, :]
     scale_mask = (offs_n[:, None] < N) & (groups[None, :] < NUM_GROUPS)
     return offs, mask, scale_offs, scale_mask
@@ -42,7 +49,19 @@ def load_tile(
     """What `finish_tile` reads for one tile, as stored (nothing decoded, so a caller can issue
     these loads early and hold them in few registers): (w, s1, q1, s2, q2, s3, q3), a slot the
     rule lacks holding w again."""
-    offs, mask, scale_offs, scale_mask = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    offsets = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    return load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                        HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+
+
+@triton.jit
+def load_tile_at(
+    offsets,  # (offs, mask, scale_offs, scale_mask) of the tile: `tile_offsets` or `offsets_of`
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr, STATE_DTYPE: tl.constexpr,
+):
+    """`load_tile` at offsets the caller built."""
+    offs, mask, scale_offs, scale_mask = offsets
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     s1, q1, s2, q2, s3, q3 = w, w, w, w, w, w
     if HAS_S1:
@@ -69,7 +88,26 @@ def finish_tile(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Decode the loaded tile, apply the rule to the gradient in `acc` in fp32, store W and states."""
-    offs, mask, scale_offs, scale_mask = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    offsets = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
+    finish_tile_at(acc, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def finish_tile_at(
+    acc, offsets, loaded,  # the gradient tile, `offsets_of` it, and what `load_tile_at` returned
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
+    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
+    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """`finish_tile` at offsets the caller built."""
+    offs, mask, scale_offs, scale_mask = offsets
     w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
     w = w_raw.to(tl.float32)
     s1 = acc
