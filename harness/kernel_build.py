@@ -81,6 +81,20 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # SASS reads LDG x3, STG x3, eight times over): load the next slice first (the int8
         # small-T config ships that way; here it is timed in slice order).
         "overlap": [dict(c, overlap_slices=not c.get("overlap_slices")) for c in shipped],
+        # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32 and
+        # bf16 states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program per SM.
+        "warp_specialized": [
+            dict(
+                block_n=128,
+                block_k=128,
+                block_t=64,
+                num_warps=warps,
+                num_stages=4,
+                warp_specialized=True,
+                epilogue_rows=32,
+            )
+            for warps in (8, 4)
+        ],
     }
 
 
@@ -98,6 +112,8 @@ def candidates(groups: list[str] | None = None) -> list[dict[str, Any]]:
 def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stochastic_rounding: bool = True):
     """The CompiledKernel of the fused AdamW update (bf16 weights) under `config` for sm_<arch>;
     `tma` as `KernelConfig.tma` ("host", "device", "none")."""
+    if config.get("warp_specialized"):
+        return _compile_warp_specialized(config, arch, state_dtype, stochastic_rounding)
     from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel
 
     tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma == "host" else "*bf16"
@@ -125,6 +141,40 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
     if config.get("maxnreg"):
         options["maxnreg"] = config["maxnreg"]
     return _build(kernel, signature, integers, constants, arch, options)
+
+
+def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: str, stochastic_rounding: bool):
+    """The CompiledKernel of `forge.kernels.wgrad_update_ws` (Gluon) for the fused AdamW update."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from forge.kernels import wgrad_update_ws
+
+    kernel = wgrad_update_ws.wgrad_update_ws_kernel
+    bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
+    T, N, K = PROBLEM
+    signature = _slots_signature(state_dtype)
+    for name, rows, cols in (("dy_desc", bt, bn), ("x_desc", bt, bk)):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+        signature[name] = f"tensordesc<bf16[{rows}, {cols}],{layout!r}>"
+    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
+    signature.update({name: "i32" for name in integers})
+    signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32")
+    constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
+    constants.update(STEPS_IN_MEMORY=False, STAGES=config["num_stages"], ROWS=config["epilogue_rows"])
+    signature.update({name: "constexpr" for name in constants})
+    ordered = {name: signature[name] for name in kernel.arg_names}
+    divisible = [name for name, kind in ordered.items() if kind.startswith("*")] + list(integers)
+    source = GluonASTSource(
+        fn=kernel,
+        signature=ordered,
+        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+        attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
+    )
+    options = dict(num_warps=config["num_warps"], maxnreg=wgrad_update_ws.max_registers(config["num_warps"]))
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c: int = 512):
@@ -267,6 +317,8 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
     registers = _number(r"REG:(\d+)", usage)
     shared = int(compiled.metadata.shared)
     threads = 32 * config["num_warps"]
+    if config.get("warp_specialized"):  # plus the MMA warps and the loader's group of four
+        threads += 32 * 8
     return dict(
         config=config,
         arch=arch,
@@ -310,6 +362,8 @@ def describe(c: dict) -> str:
     """A launch config in a few words: tile, slices, warps, stages, register cap, grid."""
     if c.get("kernel") == "elementwise":
         return f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}"
+    if c.get("warp_specialized"):
+        return _describe_warp_specialized(c)
     name = (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} split {c['epilogue_split']} warps {c['num_warps']} "
         f"stages {c['num_stages']} maxnreg {c.get('maxnreg') or '-'}"
@@ -327,6 +381,13 @@ def describe(c: dict) -> str:
     if c.get("int8_group", 64) != 64:
         name += f" int8 groups of {c['int8_group']}"
     return name
+
+
+def _describe_warp_specialized(c: dict) -> str:
+    return (
+        f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "
+        f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
+    )
 
 
 def _row(r: dict) -> str:
@@ -362,6 +423,8 @@ def main(argv: list[str]) -> int:
         "flatten",
         "tma",
         "overlap_slices",
+        "warp_specialized",
+        "epilogue_rows",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -104,3 +104,48 @@ def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
         overlapped["epilogue_loads_before_first_store"] == 2 * plain["epilogue_loads_before_first_store"] > 0
     )
     assert overlapped["registers"] <= 128 and overlapped["programs_per_sm"] == 2
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
+    """`forge.kernels.wgrad_update_ws` (Gluon; shipped on Hopper for fp32 and bf16 states) builds for
+    sm_90 at 8 and 4 epilogue warps: no spills, the register cap its warps fit under, one program
+    per multiprocessor with its ring and staging buffer in shared memory."""
+    from forge.kernels.wgrad_update_ws import max_registers
+
+    configs = kernel_build.candidate_groups()["warp_specialized"]
+    for config, r in zip(configs, kernel_build.resources(configs, arch=90, state_dtype=state_dtype)):
+        assert r["registers"] == max_registers(config["num_warps"]), config
+        assert r["stack_bytes"] == 0 and r["spill_stores"] == 0, config
+        assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, config
+
+
+def test_a_warp_specialized_config_where_it_cannot_run_says_why():
+    """On the CPU (and for int8 states, fp32 operands, other GPUs) the warp-specialized kernel
+    cannot run: asking for it by config is an error that names what it needs."""
+    import torch
+
+    from forge.kernels.wgrad_update import KernelConfig, wgrad_update
+    from forge.rules import get_rule, resolve_hparams
+
+    rule = get_rule("sgd")
+    h = resolve_hparams(rule, dict(lr=0.1))
+    w = torch.zeros(128, 128, dtype=torch.bfloat16)
+    dy, x = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    config = KernelConfig(**kernel_build.candidate_groups()["warp_specialized"][0])
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        wgrad_update(
+            w,
+            (None,) * 3,
+            (None,) * 3,
+            (False,) * 3,
+            dy,
+            x,
+            rule.coefficients(h, 1, {}),
+            0,
+            rule="sgd",
+            flags=rule.flags(h),
+            state_dtype="bf16",
+            stochastic_rounding=False,
+            config=config,
+        )

@@ -31,9 +31,14 @@ launch): the same arithmetic per tile, another schedule, offered to the offline 
 Host cost: a launch's plan (config, operand path, grid, compile-time arguments) is cached under a
 key of every fact it depends on, and on a GPU the launch itself skips Triton's per-call dispatch
 once the key has been seen (`forge.kernels.launch`).
+
+On Hopper, with bf16 operands and fp32 or bf16 states, `wgrad_update` launches the warp-specialized
+twin of this kernel instead (`forge.kernels.wgrad_update_ws`: the same tile update, run by other
+warps while the next tile's GEMM runs); `FORGE_WARP_SPECIALIZED=0` in the environment keeps this one.
 """
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,6 +47,11 @@ import triton.language as tl
 
 from forge.kernels import _cdiv, interpreting
 from forge.kernels.launch import DirectLauncher, tensor_facts
+
+try:  # Gluon (Triton >= 3.5): the warp-specialized kernel for Hopper
+    from forge.kernels import wgrad_update_ws
+except ImportError:
+    wgrad_update_ws = None
 from forge.kernels.update_tile import (
     epilogue_constexprs,
     finish_tile,
@@ -248,6 +258,12 @@ class KernelConfig:
     # Load each epilogue slice's W and states before the slice above it is updated and stored (two
     # slices' loads in flight instead of one; a few more registers).
     overlap_slices: bool = False
+    # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`; Hopper, bf16 operands, fp32 or
+    # bf16 states): `num_warps` epilogue warps beside 4 MMA warps and a loader, a ring of
+    # `num_stages` dy and x tiles, the update `epilogue_rows` rows at a time. Tile shape and ring
+    # depth as the fields above; one program per multiprocessor.
+    warp_specialized: bool = False
+    epilogue_rows: int = 32
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -266,6 +282,13 @@ _HOPPER_SMALL_T = {
     "int8": replace(_HOPPER, block_n=64, overlap_slices=True),
 }
 _HOST_BOUND_FLOPS = 2e10
+# The warp-specialized kernel, measured on the H200 (`scripts/probe_ws_kernel.py`, docs/perf-notes.md,
+# tenth session): 8 epilogue warps at T <= 2048, where the update outweighs the GEMM; 4 above, where
+# fewer warps leave the MMA warps more of the multiprocessor.
+_HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
+                          epilogue_rows=32)
+_HOPPER_WS_LARGE_T = replace(_HOPPER_WS, num_warps=4)
+_WS_STATE_DTYPES = ("fp32", "bf16")
 
 
 @functools.lru_cache(maxsize=256)  # asked on every launch; a few shapes per model
@@ -282,6 +305,23 @@ def _pick_config(
     if 2 * T * N * K < _HOST_BOUND_FLOPS:
         cfg = replace(cfg, tma="none")
     return cfg
+
+
+def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch.Tensor, x: torch.Tensor,
+                             on_interpreter: bool) -> KernelConfig | None:
+    """The warp-specialized config where that kernel runs (see `wgrad_update_ws`), else None."""
+    if (wgrad_update_ws is None or on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
+            or state_dtype not in _WS_STATE_DTYPES or dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
+            or 2 * T * N * K < _HOST_BOUND_FLOPS or not (_can_use_tma(dy) and _can_use_tma(x))
+            or not _is_hopper(dy.device)):
+        return None
+    return _HOPPER_WS if T <= 2048 else _HOPPER_WS_LARGE_T
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    """sm_90 exactly: wgmma, which the warp-specialized kernel is written with, is Hopper's alone."""
+    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 @functools.cache
@@ -341,7 +381,7 @@ class _Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
     config: KernelConfig
-    tma: str  # how the main loop reads dy and x, where the operands allow the config's choice
+    tma: str  # how the main loop reads dy and x, where the operands allow the config's choice; "gluon": wgrad_update_ws
     grid: tuple
     num_groups: int
     constexprs: dict
@@ -351,6 +391,7 @@ class _Plan:
 
 _plans: dict = {}
 _launch = DirectLauncher(_wgrad_update_kernel)
+_launch_ws = DirectLauncher(wgrad_update_ws.wgrad_update_ws_kernel) if wgrad_update_ws is not None else None
 
 
 def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config,
@@ -360,6 +401,19 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
     K = x.shape[1]
     assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
     on_interpreter = interpreting()
+    if config is None:
+        config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
+    elif config.warp_specialized and not (state_dtype in _WS_STATE_DTYPES and _can_use_tma(dy) and _can_use_tma(x)
+                                          and _is_hopper(dy.device) and wgrad_update_ws is not None):
+        raise ValueError(
+            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), bf16 dy and x that TMA can read, and fp32 "
+            f"or bf16 states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
+            "FORGE choose the kernel"
+        )
+    if config is not None and config.warp_specialized:
+        return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
+                                      state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                                      int8_group=int8_group, steps_in_memory=steps_in_memory)
     cfg = config or _pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
     if state_dtype == "int8" and cfg.block_k % int8_group:
         raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
@@ -381,6 +435,22 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
     if cfg.maxnreg and not on_interpreter:
         options["maxnreg"] = cfg.maxnreg
     return _Plan(cfg, tma, grid, _cdiv(K, int8_group), constexprs, options, on_interpreter)
+
+
+def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, state_dtype, stochastic_rounding,
+                           int8_group, steps_in_memory) -> "_Plan":
+    """The plan of a `wgrad_update_ws` launch: one program per multiprocessor (fewer for few tiles)."""
+    T, N = dy.shape
+    K = x.shape[1]
+    tiles = _cdiv(N, cfg.block_n) * _cdiv(K, cfg.block_k)
+    constexprs = dict(
+        **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                              stochastic_rounding=stochastic_rounding, int8_group=int8_group),
+        STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
+    )
+    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps))
+    grid = (min(tiles, _multiprocessors(dy.device)),)
+    return _Plan(cfg, "gluon", grid, _cdiv(K, int8_group), constexprs, options, False)
 
 
 def wgrad_update(
@@ -428,6 +498,14 @@ def wgrad_update(
         plan = _plans[key] = _plan(weight, states, signed, dy, x, rule=rule, flags=flags, state_dtype=state_dtype,
                                    stochastic_rounding=stochastic_rounding, int8_group=int8_group, config=config,
                                    steps_in_memory=step_values is not None)
+    if plan.tma == "gluon":
+        cfg = plan.config
+        dy_desc = wgrad_update_ws.descriptor(dy, (cfg.block_t, cfg.block_n))
+        x_desc = wgrad_update_ws.descriptor(x, (cfg.block_t, cfg.block_k))
+        args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups,
+                *step_arguments(weight, coefficients, seed, step_values))
+        _launch_ws(key, plan.grid, args, plan.constexprs, plan.options)
+        return
     dy_src, x_src = dy, x
     if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor

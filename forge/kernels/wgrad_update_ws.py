@@ -1,0 +1,209 @@
+"""The fused kernel on Hopper, warp-specialized: one tile's update runs while the next tile's GEMM does.
+
+The Triton kernel (`forge.kernels.wgrad_update`) runs each tile's GEMM main loop and then its
+update (the epilogue) in the same warps, so the update's memory traffic waits for the tensor cores
+and the tensor cores wait for it: measured on the H200, its time is the GEMM's plus the update's
+bytes at ~3.4 TB/s (`scripts/probe_epilogue_bytes.py`). Here one program per multiprocessor runs
+three groups of warps at once (Gluon's `warp_specialize`), handing tiles along through shared
+memory and mbarriers:
+
+    loader    1 warp     TMA copies of dy and x tiles into a ring of `num_stages` slots
+    MMA       4 warps    wgmma over the ring into a (BLOCK_N, BLOCK_K) fp32 accumulator in
+                         registers; the finished tile goes to a staging buffer in shared memory
+    epilogue  4-8 warps  the optimizer update of the staged tile, `epilogue_rows` rows at a time:
+                         the same `update_tile` code as the Triton kernel (every rule, fp32 and bf16
+                         states, stochastic rounding, steps read from memory)
+
+The gradient tile lives in registers, then in shared memory, and dies there: never in global
+memory. The MMA warps start the next tile as soon as the staging buffer is free, i.e. while the
+epilogue warps update the tile before.
+
+Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, fp32 or bf16 states,
+GEMMs of at least `wgrad_update._HOST_BOUND_FLOPS`. int8 states (their quantization reshapes a
+tile, which this kernel's layouts do not yet do), fp32 operands (exact fp32 products, which
+wgmma does not offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
+
+Triton 3.6 (the GPU image) and 3.9 (CI) name two of the operations differently; the aliases below
+take whichever exists. A worker partition receives its arguments as IR values, so the only
+compile-time values it sees are those carried by the types of its shared-memory buffers (tile
+shapes, ring depth) and module constants.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from forge.kernels.update_tile import finish_tile_at, load_step_values, load_tile_at, offsets_of
+
+_partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as the Triton kernel)
+MMA_REGS = gl.constexpr(232)  # registers per thread of the MMA warps (a 128 x 128 fp32 accumulator takes 128)
+LOADER_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _tile_origin(tile, N, K, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """(n0, k0) of a tile in grouped order: GROUP_N consecutive tiles share x's column in L2."""
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_N * gl.cdiv(K, BLOCK_K)
+    first_n = (tile // per_group) * GROUP_N
+    group_rows = gl.minimum(tiles_n - first_n, GROUP_N)
+    pid_n = first_n + (tile % per_group) % group_rows
+    pid_k = (tile % per_group) // group_rows
+    return pid_n * BLOCK_N, pid_k * BLOCK_K
+
+
+@gluon.jit
+def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+    """Fill the ring: for every tile of this program, the dy and x tiles of each BLOCK_T tokens."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    count = 0  # ring slots filled so far, over all tiles
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
+        for t0 in range(0, T, BLOCK_T):
+            slot = count % STAGES
+            mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)  # passes at once on the first lap
+            mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+            _tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))  # rows past T read as 0
+            _tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+            count += 1
+
+
+@gluon.jit
+def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+    """dW tile = dy_tile^T x_tile summed over the ring, then handed to the epilogue's staging buffer."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_K, 16])
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    count = 0  # ring slots consumed so far, over all tiles
+    done = 0  # tiles handed over
+    for _ in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        acc = gl.zeros((BLOCK_N, BLOCK_K), gl.float32, layout)
+        for t0 in range(0, T, BLOCK_T):
+            slot = count % STAGES
+            mbarrier.wait(ready.index(slot), (count // STAGES) & 1)
+            acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            # the MMA before this one has finished reading its slot: the loader may refill it
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=t0 > 0)
+            count += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        mbarrier.wait(acc_empty, (done & 1) ^ 1)  # the epilogue has read the tile before
+        acc_smem.store(acc)
+        _partition_barrier()
+        mbarrier.arrive(acc_ready)
+        done += 1
+
+
+@gluon.jit
+def _epilogue_partition(
+    acc_smem, acc_ready, acc_empty,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
+    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
+    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr,
+):
+    """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code)."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    if STEPS_IN_MEMORY:
+        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
+        offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+        groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
+        mbarrier.wait(acc_ready, done & 1)
+        for r in gl.static_range(BLOCK_N // ROWS):
+            g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
+            if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
+                _partition_barrier()
+                mbarrier.arrive(acc_empty)
+            offs_n = n0 + r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            offsets = offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS)
+            loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+            finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                           h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+        done += 1
+
+
+@gluon.jit(do_not_specialize=["seed"])
+def wgrad_update_ws_kernel(
+    w_ptr,  # (N, K) fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # unused scale slots (int8 states take the Triton kernel)
+    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
+    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
+    T, N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
+    seed,  # int32 stochastic-rounding seed for this step and tensor
+    step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
+    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
+    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
+    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr,  # ring slots of dy and x tiles
+    ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
+):
+    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    # one finished fp32 tile, each row padded by 4 words so the MMA layout's stores spread over banks
+    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
+    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
+    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(acc_ready, count=1)
+    mbarrier.init(acc_empty, count=1)
+    workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+    gl.warp_specialize([
+        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                               RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS)),
+        (_mma_partition, workers),
+        (_load_partition, workers),
+    ], [4, 1], [MMA_REGS, LOADER_REGS])
+
+
+def descriptor(t, block_shape):
+    """A Gluon TMA descriptor of a 2-D bf16 tensor in `block_shape` blocks (wgmma's shared layout)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16)
+    return TensorDescriptor.from_tensor(t, list(block_shape), layout)
+
+
+def max_registers(epilogue_warps: int) -> int:
+    """The kernel-wide register cap: warps are allocated by groups of four (epilogue, MMA, loader:
+    12 or 16 warps in all) and all of them must fit the multiprocessor's 64 Ki registers; the
+    loader then gives back to 24, the MMA warps take MMA_REGS and the epilogue what is left."""
+    warps = epilogue_warps + 4 + 4
+    return min(255, 65536 // (warps * 32)) // 8 * 8
