@@ -349,7 +349,7 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream)
 )
 @pytest.mark.parametrize("T", [1024, 4096])
 def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, state_dtype, T):
-    """`forge.kernels.wgrad_update_ws` (the kernel FORGE launches on Hopper for fp32 and bf16 states)
+    """`forge.kernels.wgrad_update_ws` (launched on Hopper for fp32 states, for bf16 by config)
     against the Triton kernel on the same inputs, stochastic rounding on: the same weights and
     states but for the rare element whose fp32 sum over T rounds the other way; and with the step
     read from device memory (a CUDA graph's launch), the same as with it passed as arguments."""

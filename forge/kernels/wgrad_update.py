@@ -32,9 +32,10 @@ Host cost: a launch's plan (config, operand path, grid, compile-time arguments) 
 key of every fact it depends on, and on a GPU the launch itself skips Triton's per-call dispatch
 once the key has been seen (`forge.kernels.launch`).
 
-On Hopper, with bf16 operands and fp32 or bf16 states, `wgrad_update` launches the warp-specialized
-twin of this kernel instead (`forge.kernels.wgrad_update_ws`: the same tile update, run by other
-warps while the next tile's GEMM runs); `FORGE_WARP_SPECIALIZED=0` in the environment keeps this one.
+On Hopper, with bf16 operands and fp32 states on large enough grids, `wgrad_update` launches the
+warp-specialized twin of this kernel instead (`forge.kernels.wgrad_update_ws`: the same tile update,
+run by other warps while the next tile's GEMM runs; where it wins is measured, see `_HOPPER_WS`);
+`FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps this one.
 """
 
 import functools
@@ -282,13 +283,20 @@ _HOPPER_SMALL_T = {
     "int8": replace(_HOPPER, block_n=64, overlap_slices=True),
 }
 _HOST_BOUND_FLOPS = 2e10
-# The warp-specialized kernel, measured on the H200 (`scripts/probe_ws_kernel.py`, docs/perf-notes.md,
-# tenth session): 8 epilogue warps at T <= 2048, where the update outweighs the GEMM; 4 above, where
-# fewer warps leave the MMA warps more of the multiprocessor.
+# The warp-specialized kernel (docs/perf-notes.md, tenth session): 8 epilogue warps at T <= 2048,
+# where the update outweighs the GEMM; 4 above, where fewer warps leave the MMA warps more of the
+# multiprocessor. Launched by default where it measured faster on the H200 (Llama-3.1-8B shapes,
+# T = 1024 and 4096, docs/perf-data/run10-kernels-c5ddd33.jsonl): fp32 states on grids of at least
+# four tiles per multiprocessor, 0.85-0.88x the Triton kernel. With bf16 states its epilogue warps
+# are the bottleneck (0.94-1.02x at T = 1024, 1.65-1.85x at T = 4096: the integer bf16 rounding of
+# two states on 4-8 warps), and on k and v (256 tiles) fp32 states ran 1.17x at T = 4096: those
+# take the Triton kernel unless a config asks for this one.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
                           epilogue_rows=32)
 _HOPPER_WS_LARGE_T = replace(_HOPPER_WS, num_warps=4)
-_WS_STATE_DTYPES = ("fp32", "bf16")
+_WS_STATE_DTYPES = ("fp32", "bf16")  # what the kernel can run
+_WS_DEFAULT_STATE_DTYPES = ("fp32",)  # where FORGE launches it unasked
+_WS_MIN_TILES_PER_SM = 4
 
 
 @functools.lru_cache(maxsize=256)  # asked on every launch; a few shapes per model
@@ -309,13 +317,17 @@ def _pick_config(
 
 def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch.Tensor, x: torch.Tensor,
                              on_interpreter: bool) -> KernelConfig | None:
-    """The warp-specialized config where that kernel runs (see `wgrad_update_ws`), else None."""
+    """The warp-specialized config where FORGE launches that kernel unasked, else None (the Triton
+    kernel's table): see `_WS_DEFAULT_STATE_DTYPES`."""
     if (wgrad_update_ws is None or on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
-            or state_dtype not in _WS_STATE_DTYPES or dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
+            or state_dtype not in _WS_DEFAULT_STATE_DTYPES or dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
             or 2 * T * N * K < _HOST_BOUND_FLOPS or not (_can_use_tma(dy) and _can_use_tma(x))
             or not _is_hopper(dy.device)):
         return None
-    return _HOPPER_WS if T <= 2048 else _HOPPER_WS_LARGE_T
+    config = _HOPPER_WS if T <= 2048 else _HOPPER_WS_LARGE_T
+    if _cdiv(N, config.block_n) * _cdiv(K, config.block_k) < _WS_MIN_TILES_PER_SM * _multiprocessors(dy.device):
+        return None
+    return config
 
 
 @functools.cache

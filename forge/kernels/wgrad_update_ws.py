@@ -18,10 +18,13 @@ The gradient tile lives in registers, then in shared memory, and dies there: nev
 memory. The MMA warps start the next tile as soon as the staging buffer is free, i.e. while the
 epilogue warps update the tile before.
 
-Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, fp32 or bf16 states,
-GEMMs of at least `wgrad_update._HOST_BOUND_FLOPS`. int8 states (their quantization reshapes a
-tile, which this kernel's layouts do not yet do), fp32 operands (exact fp32 products, which
-wgmma does not offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
+Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, fp32 or bf16 states.
+FORGE launches it unasked only where it measured faster than the Triton kernel (fp32 states on
+grids of at least four tiles per multiprocessor: `wgrad_update._HOPPER_WS`); with bf16 states its
+epilogue warps are the bottleneck (their bf16 rounding of two states), so a `KernelConfig` must ask
+for it. int8 states (their quantization reshapes a tile, which this kernel's layouts do not yet
+do), fp32 operands (exact fp32 products, which wgmma does not offer) and other GPUs use the Triton
+kernel; the CPU interpreter cannot run Gluon.
 
 Triton 3.6 (the GPU image) and 3.9 (CI) name two of the operations differently; the aliases below
 take whichever exists. A worker partition receives its arguments as IR values, so the only
