@@ -246,7 +246,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(build_offline(), indent=1))
         return 0
     if not torch.cuda.is_available():
-        print("probe_ws_kernel times a Hopper kernel: run it on an H100/H200 (or --build here)")
+        print("probe_ws_kernel times a Hopper GPU kernel: run it on an H100/H200 (or --build here)")
         return 2
     return check_and_time()
 
