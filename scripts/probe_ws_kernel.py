@@ -231,7 +231,9 @@ def build_offline(arch: int = 90) -> dict:
     usage, sass = _cubin_report(compiled.asm["cubin"])
     ptx = compiled.asm["ptx"]
     registers = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    instructions = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?[A-Z]", sass))
     return dict(usage=usage.strip(), shared_bytes=compiled.metadata.shared, hgmma=sass.count("HGMMA"),
+                instructions=instructions,
                 setmaxnreg=registers, spills=sass.count("STL") + sass.count("LDL"),
                 global_loads_16_bytes=len(re.findall(r"ld\.global[.\w]*\.v4\.b32", ptx)),
                 global_loads=len(re.findall(r"ld\.global", ptx)))
