@@ -153,7 +153,7 @@ def test_a_warp_specialized_config_where_it_cannot_run_says_why():
 
 def test_forge_launches_the_warp_specialized_kernel_where_it_measured_faster(monkeypatch):
     """On Hopper (faked here), unasked: fp32 states on grids of at least four tiles per SM take the
-    warp-specialized kernel (0.85-0.88x the Triton kernel on the H200); bf16 and int8 states, small
+    warp-specialized kernel (0.85-0.89x the Triton kernel on the H200); bf16 and int8 states, small
     grids (k and v), GEMMs shorter than their launch and FORGE_WARP_SPECIALIZED=0 keep the Triton one."""
     import torch
 

@@ -287,7 +287,7 @@ _HOST_BOUND_FLOPS = 2e10
 # where the update outweighs the GEMM; 4 above, where fewer warps leave the MMA warps more of the
 # multiprocessor. Launched by default where it measured faster on the H200 (Llama-3.1-8B shapes,
 # T = 1024 and 4096, docs/perf-data/run10-kernels-c5ddd33.jsonl): fp32 states on grids of at least
-# four tiles per multiprocessor, 0.85-0.88x the Triton kernel. With bf16 states its epilogue warps
+# four tiles per multiprocessor, 0.85-0.89x the Triton kernel. With bf16 states its epilogue warps
 # are the bottleneck (0.94-1.02x at T = 1024, 1.65-1.85x at T = 4096; their code issues ~2.5x the
 # instructions of the probe's plain AdamW: IEEE sqrt and division, Philox, integer bf16 rounding),
 # and on k and v (256 tiles) fp32 states ran 1.17x at T = 4096: those take the Triton kernel unless
