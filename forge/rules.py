@@ -41,36 +41,53 @@ import triton.language as tl
 
 
 @triton.jit
-def adamw(w, g, m, v, decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step_size):
+def _sqrt(x, FAST: tl.constexpr):
+    """IEEE-rounded square root, as torch.optim computes it; FAST: the hardware approximation (a few
+    fp32 ulps, far below a bf16 state's rounding; `KernelConfig.fast_epilogue`)."""
+    if FAST:
+        return tl.sqrt(x)
+    return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _div(a, b, FAST: tl.constexpr):
+    """IEEE-rounded a / b; FAST: the hardware approximation (as `_sqrt`)."""
+    if FAST:
+        return tl.fdiv(a, b)
+    return tl.div_rn(a, b)
+
+
+@triton.jit
+def adamw(w, g, m, v, decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step_size, FAST: tl.constexpr):
     w = w * decay
     m = m + (g - m) * one_minus_beta1
     v = v * beta2 + one_minus_beta2 * g * g
-    denom = tl.sqrt_rn(v) * inv_sqrt_bias2 + eps
-    w = w - step_size * tl.div_rn(m, denom)
+    denom = _sqrt(v, FAST) * inv_sqrt_bias2 + eps
+    w = w - step_size * _div(m, denom, FAST)
     return w, m, v
 
 
 @triton.jit
-def nadam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, inv_bias2, eps, grad_step, moment_step):
+def nadam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, inv_bias2, eps, grad_step, moment_step, FAST: tl.constexpr):
     g = g + coupled_wd * w
     w = w * decay
     m = m + (g - m) * one_minus_beta1
     v = v * beta2 + one_minus_beta2 * g * g
-    denom = tl.sqrt_rn(v * inv_bias2) + eps
-    w = w - grad_step * tl.div_rn(g, denom)
-    w = w - moment_step * tl.div_rn(m, denom)
+    denom = _sqrt(v * inv_bias2, FAST) + eps
+    w = w - grad_step * _div(g, denom, FAST)
+    w = w - moment_step * _div(m, denom, FAST)
     return w, m, v
 
 
 @triton.jit
-def radam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, eps, adaptive_step, plain_step):
+def radam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, eps, adaptive_step, plain_step, FAST: tl.constexpr):
     g = g + coupled_wd * w
     w = w * decay
     m = m + (g - m) * one_minus_beta1
     v = v * beta2 + one_minus_beta2 * g * g
     # Rectified steps use m / (sqrt(v) + eps); before the variance is tractable RAdam falls back to
     # plain momentum SGD. The host zeroes one of the two step sizes.
-    w = w - m * (adaptive_step / (tl.sqrt_rn(v) + eps) + plain_step)
+    w = w - m * (adaptive_step / (_sqrt(v, FAST) + eps) + plain_step)
     return w, m, v
 
 
@@ -84,27 +101,27 @@ def lion(w, g, m, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, lr):
 
 
 @triton.jit
-def rmsprop(w, g, sq, buf, gavg, coupled_wd, alpha, one_minus_alpha, eps, momentum, lr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr):
+def rmsprop(w, g, sq, buf, gavg, coupled_wd, alpha, one_minus_alpha, eps, momentum, lr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr, FAST: tl.constexpr):
     g = g + coupled_wd * w
     sq = sq * alpha + one_minus_alpha * g * g
     if CENTERED:
         gavg = gavg + (g - gavg) * one_minus_alpha
-        avg = tl.sqrt_rn(sq - gavg * gavg) + eps
+        avg = _sqrt(sq - gavg * gavg, FAST) + eps
     else:
-        avg = tl.sqrt_rn(sq) + eps
+        avg = _sqrt(sq, FAST) + eps
     if HAS_MOMENTUM:
-        buf = buf * momentum + tl.div_rn(g, avg)
+        buf = buf * momentum + _div(g, avg, FAST)
         w = w - lr * buf
     else:
-        w = w - lr * tl.div_rn(g, avg)
+        w = w - lr * _div(g, avg, FAST)
     return w, sq, buf, gavg
 
 
 @triton.jit
-def adagrad(w, g, ssum, coupled_wd, eps, clr):
+def adagrad(w, g, ssum, coupled_wd, eps, clr, FAST: tl.constexpr):
     g = g + coupled_wd * w
     ssum = ssum + g * g
-    w = w - clr * tl.div_rn(g, tl.sqrt_rn(ssum) + eps)
+    w = w - clr * _div(g, _sqrt(ssum, FAST) + eps, FAST)
     return w, ssum
 
 
@@ -127,20 +144,21 @@ def apply_rule(
     RULE: tl.constexpr,  # rule name
     HAS_MOMENTUM: tl.constexpr,  # sgd / rmsprop with momentum != 0
     CENTERED: tl.constexpr,  # rmsprop centered
+    FAST: tl.constexpr = False,  # approximate sqrt and division (`_sqrt`); else IEEE-rounded, as torch.optim
 ):
     """One update on fp32 tiles; returns the new (w, s1, s2, s3). Chosen at compile time."""
     if RULE == "adamw":
-        w, s1, s2 = adamw(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6)
+        w, s1, s2 = adamw(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, FAST)
     elif RULE == "nadam":
-        w, s1, s2 = nadam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8)
+        w, s1, s2 = nadam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8, FAST)
     elif RULE == "radam":
-        w, s1, s2 = radam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7)
+        w, s1, s2 = radam(w, g, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, FAST)
     elif RULE == "lion":
         w, s1 = lion(w, g, s1, h0, h1, h2, h3, h4, h5)
     elif RULE == "rmsprop":
-        w, s1, s2, s3 = rmsprop(w, g, s1, s2, s3, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM, CENTERED)
+        w, s1, s2, s3 = rmsprop(w, g, s1, s2, s3, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM, CENTERED, FAST)
     elif RULE == "adagrad":
-        w, s1 = adagrad(w, g, s1, h0, h1, h2)
+        w, s1 = adagrad(w, g, s1, h0, h1, h2, FAST)
     else:
         tl.static_assert(RULE == "sgd", "unknown FORGE rule")
         w, s1 = sgd(w, g, s1, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM)

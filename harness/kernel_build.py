@@ -81,8 +81,9 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # SASS reads LDG x3, STG x3, eight times over): load the next slice first (the int8
         # small-T config ships that way; here it is timed in slice order).
         "overlap": [dict(c, overlap_slices=not c.get("overlap_slices")) for c in shipped],
-        # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32 and
-        # bf16 states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program per SM.
+        # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32
+        # states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program per SM;
+        # with and without the fast epilogue (approximate sqrt and division, hardware bf16 rounding).
         "warp_specialized": [
             dict(
                 block_n=128,
@@ -92,8 +93,10 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 num_stages=4,
                 warp_specialized=True,
                 epilogue_rows=32,
+                fast_epilogue=fast_epilogue,
             )
             for warps in (8, 4)
+            for fast_epilogue in (False, True)
         ],
     }
 
@@ -163,7 +166,12 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     signature.update({name: "i32" for name in integers})
     signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32")
     constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
-    constants.update(STEPS_IN_MEMORY=False, STAGES=config["num_stages"], ROWS=config["epilogue_rows"])
+    constants.update(
+        STEPS_IN_MEMORY=False,
+        STAGES=config["num_stages"],
+        ROWS=config["epilogue_rows"],
+        FAST_EPILOGUE=config.get("fast_epilogue", False),
+    )
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
     divisible = [name for name, kind in ordered.items() if kind.startswith("*")] + list(integers)
@@ -330,6 +338,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),  # instructions, not executions
         spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
         shared_bytes=shared,
+        instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?[A-Z]", sass)),  # in the SASS
         epilogue_loads_before_first_store=loads_before_first_store(sass),
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
@@ -387,6 +396,7 @@ def _describe_warp_specialized(c: dict) -> str:
     return (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
+        + (", fast epilogue" if c.get("fast_epilogue") else "")
     )
 
 
@@ -425,6 +435,7 @@ def main(argv: list[str]) -> int:
         "overlap_slices",
         "warp_specialized",
         "epilogue_rows",
+        "fast_epilogue",
         "int8_group",
         *ELEMENTWISE,
     }

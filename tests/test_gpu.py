@@ -353,6 +353,8 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
     against the Triton kernel on the same inputs, stochastic rounding on: the same weights and
     states but for the rare element whose fp32 sum over T rounds the other way; and with the step
     read from device memory (a CUDA graph's launch), the same as with it passed as arguments."""
+    from dataclasses import replace
+
     from forge.kernels.update_tile import STEP_ROW
     from forge.kernels.wgrad_update import _HOPPER_WS, _HOPPER_WS_LARGE_T, _pick_config, wgrad_update
 
@@ -399,3 +401,9 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
         assert differ <= 1e-3, f"{differ:.2e} of the elements differ from the Triton kernel's step"
     for got, want in zip(step(ws, step_values=row), ws_step):
         assert torch.equal(got, want), "the step read from device memory differs from the step passed in"
+    if state_dtype == "bf16":  # the fast epilogue: approximate sqrt and division, hardware rounding
+        for got, want in zip(step(replace(ws, fast_epilogue=True)), triton_step):
+            differ = float((got != want).float().mean())
+            assert differ <= 1e-3, (
+                f"fast epilogue: {differ:.2e} of the elements differ from the Triton kernel's step"
+            )

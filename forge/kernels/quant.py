@@ -131,6 +131,7 @@ def store_state(
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,
+    NATIVE: tl.constexpr = False,  # bf16: the hardware's round-to-nearest (`rounding.store_weight`)
 ):
     """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
@@ -142,7 +143,10 @@ def store_state(
         tl.store(ptr + offs, tl.reshape(q, (ROWS, COLS)), mask=mask)
         tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask)  # exact: rounded up
     elif STATE_DTYPE == "bf16":
-        tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)
+        if NATIVE:
+            tl.store(ptr + offs, x.to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)
     else:
         tl.store(ptr + offs, x, mask=mask)
 

@@ -17,7 +17,10 @@ hashes (seed, parameter, step) into the key.
 
 Round-to-nearest-even is written out in integer operations too (add 0x7FFF plus the lowest kept bit,
 then truncate), because Triton's interpreter truncates on `.to(tl.bfloat16)`: with this, bf16 states
-and non-stochastic weights round the same way on the CPU interpreter as on the GPU.
+and non-stochastic weights round the same way on the CPU interpreter as on the GPU. A kernel that
+only ever runs on a GPU (the warp-specialized one, with `KernelConfig.fast_epilogue`) may ask for the
+hardware's conversion instead (`NATIVE`): the same bits for every finite value, in one instruction
+per two elements instead of about seven per element.
 """
 
 import triton
@@ -51,10 +54,13 @@ def store_weight(
     w,  # fp32 new values
     seed,  # int scalar, per step and tensor
     STOCHASTIC_ROUNDING: tl.constexpr,
+    NATIVE: tl.constexpr = False,  # GPU only: round to nearest by the hardware's conversion (same bits)
 ):
     if ptr.dtype.element_ty == tl.bfloat16:
         if STOCHASTIC_ROUNDING:
             tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, offs), mask=mask)
+        elif NATIVE:
+            tl.store(ptr + offs, w.to(tl.bfloat16), mask=mask)
         else:
             tl.store(ptr + offs, round_to_bf16_nearest(w), mask=mask)
     else:

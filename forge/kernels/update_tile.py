@@ -105,6 +105,7 @@ def finish_tile_at(
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding
 ):
     """`finish_tile` at offsets the caller built."""
     offs, mask, scale_offs, scale_mask = offsets
@@ -120,15 +121,15 @@ def finish_tile_at(
     if HAS_S3:
         s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
 
-    w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED)
+    w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
 
-    store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING)
+    store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING, FAST)
     if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
+        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST)
     if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
+        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST)
     if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
+        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST)
 
 
 @triton.jit

@@ -265,6 +265,11 @@ class KernelConfig:
     # depth as the fields above; one program per multiprocessor.
     warp_specialized: bool = False
     epilogue_rows: int = 32
+    # Warp-specialized only: approximate sqrt and division (a few fp32 ulps) and the hardware's
+    # round-to-nearest for bf16 stores (the same bits as the integer form the interpreter needs).
+    # For bf16 states, whose own rounding is ~2^14 times coarser; off, the epilogue matches
+    # torch.optim's arithmetic as the Triton kernel does.
+    fast_epilogue: bool = False
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -423,6 +428,8 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
             f"or bf16 states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
             "FORGE choose the kernel"
         )
+    if config is not None and config.fast_epilogue and not config.warp_specialized:
+        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
                                       state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
@@ -460,6 +467,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
+        FAST_EPILOGUE=cfg.fast_epilogue,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps))
     grid = (min(tiles, _multiprocessors(dy.device)),)

@@ -117,7 +117,7 @@ def _epilogue_partition(
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
 ):
     """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code)."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
@@ -145,7 +145,7 @@ def _epilogue_partition(
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE)
         done += 1
 
 
@@ -167,6 +167,7 @@ def wgrad_update_ws_kernel(
     STEPS_IN_MEMORY: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
+    FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
 ):
     BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
@@ -190,7 +191,7 @@ def wgrad_update_ws_kernel(
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS)),
+                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE)),
         (_mma_partition, workers),
         (_load_partition, workers),
     ], [4, 1], [MMA_REGS, LOADER_REGS])
