@@ -33,6 +33,8 @@ compile-time values it sees are those carried by the types of its shared-memory 
 shapes, ring depth) and module constants.
 """
 
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -198,12 +200,19 @@ def wgrad_update_ws_kernel(
     ], [4, 1], [MMA_REGS, LOADER_REGS])
 
 
+@functools.cache
+def _shared_layout(rows: int, cols: int):
+    """wgmma's shared-memory layout of a (rows, cols) bf16 block (asked once per block shape: the
+    descriptors below are built on every launch)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+
+
 def descriptor(t, block_shape):
     """A Gluon TMA descriptor of a 2-D bf16 tensor in `block_shape` blocks (wgmma's shared layout)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16)
-    return TensorDescriptor.from_tensor(t, list(block_shape), layout)
+    rows, cols = block_shape
+    return TensorDescriptor.from_tensor(t, [rows, cols], _shared_layout(rows, cols))
 
 
 def max_registers(epilogue_warps: int) -> int:
