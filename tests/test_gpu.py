@@ -349,14 +349,15 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream)
 )
 @pytest.mark.parametrize("T", [1024, 4096])
 def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, state_dtype, T):
-    """`forge.kernels.wgrad_update_ws` (launched on Hopper for fp32 states, for bf16 by config)
-    against the Triton kernel on the same inputs, stochastic rounding on: the same weights and
-    states but for the rare element whose fp32 sum over T rounds the other way; and with the step
-    read from device memory (a CUDA graph's launch), the same as with it passed as arguments."""
+    """`forge.kernels.wgrad_update_ws` (launched on Hopper for fp32 and bf16 states) against the
+    Triton kernel on the same inputs, stochastic rounding on: the same weights and states but for
+    the rare element whose fp32 sum over T rounds the other way, and that one a rounding step away;
+    and with the step read from device memory (a CUDA graph's launch), the same as with it passed
+    as arguments."""
     from dataclasses import replace
 
     from forge.kernels.update_tile import STEP_ROW
-    from forge.kernels.wgrad_update import _HOPPER_WS, _HOPPER_WS_LARGE_T, _pick_config, wgrad_update
+    from forge.kernels.wgrad_update import _HOPPER_WS_DEFAULTS, _pick_config, wgrad_update
 
     N, K = 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -393,17 +394,30 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
         )
         return [w, *(s for s in states if s is not None)]
 
-    ws = _HOPPER_WS if T <= 2048 else _HOPPER_WS_LARGE_T
+    ws = replace(_HOPPER_WS_DEFAULTS[state_dtype, T <= 2048], fast_epilogue=False)
     triton_step = step(_pick_config(T, N, K, state_dtype, on_interpreter=False))
     ws_step = step(ws)
     for got, want in zip(ws_step, triton_step):
-        differ = float((got != want).float().mean())
-        assert differ <= 1e-3, f"{differ:.2e} of the elements differ from the Triton kernel's step"
+        _assert_differ_only_in_rounding(got, want, "the warp-specialized kernel")
     for got, want in zip(step(ws, step_values=row), ws_step):
         assert torch.equal(got, want), "the step read from device memory differs from the step passed in"
     if state_dtype == "bf16":  # the fast epilogue: approximate sqrt and division, hardware rounding
         for got, want in zip(step(replace(ws, fast_epilogue=True)), triton_step):
-            differ = float((got != want).float().mean())
-            assert differ <= 1e-3, (
-                f"fast epilogue: {differ:.2e} of the elements differ from the Triton kernel's step"
-            )
+            _assert_differ_only_in_rounding(got, want, "the fast epilogue")
+
+
+def _assert_differ_only_in_rounding(got, want, what):
+    """At most 1% of the elements differ, each by one rounding step: a bf16 ulp (stochastic rounding
+    of a sum that came out a few fp32 ulps apart), or for fp32 a sum's reordering (1e-5 of the
+    tensor's largest magnitude). A missed or repeated tile, or a wrong coefficient, moves far more."""
+    differ = got != want
+    fraction = float(differ.float().mean())
+    assert fraction <= 1e-2, f"{what}: {fraction:.2e} of the elements differ from the Triton kernel's step"
+    if fraction:
+        g, w = got[differ].float(), want[differ].float()
+        if got.dtype == torch.bfloat16:
+            bound = torch.finfo(torch.bfloat16).eps * torch.maximum(g.abs(), w.abs())
+        else:
+            bound = torch.full_like(w, 1e-5 * float(want.float().abs().max()))
+        worst = float(((g - w).abs() / bound).max())
+        assert worst <= 1.0, f"{what}: an element differs by {worst:.1f}x a rounding step"

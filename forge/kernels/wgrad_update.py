@@ -32,9 +32,9 @@ Host cost: a launch's plan (config, operand path, grid, compile-time arguments) 
 key of every fact it depends on, and on a GPU the launch itself skips Triton's per-call dispatch
 once the key has been seen (`forge.kernels.launch`).
 
-On Hopper, with bf16 operands and fp32 states on large enough grids, `wgrad_update` launches the
+On Hopper, with bf16 operands and fp32 or bf16 states on large enough grids, `wgrad_update` launches the
 warp-specialized twin of this kernel instead (`forge.kernels.wgrad_update_ws`: the same tile update,
-run by other warps while the next tile's GEMM runs; where it wins is measured, see `_HOPPER_WS`);
+run by other warps while the next tile's GEMM runs; where it wins is measured, see `_HOPPER_WS_DEFAULTS`);
 `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps this one.
 """
 
@@ -267,8 +267,8 @@ class KernelConfig:
     epilogue_rows: int = 32
     # Warp-specialized only: approximate sqrt and division (a few fp32 ulps) and the hardware's
     # round-to-nearest for bf16 stores (the same bits as the integer form the interpreter needs).
-    # For bf16 states, whose own rounding is ~2^14 times coarser; off, the epilogue matches
-    # torch.optim's arithmetic as the Triton kernel does.
+    # For bf16 states, whose own rounding is ~2^14 times coarser (the default for them at T <= 2048);
+    # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
 
 
@@ -288,20 +288,24 @@ _HOPPER_SMALL_T = {
     "int8": replace(_HOPPER, block_n=64, overlap_slices=True),
 }
 _HOST_BOUND_FLOPS = 2e10
-# The warp-specialized kernel (docs/perf-notes.md, tenth session): 8 epilogue warps at T <= 2048,
-# where the update outweighs the GEMM; 4 above, where fewer warps leave the MMA warps more of the
-# multiprocessor. Launched by default where it measured faster on the H200 (Llama-3.1-8B shapes,
-# T = 1024 and 4096, docs/perf-data/run10-kernels-c5ddd33.jsonl): fp32 states on grids of at least
-# four tiles per multiprocessor, 0.85-0.89x the Triton kernel. With bf16 states its epilogue warps
-# are the bottleneck (0.94-1.02x at T = 1024, 1.65-1.85x at T = 4096; their code issues ~2.5x the
-# instructions of the probe's plain AdamW: IEEE sqrt and division, Philox, integer bf16 rounding),
-# and on k and v (256 tiles) fp32 states ran 1.17x at T = 4096: those take the Triton kernel unless
-# a config asks for this one.
+# The warp-specialized kernel (docs/perf-notes.md, tenth and eleventh sessions), launched by default
+# on grids of at least four tiles per multiprocessor, where it measured faster than the Triton
+# kernel on the H200 (Llama-3.1-8B gate and q shapes). fp32 states (docs/perf-data/run10-kernels-
+# c5ddd33.jsonl): 8 epilogue warps at T <= 2048, where the update outweighs the GEMM, 4 above, where
+# fewer warps leave the MMA warps more of the multiprocessor; 0.85-0.89x. bf16 states (results/tuning/
+# tuning-20261130-015858.jsonl): 8 epilogue warps at every T (4 ran 2.1-2.4x at T <= 2048, 1.13-1.16x
+# at T = 8192); the fast epilogue at T <= 2048, 0.83-0.88x (exact: 0.90-1.00x), exact above,
+# 0.87-0.93x at T = 8192 (fast: 0.92-0.94x). On k and v (256 tiles) it measured 1.0-1.17x: those,
+# int8 states and GEMMs shorter than their launch take the Triton kernel unless a config asks.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
                           epilogue_rows=32)
-_HOPPER_WS_LARGE_T = replace(_HOPPER_WS, num_warps=4)
+_HOPPER_WS_DEFAULTS = {  # (state dtype, T <= 2048) -> config
+    ("fp32", True): _HOPPER_WS,
+    ("fp32", False): replace(_HOPPER_WS, num_warps=4),
+    ("bf16", True): replace(_HOPPER_WS, fast_epilogue=True),
+    ("bf16", False): _HOPPER_WS,
+}
 _WS_STATE_DTYPES = ("fp32", "bf16")  # what the kernel can run
-_WS_DEFAULT_STATE_DTYPES = ("fp32",)  # where FORGE launches it unasked
 _WS_MIN_TILES_PER_SM = 4
 
 
@@ -324,13 +328,13 @@ def _pick_config(
 def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch.Tensor, x: torch.Tensor,
                              on_interpreter: bool) -> KernelConfig | None:
     """The warp-specialized config where FORGE launches that kernel unasked, else None (the Triton
-    kernel's table): see `_WS_DEFAULT_STATE_DTYPES`."""
+    kernel's table): see `_HOPPER_WS_DEFAULTS`."""
     if (wgrad_update_ws is None or on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
-            or state_dtype not in _WS_DEFAULT_STATE_DTYPES or dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
+            or state_dtype not in _WS_STATE_DTYPES or dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
             or 2 * T * N * K < _HOST_BOUND_FLOPS or not (_can_use_tma(dy) and _can_use_tma(x))
             or not _is_hopper(dy.device)):
         return None
-    config = _HOPPER_WS if T <= 2048 else _HOPPER_WS_LARGE_T
+    config = _HOPPER_WS_DEFAULTS[state_dtype, T <= 2048]
     if _cdiv(N, config.block_n) * _cdiv(K, config.block_k) < _WS_MIN_TILES_PER_SM * _multiprocessors(dy.device):
         return None
     return config

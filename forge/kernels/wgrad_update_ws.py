@@ -19,13 +19,13 @@ memory. The MMA warps start the next tile as soon as the staging buffer is free,
 epilogue warps update the tile before.
 
 Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, fp32 or bf16 states.
-FORGE launches it unasked only where it measured faster than the Triton kernel (fp32 states on
-grids of at least four tiles per multiprocessor: `wgrad_update._HOPPER_WS`); with bf16 states its
-epilogue warps are the bottleneck (they issue ~2.5x the instructions of a plain AdamW epilogue:
-IEEE sqrt and division, Philox, integer bf16 rounding), so a `KernelConfig` must ask for it, with
-`fast_epilogue` to drop the first and the last of those. int8 states (their quantization reshapes a tile, which this kernel's layouts do not yet
-do), fp32 operands (exact fp32 products, which wgmma does not offer) and other GPUs use the Triton
-kernel; the CPU interpreter cannot run Gluon.
+FORGE launches it unasked where it measured faster than the Triton kernel (fp32 and bf16 states on
+grids of at least four tiles per multiprocessor: `wgrad_update._HOPPER_WS_DEFAULTS`). Its epilogue
+warps bound it at small T: their code issues ~2.2x the instructions of a plain AdamW epilogue (IEEE
+sqrt and division, Philox, integer bf16 rounding), and `fast_epilogue`, the bf16 states' default at
+T <= 2048, drops the first and the last of those. int8 states (their quantization reshapes a tile,
+which this kernel's layouts do not yet do), fp32 operands (exact fp32 products, which wgmma does not
+offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
 
 Triton 3.6 (the GPU image) and 3.9 (CI) name two of the operations differently; the aliases below
 take whichever exists. A worker partition receives its arguments as IR values, so the only
