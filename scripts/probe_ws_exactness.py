@@ -48,13 +48,17 @@ def compare(got: torch.Tensor, want: torch.Tensor) -> dict:
     if differ.any():
         g, w = got[differ].float(), want[differ].float()
         eps = torch.finfo(got.dtype).eps
-        steps = (g - w).abs() / (eps * torch.maximum(g.abs(), w.abs()).clamp_min(torch.finfo(torch.float32).tiny))
+        steps = (g - w).abs() / (
+            eps * torch.maximum(g.abs(), w.abs()).clamp_min(torch.finfo(torch.float32).tiny)
+        )
         out.update(
             worst_steps=float(steps.max()),
             max_abs=float((g - w).abs().max()),
             differing_median_magnitude=float(w.abs().median()),
             tensor_median_magnitude=float(want.float().abs().median()),
-            tiles=int(torch.unique((differ.nonzero()[:, 0] // 128) * 1000 + differ.nonzero()[:, 1] // 128).numel()),
+            tiles=int(
+                torch.unique((differ.nonzero()[:, 0] // 128) * 1000 + differ.nonzero()[:, 1] // 128).numel()
+            ),
         )
     return out
 
@@ -79,8 +83,19 @@ def run_case(rule: str, hp: dict, state_dtype: str, T: int) -> list[dict]:
     def step(config, in_memory=False):
         w = w0.clone()
         states = tuple(None if s is None else s.clone() for s in states0)
-        wgrad_update(w, states, scales, signed, dy, x, coefficients, 99, config=config,
-                     step_values=row if in_memory else None, **opt._kernel_options(group))
+        wgrad_update(
+            w,
+            states,
+            scales,
+            signed,
+            dy,
+            x,
+            coefficients,
+            99,
+            config=config,
+            step_values=row if in_memory else None,
+            **opt._kernel_options(group),
+        )
         torch.cuda.synchronize()
         return [w, *(s for s in states if s is not None)]
 
@@ -97,15 +112,29 @@ def run_case(rule: str, hp: dict, state_dtype: str, T: int) -> list[dict]:
     }
     if state_dtype == "bf16":
         runs["ws_fast"] = step(replace(ws, fast_epilogue=True))
-    pairs = [("ws", "ws_again"), ("ws_memory", "ws_memory_again"), ("ws", "ws_memory"),
-             ("triton", "triton_again"), ("triton", "triton_memory"), ("ws", "triton"), ("ws_memory", "triton_memory")]
+    pairs = [
+        ("ws", "ws_again"),
+        ("ws_memory", "ws_memory_again"),
+        ("ws", "ws_memory"),
+        ("triton", "triton_again"),
+        ("triton", "triton_memory"),
+        ("ws", "triton"),
+        ("ws_memory", "triton_memory"),
+    ]
     if "ws_fast" in runs:
         pairs.append(("ws_fast", "triton"))
     names = ["weight", "state1", "state2", "state3"]
     records = []
     for a, b in pairs:
         for i, (got, want) in enumerate(zip(runs[a], runs[b])):
-            rec = dict(rule=rule, state_dtype=state_dtype, T=T, pair=f"{a} vs {b}", tensor=names[i], **compare(got, want))
+            rec = dict(
+                rule=rule,
+                state_dtype=state_dtype,
+                T=T,
+                pair=f"{a} vs {b}",
+                tensor=names[i],
+                **compare(got, want),
+            )
             records.append(rec)
             print(json.dumps(rec), flush=True)
     return records
