@@ -129,10 +129,14 @@ def adagrad(w, g, ssum, coupled_wd, eps, clr, FAST: tl.constexpr):
 def sgd(w, g, buf, coupled_wd, buf_decay, grad_scale, grad_keep, buf_mix, lr, HAS_MOMENTUM: tl.constexpr):
     g = g + coupled_wd * w
     if HAS_MOMENTUM:
+        # Sums of two products are written as explicit fmas, in torch.optim's order on CUDA
+        # (buf.mul_(momentum).add_(grad, alpha=1 - dampening); grad.add(buf, alpha=momentum)):
+        # left to the compiler, which product it fuses differed between two builds of one kernel
+        # (steps as arguments and read from memory: a 1-ulp difference in the fp32 buffer).
         # First step: buf = g (buf_decay=0, grad_scale=1); then buf = momentum*buf + (1-dampening)*g.
-        buf = buf * buf_decay + grad_scale * g
+        buf = tl.fma(g, grad_scale, buf * buf_decay)
         # Nesterov: g + momentum*buf (grad_keep=1, buf_mix=momentum); plain: buf (0, 1).
-        g = g * grad_keep + buf * buf_mix
+        g = tl.fma(buf, buf_mix, g * grad_keep)
     w = w - lr * g
     return w, buf
 

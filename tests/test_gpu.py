@@ -248,7 +248,8 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
     """After the first launch of a problem, FORGE's kernels are launched past Triton's dispatch
     (`forge.kernels.launch.DirectLauncher`). Four steps that way must leave the weights and states
     of four steps through Triton's own launches to the bit: a 4096 x 4096 weight (the main loop
-    reads by TMA descriptors), a 256-row one (by pointers), and a LayerNorm (element-wise kernel)."""
+    reads by TMA descriptors; with bf16 states on Hopper, the warp-specialized kernel), a 256-row
+    one (by pointers), and a LayerNorm (element-wise kernel)."""
     import forge.kernels.elementwise_update as eu
     import forge.kernels.wgrad_update as wu
 
@@ -257,8 +258,8 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
             pass
 
     def train(launchers):
-        for module, launcher in launchers.items():
-            monkeypatch.setattr(module, "_launch", launcher)
+        for (module, name), launcher in launchers.items():
+            monkeypatch.setattr(module, name, launcher)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4096, 4096), nn.LayerNorm(4096), nn.Linear(4096, 256))
         model = model.cuda().bfloat16()
@@ -269,11 +270,14 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
         torch.cuda.synchronize()
         return model, opt
 
-    kernels = {wu: wu._wgrad_update_kernel, eu: eu._elementwise_update_kernel}
-    direct = {module: wu.DirectLauncher(kernel) for module, kernel in kernels.items()}
+    kernels = {(wu, "_launch"): wu._wgrad_update_kernel, (eu, "_launch"): eu._elementwise_update_kernel}
+    if wu.wgrad_update_ws is not None:
+        kernels[wu, "_launch_ws"] = wu.wgrad_update_ws.wgrad_update_ws_kernel
+    direct = {where: wu.DirectLauncher(kernel) for where, kernel in kernels.items()}
     fast, fast_opt = train(direct)
-    slow, slow_opt = train({module: TritonOnly(kernel) for module, kernel in kernels.items()})
-    assert direct[wu].direct_launches == 2 * 3 and direct[eu].direct_launches >= 3
+    slow, slow_opt = train({where: TritonOnly(kernel) for where, kernel in kernels.items()})
+    fused = sum(launcher.direct_launches for (module, _), launcher in direct.items() if module is wu)
+    assert fused == 2 * 3 and direct[eu, "_launch"].direct_launches >= 3
     for (name, a), b in zip(fast.named_parameters(), slow.parameters()):
         assert torch.equal(a, b), f"{name} differs between direct and Triton launches"
         for key, value in fast_opt.state[a].items():
@@ -407,17 +411,17 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
 
 
 def _assert_differ_only_in_rounding(got, want, what):
-    """At most 1% of the elements differ, each by one rounding step: a bf16 ulp (stochastic rounding
-    of a sum that came out a few fp32 ulps apart), or for fp32 a sum's reordering (1e-5 of the
-    tensor's largest magnitude). A missed or repeated tile, or a wrong coefficient, moves far more."""
+    """At most 1% of the elements differ, each by one rounding step of its own (stochastic
+    rounding of a sum that came out a few fp32 ulps apart) plus a few fp32 ulps of the tensor's
+    scale (the same few ulps, where the update cancels to near zero; scripts/probe_ws_exactness.py
+    measured up to 3.7 steps of such an element). A missed or repeated tile, or a wrong coefficient,
+    moves far more."""
     differ = got != want
     fraction = float(differ.float().mean())
     assert fraction <= 1e-2, f"{what}: {fraction:.2e} of the elements differ from the Triton kernel's step"
     if fraction:
         g, w = got[differ].float(), want[differ].float()
-        if got.dtype == torch.bfloat16:
-            bound = torch.finfo(torch.bfloat16).eps * torch.maximum(g.abs(), w.abs())
-        else:
-            bound = torch.full_like(w, 1e-5 * float(want.float().abs().max()))
+        own_step = torch.finfo(got.dtype).eps * torch.maximum(g.abs(), w.abs())
+        bound = own_step + 16 * torch.finfo(torch.float32).eps * float(want.float().abs().max())
         worst = float(((g - w).abs() / bound).max())
         assert worst <= 1.0, f"{what}: an element differs by {worst:.1f}x a rounding step"
