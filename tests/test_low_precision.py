@@ -86,6 +86,24 @@ def test_stochastic_rounding_noise_is_independent_across_steps():
     assert abs(corr) < 5 / math.sqrt(n), f"rounding decisions of consecutive steps correlate: {corr:.4f}"
 
 
+def test_stochastic_rounding_decisions_of_neighbouring_elements_are_independent():
+    """One Philox call serves 8 consecutive elements of a row (16 bits each): the decisions of
+    elements 1 to 9 apart, inside a group and across groups, must not correlate (one 3-round call
+    per element, the former scheme, reached 0.07-0.09 here), and each of the 8 positions must
+    round up as often as its fraction says."""
+    n, ulp, fraction = 1 << 16, 2.0**-7, 0.3
+    w = torch.ones(n // 64, 64, dtype=torch.bfloat16)
+    _sgd_step(w, torch.full(w.shape, -fraction * ulp), lr=1.0, seed=0x2F6B91C3)
+    up = ((w.float() - 1.0) / ulp).flatten()
+    sigma = math.sqrt(fraction * (1 - fraction) / (n // 8))
+    for position in range(8):
+        mean = float(up[position::8].mean())
+        assert abs(mean - fraction) < 5 * sigma, f"position {position} of 8 rounds up {mean:.4f} of the time"
+    for lag in range(1, 10):
+        corr = float(torch.corrcoef(torch.stack([up[:-lag], up[lag:]]))[0, 1])
+        assert abs(corr) < 5 / math.sqrt(n), f"decisions {lag} elements apart correlate: {corr:.4f}"
+
+
 def _regression_model(k=64, n=48):
     return nn.Sequential(nn.Linear(k, n), nn.Tanh(), nn.Linear(n, 8))
 

@@ -8,10 +8,15 @@ value equals the fp32 value and small updates accumulate on average.
 How: bf16 is the top 16 bits of fp32. Add a uniform random 16-bit integer to the fp32 bit pattern
 and clear the low 16 bits: the carry into bit 16 happens with probability (low bits) / 2^16. The
 sign is a separate bit, so this rounds the magnitude and is unbiased for negative values too.
-NaN and Inf keep their value. The random bits come from Philox (`tl.randint`) with 3 rounds
-(1 round was measurably biased in a 4M-sample test; 10 rounds cost registers), keyed by a per-step,
-per-tensor seed and by the element's global index, so results do not depend on tile shapes and a
-rerun with the same seed reproduces every bit. Three Philox rounds diffuse a small change of the key
+NaN and Inf keep their value. The random bits come from Philox (`tl.randint4x`) with 6 rounds,
+keyed by a per-step, per-tensor seed and by the element's row and group of 8 columns: one call
+gives the eight 16-bit noises of a group. Measured on the interpreter (65536 draws, rounding up
+with probability 0.3): one 3-round call per element, as before, let decisions 1 to 9 elements
+apart correlate by up to 0.09 (noise level 0.02); a 4-round call per 8 leaves the third word
+far from uniform (17% and 0% of its half-words below 0.3) and groups 8 apart correlated by 0.10;
+6 rounds per 8 correlate by at most 0.007. In the warp-specialized kernel's fast epilogue the
+rounding took 800 of 3360 SASS instructions as before, 624 of 3184 now. Results do not depend on tile shapes, and a rerun with
+the same seed reproduces every bit. Few Philox rounds diffuse a small change of the key
 poorly (seeds 7 and 8 give nearly the same low bits), so callers pass well-mixed seeds: ForgeOptimizer
 hashes (seed, parameter, step) into the key.
 
@@ -29,12 +34,28 @@ import triton.language as tl
 
 @triton.jit
 def round_to_bf16_stochastic(x, seed, index):
-    """x: fp32 tile; seed: int scalar; index: int tile of global element indices. Returns bf16."""
-    noise = tl.randint(seed, index.to(tl.uint32), n_rounds=3).to(tl.uint32, bitcast=True) & 0xFFFF
+    """x: fp32 tile; seed: int scalar; index: uint32 tile, each element's `noise_index`. Returns bf16.
+
+    Elements 8j..8j+7 of the index share one Philox call (`tl.randint4x`: four 32-bit words, eight
+    16-bit noises), element 8j + i taking the i-th half-word. Written element by element: where a
+    thread holds 8 aligned consecutive columns, the compiler sees 8 calls with one key and keeps one."""
+    r0, r1, r2, r3 = tl.randint4x(seed, index >> 3, n_rounds=6)
+    position = index & 7
+    word = tl.where(position < 4, tl.where(position < 2, r0, r1), tl.where(position < 6, r2, r3))
+    noise = (word.to(tl.uint32, bitcast=True) >> ((position & 1) * 16)) & 0xFFFF
     bits = x.to(tl.uint32, bitcast=True)
     rounded = ((bits + noise) & 0xFFFF0000).to(tl.float32, bitcast=True)
     finite = tl.abs(x) < float("inf")
     return tl.where(finite, rounded, x).to(tl.bfloat16)
+
+
+@triton.jit
+def noise_index(rows, cols, K):
+    """The stochastic rounding's key of elements (rows[:, None], cols[None, :]) of a (.., K) tensor:
+    row * K8 + col, K8 = K rounded up to a multiple of 8, as uint32 (wrapping past 2^32 elements).
+    Each group of 8 aligned columns of a row gets its own key (index >> 3), whatever K."""
+    k8 = ((K + 7) >> 3) << 3
+    return rows.to(tl.uint32)[:, None] * k8.to(tl.uint32) + cols.to(tl.uint32)[None, :]
 
 
 @triton.jit
@@ -49,16 +70,18 @@ def round_to_bf16_nearest(x):
 @triton.jit
 def store_weight(
     ptr,  # weight, fp32 or bf16, updated in place
-    offs,  # int64 element offsets (the global element index too)
+    offs,  # int64 element offsets
     mask,
     w,  # fp32 new values
     seed,  # int scalar, per step and tensor
+    rows_cols,  # (rows, cols, K): the elements' row and column vectors and row length (`noise_index`)
     STOCHASTIC_ROUNDING: tl.constexpr,
     NATIVE: tl.constexpr = False,  # GPU only: round to nearest by the hardware's conversion (same bits)
 ):
     if ptr.dtype.element_ty == tl.bfloat16:
         if STOCHASTIC_ROUNDING:
-            tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, offs), mask=mask)
+            rows, cols, K = rows_cols
+            tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, noise_index(rows, cols, K)), mask=mask)
         elif NATIVE:
             tl.store(ptr + offs, w.to(tl.bfloat16), mask=mask)
         else:

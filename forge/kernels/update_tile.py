@@ -32,12 +32,14 @@ def tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP: tl.constexpr, BLOCK
 @triton.jit
 def offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS):
     """Element and scale offsets, with masks, of the tile whose rows, columns and scale groups are
-    the index vectors given (a Gluon kernel builds them in its own register layout)."""
+    the index vectors given (a Gluon kernel builds them in its own register layout), and what the
+    stochastic rounding keys the elements by (`rounding.noise_index`; built where it is used, so
+    that no tile of keys stays live through the update)."""
     offs = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     scale_offs = offs_n.to(tl.int64)[:, None] * NUM_GROUPS + groups[None, :]
     scale_mask = (offs_n[:, None] < N) & (groups[None, :] < NUM_GROUPS)
-    return offs, mask, scale_offs, scale_mask
+    return offs, mask, scale_offs, scale_mask, (offs_n, offs_k, K)
 
 
 @triton.jit
@@ -56,12 +58,12 @@ def load_tile(
 
 @triton.jit
 def load_tile_at(
-    offsets,  # (offs, mask, scale_offs, scale_mask) of the tile: `tile_offsets` or `offsets_of`
+    offsets,  # (offs, mask, scale_offs, scale_mask, rows_cols) of the tile: `tile_offsets` or `offsets_of`
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr, STATE_DTYPE: tl.constexpr,
 ):
     """`load_tile` at offsets the caller built."""
-    offs, mask, scale_offs, scale_mask = offsets
+    offs, mask, scale_offs, scale_mask, _ = offsets
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     s1, q1, s2, q2, s3, q3 = w, w, w, w, w, w
     if HAS_S1:
@@ -108,7 +110,7 @@ def finish_tile_at(
     FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding
 ):
     """`finish_tile` at offsets the caller built."""
-    offs, mask, scale_offs, scale_mask = offsets
+    offs, mask, scale_offs, scale_mask, rows_cols = offsets
     w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
     w = w_raw.to(tl.float32)
     s1 = acc
@@ -123,13 +125,14 @@ def finish_tile_at(
 
     w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
 
-    store_weight(w_ptr, offs, mask, w, seed, STOCHASTIC_ROUNDING, FAST)
+    # The states first: their tiles are dead before the weight's stochastic rounding needs registers.
     if HAS_S1:
         store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST)
     if HAS_S2:
         store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST)
     if HAS_S3:
         store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST)
+    store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
 
 
 @triton.jit
