@@ -82,8 +82,9 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # small-T config ships that way; here it is timed in slice order).
         "overlap": [dict(c, overlap_slices=not c.get("overlap_slices")) for c in shipped],
         # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32
-        # states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program per SM;
-        # with and without the fast epilogue (approximate sqrt and division, hardware bf16 rounding).
+        # and bf16 states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program
+        # per SM; with and without the fast epilogue (approximate sqrt and division, hardware bf16
+        # rounding).
         "warp_specialized": [
             dict(
                 block_n=128,
