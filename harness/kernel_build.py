@@ -48,8 +48,8 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
     often from L2."""
     base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
     shipped = [
-        dict(base, block_n=128, block_k=128, maxnreg=128),  # T > 2048: two per SM, spills
-        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # bf16 states, T <= 2048
+        dict(base, block_n=128, block_k=128, maxnreg=128),  # T > 2048: two per SM, spills but bf16
+        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # bf16 T <= 2048; int8 T > 2048
         dict(base, block_n=64, block_k=128, maxnreg=128, overlap_slices=True),  # int8 states, T <= 2048
     ]
     return {

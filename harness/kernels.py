@@ -211,17 +211,17 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
     torch.cuda.empty_cache()
 
 
-def tune(out: Path, meta: dict, groups: list[str] | None = None) -> None:
-    """Time candidate launch configs of the fused kernel (bf16 and int8 states, AdamW) offline:
-    the named groups of `harness.kernel_build.candidate_groups` (default all; the shipped configs
-    always, as the reference)."""
+def tune(out: Path, meta: dict, groups: list[str] | None = None, state_dtypes=("bf16", "int8")) -> None:
+    """Time candidate launch configs of the fused kernel (AdamW; bf16 and int8 states unless asked)
+    offline: the named groups of `harness.kernel_build.candidate_groups` (default all; the shipped
+    configs always, as the reference)."""
     from forge.kernels.wgrad_update import KernelConfig
     from harness.kernel_build import candidates as candidate_fields
 
     candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
     points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
     tokens = (1024, 2048, 8192, 16384)
-    for (name, N, K), T, state_dtype in itertools.product(points, tokens, ("bf16", "int8")):
+    for (name, N, K), T, state_dtype in itertools.product(points, tokens, state_dtypes):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         for cfg in candidates:
@@ -264,6 +264,13 @@ def main(argv: list[str]) -> int:
         nargs="*",
         help="with --tune: candidate groups to time (harness.kernel_build), default all",
     )
+    parser.add_argument(
+        "--state-dtypes",
+        nargs="*",
+        default=["bf16", "int8"],
+        choices=list(STATE_DTYPES),
+        help="with --tune: optimizer state dtypes to time the candidates with",
+    )
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     args = parser.parse_args(argv)
@@ -283,7 +290,7 @@ def main(argv: list[str]) -> int:
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.tune:
-        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups)
+        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups, args.state_dtypes)
         return 0
     ceilings = measure_ceilings()
     print(
