@@ -43,13 +43,13 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
     """The launch configs worth timing on a GPU (`python -m harness kernels --tune`), as KernelConfig
     fields, in named groups; `forge.kernels.wgrad_update._pick_config` holds the table measured from
     them. At 128 registers (two programs per multiprocessor) a 128 x 128 tile updated in 32-row
-    slices spills in its epilogue (the accumulator alone takes 64 registers); in 16-row slices
-    (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which read one operand twice as
-    often from L2."""
+    slices spills in its epilogue with fp32 and int8 states (the accumulator alone takes 64
+    registers); in 16-row slices (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which
+    read one operand twice as often from L2."""
     base = dict(block_t=64, group_n=8, epilogue_split=4, num_warps=8, num_stages=3)
     shipped = [
-        dict(base, block_n=128, block_k=128, maxnreg=128),  # T > 2048: two per SM, spills but bf16
-        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # bf16 T <= 2048; int8 T > 2048
+        dict(base, block_n=128, block_k=128, maxnreg=128),  # bf16 states, T > 2048
+        dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # the rest but int8 T <= 2048
         dict(base, block_n=64, block_k=128, maxnreg=128, overlap_slices=True),  # int8 states, T <= 2048
     ]
     return {

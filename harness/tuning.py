@@ -1,11 +1,11 @@
 """Read an offline tuning run of the fused kernel: which launch config wins where.
 
 `python -m harness kernels --tune` times every candidate of `harness.kernel_build.candidates` (the
-first is the config shipped for large T) on a few linear shapes, token counts T and state dtypes,
-one record per (point, config). This prints, as Markdown, each point's time under the shipped
-config, the best candidate and its ratio, then per state dtype and T range the geometric mean of
-every candidate's time over the shipped one's: the table `forge.kernels.wgrad_update._pick_config`
-is read from.
+first, the reference, is the config shipped for bf16 states at large T) on a few linear shapes,
+token counts T and state dtypes, one record per (point, config). This prints, as Markdown, each
+point's time under the reference config, the best candidate and its ratio, then per state dtype
+and T range the geometric mean of every candidate's time over the reference's: the table
+`forge.kernels.wgrad_update._pick_config` is read from.
 
     python -m harness.tuning results/tuning/tuning-20261129-153506.jsonl
 """
@@ -22,7 +22,7 @@ from harness.kernel_build import describe
 
 
 def summarize(records: list[dict], small_t: int = 2048) -> str:
-    """Markdown: the per-point winners, then geometric-mean ratios to the shipped config."""
+    """Markdown: the per-point winners, then geometric-mean ratios to the first candidate's."""
     times: dict[tuple, dict[str, float]] = defaultdict(dict)
     order: list[str] = []
     for r in records:
@@ -34,25 +34,25 @@ def summarize(records: list[dict], small_t: int = 2048) -> str:
         times[(r["state_dtype"], r["T"], r["shape_name"])][key] = r["time_ms"]
     if not times:
         raise SystemExit("no ok `forge_tune` records: pass the JSONL of `python -m harness kernels --tune`")
-    shipped = order[0]
+    reference = order[0]
     lines = [
-        "| state | T | shape | shipped ms | best ms | best config | best / shipped |",
+        "| state | T | shape | reference ms | best ms | best config | best / reference |",
         "|---|---:|---|---:|---:|---|---:|",
     ]
     for (dtype, T, shape), by_config in sorted(times.items()):
         best = min(by_config, key=by_config.get)
-        base, fastest = by_config[shipped], by_config[best]
+        base, fastest = by_config[reference], by_config[best]
         cells = (dtype, T, shape, f"{base:.4f}", f"{fastest:.4f}", best, f"{fastest / base:.3f}")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     groups = sorted({(dtype, small_t >= T) for dtype, T, _ in times})
     header = [f"{d} T{'<=' if small else '>'}{small_t}" for d, small in groups]
-    lines += ["", f"Geometric mean of time / shipped ({shipped}); worst point in brackets:", ""]
+    lines += ["", f"Geometric mean of time / reference ({reference}); worst point in brackets:", ""]
     lines += ["| config | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
     for key in order:
         cells = []
         for dtype, small in groups:
             ratios = [
-                by_config[key] / by_config[shipped]
+                by_config[key] / by_config[reference]
                 for (d, T, _), by_config in times.items()
                 if d == dtype and (small_t >= T) == small and key in by_config
             ]

@@ -278,19 +278,17 @@ class KernelConfig:
 # T <= 2048 the epilogue weighs more than the main loop: 16-row slices (no spills) gain 3-9% with
 # bf16 states, and 64-row tiles (no spills) 15-29% with int8 states on the Llama-3.1-8B gate and q
 # shapes; at T = 8192 both lose to the 128 x 128 tile in 32-row slices. The int8 64-row tiles also
-# load each slice before the one above is stored (1-3.5% on every point at T <= 2048). Above T = 2048
-# int8 states take 16-row slices too: in 32-row ones their epilogue spills (23 stores, 45 loads with
-# triton 3.6), and 16-row ones ran 0.6-15% faster on every point at T = 8192 and 16384
-# (results/tuning/tuning-20261130-034119.jsonl). Below
+# load each slice before the one above is stored (1-3.5% on every point at T <= 2048). fp32 and
+# int8 states take 16-row slices at every other T too: in 32-row ones their epilogue spills (fp32:
+# 39 stores and loads, int8: 23 stores, 45 loads, triton 3.6), and 16-row ones ran faster on 23 of
+# the 24 tuned points above T = 2048 and fp32's at T <= 2048: fp32 0.93-0.97x bar q at T = 16384
+# (1.02x), int8 0.85-0.99x (results/tuning/tuning-20261130-034728.jsonl, -034119.jsonl). Below
 # _HOST_BOUND_FLOPS the GEMM is shorter than the launch: masked pointer loads cost the GPU 5-9 us
 # there (k at T = 1024 and 2048) and the host 27-47 us less per launch than two TMA descriptors.
-_HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=4, num_warps=8,
+_HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=8, num_warps=8,
                        num_stages=3, maxnreg=128)
-_HOPPER_SMALL_T = {
-    "bf16": replace(_HOPPER, epilogue_split=8),
-    "int8": replace(_HOPPER, block_n=64, overlap_slices=True),
-}
-_HOPPER_LARGE_T = {"int8": replace(_HOPPER, epilogue_split=8)}
+_HOPPER_SMALL_T = {"int8": replace(_HOPPER, block_n=64, epilogue_split=4, overlap_slices=True)}
+_HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # spill-free for bf16 states
 _HOST_BOUND_FLOPS = 2e10
 # The warp-specialized kernel (docs/perf-notes.md, tenth and eleventh sessions), launched by default
 # on grids of at least four tiles per multiprocessor, where it measured faster than the Triton
