@@ -51,9 +51,12 @@ def _sqrt(x, FAST: tl.constexpr):
 
 @triton.jit
 def _div(a, b, FAST: tl.constexpr):
-    """IEEE-rounded a / b; FAST: the hardware approximation (as `_sqrt`)."""
+    """IEEE-rounded a / b; FAST: the hardware approximation (as `_sqrt`): `div.approx.ftz`, a
+    reciprocal and a product (2 ulps for |b| in [2^-126, 2^126], where every denominator of these
+    rules lies when eps > 0), where `tl.fdiv`'s `div.full` adds range checks and scalings: 7 SASS
+    instructions per element more (the warp-specialized kernel's fast build, 3184 -> 2744)."""
     if FAST:
-        return tl.fdiv(a, b)
+        return tl.extra.cuda.libdevice.fast_dividef(a, b)
     return tl.div_rn(a, b)
 
 

@@ -52,6 +52,15 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         dict(base, block_n=128, block_k=128, maxnreg=128, epilogue_split=8),  # the rest but int8 T <= 2048
         dict(base, block_n=64, block_k=128, maxnreg=128, overlap_slices=True),  # int8 states, T <= 2048
     ]
+    warp_specialized_base = dict(
+        block_n=128,
+        block_k=128,
+        block_t=64,
+        num_warps=8,
+        num_stages=4,
+        warp_specialized=True,
+        epilogue_rows=32,
+    )
     return {
         "shipped": shipped,
         "tiles": [
@@ -84,20 +93,16 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32
         # and bf16 states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program
         # per SM; with and without the fast epilogue (approximate sqrt and division, hardware bf16
-        # rounding).
+        # rounding); with 8 warps, also with overlapped slices (the fast epilogue in 32-row slices,
+        # the exact one in 16-row slices, where it fits its 152 registers).
         "warp_specialized": [
-            dict(
-                block_n=128,
-                block_k=128,
-                block_t=64,
-                num_warps=warps,
-                num_stages=4,
-                warp_specialized=True,
-                epilogue_rows=32,
-                fast_epilogue=fast_epilogue,
-            )
+            dict(warp_specialized_base, num_warps=warps, fast_epilogue=fast_epilogue)
             for warps in (8, 4)
             for fast_epilogue in (False, True)
+        ]
+        + [
+            dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True),
+            dict(warp_specialized_base, epilogue_rows=16, overlap_slices=True),
         ],
     }
 
@@ -172,6 +177,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         STAGES=config["num_stages"],
         ROWS=config["epilogue_rows"],
         FAST_EPILOGUE=config.get("fast_epilogue", False),
+        OVERLAP_SLICES=config.get("overlap_slices", False),
     )
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}

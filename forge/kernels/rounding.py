@@ -15,7 +15,7 @@ with probability 0.3): one 3-round call per element, as before, let decisions 1 
 apart correlate by up to 0.09 (noise level 0.02); a 4-round call per 8 leaves the third word
 far from uniform (17% and 0% of its half-words below 0.3) and groups 8 apart correlated by 0.10;
 6 rounds per 8 correlate by at most 0.007. In the warp-specialized kernel's fast epilogue the
-rounding took 800 of 3360 SASS instructions as before, 624 of 3184 now. Results do not depend on
+rounding took 800 of 3360 SASS instructions as before, 624 of 3184 at 87bf521. Results do not depend on
 tile shapes, and a rerun with the same seed reproduces every bit. Few Philox rounds diffuse a
 small change of the key poorly (seeds 7 and 8 give nearly the same low bits), so callers pass
 well-mixed seeds: ForgeOptimizer hashes (seed, parameter, step) into the key.

@@ -473,7 +473,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
-        FAST_EPILOGUE=cfg.fast_epilogue,
+        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps))
     grid = (min(tiles, _multiprocessors(dy.device)),)

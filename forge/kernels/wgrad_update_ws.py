@@ -124,9 +124,11 @@ def _epilogue_partition(
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
-    """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code)."""
+    """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
+    OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
+    a tile's first slice before its gradient is ready: they do not depend on it."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
@@ -139,20 +141,31 @@ def _epilogue_partition(
         n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
         offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
         groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        if OVERLAP_SLICES:
+            offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
+            loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
         mbarrier.wait(acc_ready, done & 1)
         for r in gl.static_range(BLOCK_N // ROWS):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
             if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
                 _partition_barrier()
                 mbarrier.arrive(acc_empty)
-            offs_n = n0 + r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-            offsets = offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS)
-            loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+            if not OVERLAP_SLICES:
+                offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+                loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                      HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+            elif r + 1 < BLOCK_N // ROWS:
+                next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+                next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE)
+            if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
+                offsets, loaded = next_offsets, next_loaded
         done += 1
 
 
@@ -175,6 +188,7 @@ def wgrad_update_ws_kernel(
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
+    OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
 ):
     BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
@@ -198,7 +212,8 @@ def wgrad_update_ws_kernel(
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE)),
+                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
+                               OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),
     ], [4, 1], [MMA_REGS, LOADER_REGS])
