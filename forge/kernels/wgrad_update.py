@@ -292,20 +292,21 @@ _HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # spill-free for
 _HOST_BOUND_FLOPS = 2e10
 # The warp-specialized kernel (docs/perf-notes.md, tenth and eleventh sessions), launched by default
 # on grids of at least four tiles per multiprocessor, where it measured faster than the Triton
-# kernel on the H200 (Llama-3.1-8B gate and q shapes). fp32 states (docs/perf-data/run10-kernels-
-# c5ddd33.jsonl): 8 epilogue warps at T <= 2048, where the update outweighs the GEMM, 4 above, where
-# fewer warps leave the MMA warps more of the multiprocessor; 0.85-0.89x. bf16 states (results/tuning/
-# tuning-20261130-015858.jsonl): 8 epilogue warps at every T (4 ran 2.1-2.4x at T <= 2048, 1.13-1.16x
-# at T = 8192); the fast epilogue at T <= 2048, 0.83-0.88x (exact: 0.90-1.00x), exact above,
-# 0.87-0.93x at T = 8192 (fast: 0.92-0.94x). On k and v (256 tiles) it measured 1.0-1.17x: those,
-# int8 states and GEMMs shorter than their launch take the Triton kernel unless a config asks.
+# kernel on the H200 (Llama-3.1-8B gate and q shapes). Both state dtypes take 8 epilogue warps and
+# overlapped slices at every T (results/tuning/tuning-20261130-040116.jsonl, twelfth session): fp32
+# states the exact epilogue in 16-row slices, 0.957-0.989x the previous table on the 8 gate and q
+# points (8 warps in 32-row slices at T <= 2048, 4 warps above); bf16 states the fast epilogue in
+# 32-row slices, 0.956-0.997x the fast epilogue without overlap at T <= 2048 and 0.962-1.006x the
+# exact epilogue above. Against the Triton kernel: 0.71-0.85x (bf16) and 0.89-0.95x (fp32) at
+# T <= 2048. On k and v (256 tiles) it measured 1.0-1.17x (eleventh session): those, int8 states
+# and GEMMs shorter than their launch take the Triton kernel unless a config asks.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
-                          epilogue_rows=32)
-_HOPPER_WS_DEFAULTS = {  # (state dtype, T <= 2048) -> config
-    ("fp32", True): _HOPPER_WS,
-    ("fp32", False): replace(_HOPPER_WS, num_warps=4),
+                          epilogue_rows=32, overlap_slices=True)
+_HOPPER_WS_DEFAULTS = {  # (state dtype, T <= 2048) -> config; the same at every T for now
+    ("fp32", True): replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
+    ("fp32", False): replace(_HOPPER_WS, epilogue_rows=16),
     ("bf16", True): replace(_HOPPER_WS, fast_epilogue=True),
-    ("bf16", False): _HOPPER_WS,
+    ("bf16", False): replace(_HOPPER_WS, fast_epilogue=True),
 }
 _WS_STATE_DTYPES = ("fp32", "bf16")  # what the kernel can run
 _WS_MIN_TILES_PER_SM = 4
