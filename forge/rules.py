@@ -60,87 +60,92 @@ def _div(a, b, FAST: tl.constexpr):
     return tl.div_rn(a, b)
 
 
+# Every sum with a product is an explicit fma in the order torch.optim's CUDA kernels compute it
+# (nvcc contracts them so): `x.add_(y, alpha=a)` is fma(a, y, x); `x.addcmul_(y, z, value=a)`
+# fma(a * y, z, x); `x.addcdiv_(y, z, value=a)` fma(a, y / z, x); `x.lerp_(y, a)` with a < 0.5
+# fma(a, y - x, x); a product feeding an fma's addend is rounded on its own. Left to the compiler,
+# which products fuse differed between two builds of one kernel (SGD momentum, eleventh session;
+# AdamW's fp32 states between the Triton and warp-specialized kernels, 22% of the elements one ulp
+# apart, twelfth session).
+
+
 @triton.jit
 def adamw(w, g, m, v, decay, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, step_size, FAST: tl.constexpr):
     w = w * decay
-    m = m + (g - m) * one_minus_beta1
-    v = v * beta2 + one_minus_beta2 * g * g
-    denom = _sqrt(v, FAST) * inv_sqrt_bias2 + eps
-    w = w - step_size * _div(m, denom, FAST)
+    m = tl.fma(g - m, one_minus_beta1, m)
+    v = tl.fma(one_minus_beta2 * g, g, v * beta2)
+    denom = tl.fma(_sqrt(v, FAST), inv_sqrt_bias2, eps)
+    w = tl.fma(-step_size, _div(m, denom, FAST), w)
     return w, m, v
 
 
 @triton.jit
 def nadam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, inv_bias2, eps, grad_step, moment_step, FAST: tl.constexpr):
-    g = g + coupled_wd * w
+    g = tl.fma(w, coupled_wd, g)
     w = w * decay
-    m = m + (g - m) * one_minus_beta1
-    v = v * beta2 + one_minus_beta2 * g * g
+    m = tl.fma(g - m, one_minus_beta1, m)
+    v = tl.fma(one_minus_beta2 * g, g, v * beta2)
     denom = _sqrt(v * inv_bias2, FAST) + eps
-    w = w - grad_step * _div(g, denom, FAST)
-    w = w - moment_step * _div(m, denom, FAST)
+    w = tl.fma(-grad_step, _div(g, denom, FAST), w)
+    w = tl.fma(-moment_step, _div(m, denom, FAST), w)
     return w, m, v
 
 
 @triton.jit
 def radam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2, eps, adaptive_step, plain_step, FAST: tl.constexpr):
-    g = g + coupled_wd * w
+    g = tl.fma(w, coupled_wd, g)
     w = w * decay
-    m = m + (g - m) * one_minus_beta1
-    v = v * beta2 + one_minus_beta2 * g * g
+    m = tl.fma(g - m, one_minus_beta1, m)
+    v = tl.fma(one_minus_beta2 * g, g, v * beta2)
     # Rectified steps use m / (sqrt(v) + eps); before the variance is tractable RAdam falls back to
     # plain momentum SGD. The host zeroes one of the two step sizes.
-    w = w - m * (adaptive_step / (_sqrt(v, FAST) + eps) + plain_step)
+    w = tl.fma(-m, adaptive_step / (_sqrt(v, FAST) + eps) + plain_step, w)
     return w, m, v
 
 
 @triton.jit
 def lion(w, g, m, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, lr):
-    c = beta1 * m + one_minus_beta1 * g
+    c = tl.fma(g, one_minus_beta1, beta1 * m)
     update = tl.where(c > 0, 1.0, tl.where(c < 0, -1.0, 0.0))
-    w = w * decay - lr * update
-    m = beta2 * m + one_minus_beta2 * g
+    w = tl.fma(update, -lr, w * decay)
+    m = tl.fma(g, one_minus_beta2, beta2 * m)
     return w, m
 
 
 @triton.jit
 def rmsprop(w, g, sq, buf, gavg, coupled_wd, alpha, one_minus_alpha, eps, momentum, lr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr, FAST: tl.constexpr):
-    g = g + coupled_wd * w
-    sq = sq * alpha + one_minus_alpha * g * g
+    g = tl.fma(w, coupled_wd, g)
+    sq = tl.fma(one_minus_alpha * g, g, sq * alpha)
     if CENTERED:
-        gavg = gavg + (g - gavg) * one_minus_alpha
-        avg = _sqrt(sq - gavg * gavg, FAST) + eps
+        gavg = tl.fma(g - gavg, one_minus_alpha, gavg)
+        avg = _sqrt(tl.fma(-gavg, gavg, sq), FAST) + eps
     else:
         avg = _sqrt(sq, FAST) + eps
     if HAS_MOMENTUM:
-        buf = buf * momentum + _div(g, avg, FAST)
-        w = w - lr * buf
+        buf = tl.fma(_div(g, avg, FAST), 1.0, buf * momentum)  # a sum: the product rounded first
+        w = tl.fma(buf, -lr, w)
     else:
-        w = w - lr * _div(g, avg, FAST)
+        w = tl.fma(-lr, _div(g, avg, FAST), w)
     return w, sq, buf, gavg
 
 
 @triton.jit
 def adagrad(w, g, ssum, coupled_wd, eps, clr, FAST: tl.constexpr):
-    g = g + coupled_wd * w
-    ssum = ssum + g * g
-    w = w - clr * _div(g, _sqrt(ssum, FAST) + eps, FAST)
+    g = tl.fma(w, coupled_wd, g)
+    ssum = tl.fma(g, g, ssum)
+    w = tl.fma(-clr, _div(g, _sqrt(ssum, FAST) + eps, FAST), w)
     return w, ssum
 
 
 @triton.jit
 def sgd(w, g, buf, coupled_wd, buf_decay, grad_scale, grad_keep, buf_mix, lr, HAS_MOMENTUM: tl.constexpr):
-    g = g + coupled_wd * w
+    g = tl.fma(w, coupled_wd, g)
     if HAS_MOMENTUM:
-        # Sums of two products are written as explicit fmas, in torch.optim's order on CUDA
-        # (buf.mul_(momentum).add_(grad, alpha=1 - dampening); grad.add(buf, alpha=momentum)):
-        # left to the compiler, which product it fuses differed between two builds of one kernel
-        # (steps as arguments and read from memory: a 1-ulp difference in the fp32 buffer).
         # First step: buf = g (buf_decay=0, grad_scale=1); then buf = momentum*buf + (1-dampening)*g.
         buf = tl.fma(g, grad_scale, buf * buf_decay)
         # Nesterov: g + momentum*buf (grad_keep=1, buf_mix=momentum); plain: buf (0, 1).
         g = tl.fma(buf, buf_mix, g * grad_keep)
-    w = w - lr * g
+    w = tl.fma(g, -lr, w)
     return w, buf
 
 
