@@ -257,7 +257,8 @@ class KernelConfig:
     # cost matters where the GEMM is shorter than its launch.
     tma: str = "host"
     # Load each epilogue slice's W and states before the slice above it is updated and stored (two
-    # slices' loads in flight instead of one; a few more registers).
+    # slices' loads in flight instead of one; a few more registers). In the warp-specialized kernel
+    # a tile's first slice is also loaded before its gradient is ready.
     overlap_slices: bool = False
     # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`; Hopper, bf16 operands, fp32 or
     # bf16 states): `num_warps` epilogue warps beside 4 MMA warps and a loader, a ring of
@@ -267,7 +268,7 @@ class KernelConfig:
     epilogue_rows: int = 32
     # Warp-specialized only: approximate sqrt and division (a few fp32 ulps) and the hardware's
     # round-to-nearest for bf16 stores (the same bits as the integer form the interpreter needs).
-    # For bf16 states, whose own rounding is ~2^14 times coarser (the default for them at T <= 2048);
+    # For bf16 states, whose own rounding is ~2^14 times coarser (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
 

@@ -22,8 +22,8 @@ Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, f
 FORGE launches it unasked where it measured faster than the Triton kernel (fp32 and bf16 states on
 grids of at least four tiles per multiprocessor: `wgrad_update._HOPPER_WS_DEFAULTS`). Its epilogue
 warps bound it at small T: their code issues ~2.2x the instructions of a plain AdamW epilogue (IEEE
-sqrt and division, Philox, integer bf16 rounding), and `fast_epilogue`, the bf16 states' default at
-T <= 2048, drops the first and the last of those. int8 states (their quantization reshapes a tile,
+sqrt and division, Philox, integer bf16 rounding), and `fast_epilogue`, the bf16 states' default,
+drops the first and the last of those. int8 states (their quantization reshapes a tile,
 which this kernel's layouts do not yet do), fp32 operands (exact fp32 products, which wgmma does not
 offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
 
