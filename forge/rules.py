@@ -60,10 +60,11 @@ def _div(a, b, FAST: tl.constexpr):
     return tl.div_rn(a, b)
 
 
-# Every sum with a product is an explicit fma in the order torch.optim's CUDA kernels compute it
-# (nvcc contracts them so): `x.add_(y, alpha=a)` is fma(a, y, x); `x.addcmul_(y, z, value=a)`
-# fma(a * y, z, x); `x.addcdiv_(y, z, value=a)` fma(a, y / z, x); `x.lerp_(y, a)` with a < 0.5
-# fma(a, y - x, x); a product feeding an fma's addend is rounded on its own. Left to the compiler,
+# Every sum with a product is an explicit fma, in the form torch.optim's CUDA ops take under nvcc's
+# default contraction (read from their source, not from their SASS): `x.add_(y, alpha=a)` as
+# fma(a, y, x); `x.addcmul_(y, z, value=a)` fma(a * y, z, x); `x.addcdiv_(y, z, value=a)`
+# fma(a, y / z, x); `x.lerp_(y, a)` with a < 0.5 fma(a, y - x, x); a product feeding an fma's
+# addend is rounded on its own. Left to the compiler,
 # which products fuse differed between two builds of one kernel (SGD momentum, eleventh session;
 # AdamW's fp32 states between the Triton and warp-specialized kernels, 22% of the elements one ulp
 # apart, twelfth session).
