@@ -100,7 +100,7 @@ def radam(w, g, m, v, decay, coupled_wd, one_minus_beta1, beta2, one_minus_beta2
     v = tl.fma(one_minus_beta2 * g, g, v * beta2)
     # Rectified steps use m / (sqrt(v) + eps); before the variance is tractable RAdam falls back to
     # plain momentum SGD. The host zeroes one of the two step sizes.
-    w = tl.fma(-m, adaptive_step / (_sqrt(v, FAST) + eps) + plain_step, w)
+    w = tl.fma(-m, _div(adaptive_step, _sqrt(v, FAST) + eps, FAST) + plain_step, w)
     return w, m, v
 
 
