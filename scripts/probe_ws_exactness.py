@@ -98,7 +98,7 @@ def run_case(rule: str, hp: dict, state_dtype: str, T: int) -> list[dict]:
         torch.cuda.synchronize()
         return [w, *(s for s in states if s is not None)]
 
-    ws = _HOPPER_WS_DEFAULTS["fp32", T <= 2048]  # the exact epilogue (fp32 states' default)
+    ws = _HOPPER_WS_DEFAULTS["fp32"]  # the exact epilogue (fp32 states' default)
     triton_config = _pick_config(T, N, K, state_dtype, on_interpreter=False)
     runs = {
         "ws": step(ws),
@@ -110,7 +110,7 @@ def run_case(rule: str, hp: dict, state_dtype: str, T: int) -> list[dict]:
         "triton_memory": step(triton_config, in_memory=True),
     }
     if state_dtype == "bf16":
-        runs["ws_fast"] = step(_HOPPER_WS_DEFAULTS["bf16", T <= 2048])
+        runs["ws_fast"] = step(_HOPPER_WS_DEFAULTS["bf16"])
     pairs = [
         ("ws", "ws_again"),
         ("ws_memory", "ws_memory_again"),

@@ -397,7 +397,7 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
         )
         return [w, *(s for s in states if s is not None)]
 
-    ws = _HOPPER_WS_DEFAULTS["fp32", T <= 2048]  # the exact epilogue, overlapped slices
+    ws = _HOPPER_WS_DEFAULTS["fp32"]  # the exact epilogue, overlapped slices
     triton_step = step(_pick_config(T, N, K, state_dtype, on_interpreter=False))
     ws_step = step(ws)
     for got, want in zip(ws_step, triton_step):
@@ -405,7 +405,7 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
     for got, want in zip(step(ws, step_values=row), ws_step):
         assert torch.equal(got, want), "the step read from device memory differs from the step passed in"
     if state_dtype == "bf16":  # the fast epilogue: approximate sqrt and division, hardware rounding
-        for got, want in zip(step(_HOPPER_WS_DEFAULTS["bf16", T <= 2048]), triton_step):
+        for got, want in zip(step(_HOPPER_WS_DEFAULTS["bf16"]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the fast epilogue")
 
 

@@ -303,11 +303,9 @@ _HOST_BOUND_FLOPS = 2e10
 # and GEMMs shorter than their launch take the Triton kernel unless a config asks.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
                           epilogue_rows=32, overlap_slices=True)
-_HOPPER_WS_DEFAULTS = {  # (state dtype, T <= 2048) -> config; the same at every T for now
-    ("fp32", True): replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
-    ("fp32", False): replace(_HOPPER_WS, epilogue_rows=16),
-    ("bf16", True): replace(_HOPPER_WS, fast_epilogue=True),
-    ("bf16", False): replace(_HOPPER_WS, fast_epilogue=True),
+_HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
+    "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
+    "bf16": replace(_HOPPER_WS, fast_epilogue=True),
 }
 _WS_STATE_DTYPES = ("fp32", "bf16")  # what the kernel can run
 _WS_MIN_TILES_PER_SM = 4
@@ -338,7 +336,7 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
             or 2 * T * N * K < _HOST_BOUND_FLOPS or not (_can_use_tma(dy) and _can_use_tma(x))
             or not _is_hopper(dy.device)):
         return None
-    config = _HOPPER_WS_DEFAULTS[state_dtype, T <= 2048]
+    config = _HOPPER_WS_DEFAULTS[state_dtype]
     if _cdiv(N, config.block_n) * _cdiv(K, config.block_k) < _WS_MIN_TILES_PER_SM * _multiprocessors(dy.device):
         return None
     return config
