@@ -45,10 +45,16 @@ def test_launch_breakdown_refuses_a_cpu_without_dry_run(tmp_path):
 
 
 def test_the_kernel_probes_say_they_need_a_gpu_and_the_warp_specialized_one_builds_here(tmp_path):
-    """`probe_epilogue_bytes.py`, `probe_ws_kernel.py` and `probe_ws_exactness.py` run GPU kernels:
+    """`probe_epilogue_bytes.py`, `probe_ws_kernel.py`, `probe_ws_exactness.py` and `probe_ws_bounds.py`
+    run GPU kernels:
     without one they say so and exit 2; `probe_ws_kernel.py --build` compiles its Gluon kernel for
     sm_90 on this machine."""
-    for script in ("probe_epilogue_bytes.py", "probe_ws_kernel.py", "probe_ws_exactness.py"):
+    for script in (
+        "probe_epilogue_bytes.py",
+        "probe_ws_kernel.py",
+        "probe_ws_exactness.py",
+        "probe_ws_bounds.py",
+    ):
         done = _run(script, out=tmp_path)
         assert done.returncode == 2 and "GPU" in done.stdout, done.stdout + done.stderr[-2000:]
     done = _run("probe_ws_kernel.py", "--build", out=tmp_path)

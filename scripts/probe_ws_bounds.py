@@ -1,0 +1,200 @@
+"""What bounds the warp-specialized fused kernel: its MMA warps, its epilogue warps, or the two together?
+
+The shipped kernel (`forge.kernels.wgrad_update_ws`) runs a tile's update while the next tile's
+GEMM runs. Were the two halves independent, its time would be the larger of theirs; measured on the
+H200 it sits near their sum over a cuBLAS GEMM at every T. This probe times, on one GPU and the
+same tensors, the shipped kernel's partitions alone and together:
+
+    full           the shipped partitions (the same code as `wgrad_update_ws_kernel`)
+    mma_only       loader and MMA warps as shipped; the epilogue warps hand each staged tile back
+                   at once (what the GEMM half costs, staging included)
+    epilogue_only  the epilogue warps as shipped; the MMA warps stage a synthetic gradient (a
+                   non-zero value that differs per tile) without loading dy or x; the loader idles
+
+beside cuBLAS's dW GEMM, the shipped launch (`ForgeOptimizer.update_linear`) and a multi-tensor
+pass over the same bytes as the update (W and both bf16 states read and written once,
+`torch._foreach_mul_`). AdamW, bf16 weights and states, the bf16 states' shipped config.
+
+    python scripts/probe_ws_bounds.py          # on an H100/H200; JSONL to $OUT (or results/out)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from forge.kernels import wgrad_update_ws as ws  # noqa: E402
+
+SHAPES = {"gate": (14336, 4096), "q": (4096, 4096)}
+TOKENS = (256, 1024, 4096, 16384)
+
+
+@gluon.jit
+def _idle_epilogue(acc_smem, acc_ready, acc_empty, N, K):
+    """Hand every staged tile back unread."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for _ in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        mbarrier.wait(acc_ready, done & 1)
+        ws._partition_barrier()
+        mbarrier.arrive(acc_empty)
+        done += 1
+
+
+@gluon.jit
+def _synthetic_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+    """Stage a gradient tile of (tile index + 1) * 1e-3 for each tile, reading no operands."""
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_K, 16])
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        acc = gl.full((BLOCK_N, BLOCK_K), 1e-3, gl.float32, layout) * (tile + 1).to(gl.float32)
+        mbarrier.wait(acc_empty, (done & 1) ^ 1)
+        acc_smem.store(acc)
+        ws._partition_barrier()
+        mbarrier.arrive(acc_ready)
+        done += 1
+
+
+@gluon.jit
+def _idle_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+    pass
+
+
+@gluon.jit(do_not_specialize=["seed"])
+def bounds_kernel(
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
+    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
+    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
+    OVERLAP_SLICES: gl.constexpr, MODE: gl.constexpr,
+):
+    """`wgrad_update_ws_kernel`'s buffers, with MODE choosing the partitions (module docstring)."""
+    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
+    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
+    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(acc_ready, count=1)
+    mbarrier.init(acc_empty, count=1)
+    workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+    if MODE == "mma_only":
+        gl.warp_specialize([(_idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)),
+                            (ws._mma_partition, workers), (ws._load_partition, workers)],
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+    elif MODE == "epilogue_only":
+        gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
+                                S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
+                                FAST_EPILOGUE, OVERLAP_SLICES)),
+                            (_synthetic_mma, workers), (_idle_loader, workers)],
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+    else:
+        gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
+                                S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
+                                FAST_EPILOGUE, OVERLAP_SLICES)),
+                            (ws._mma_partition, workers), (ws._load_partition, workers)],
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+
+
+def _point(name: str, N: int, K: int, T: int) -> dict:
+    from triton.testing import do_bench
+
+    import forge
+    from forge.kernels import wgrad_update as wu
+    from forge.kernels.update_tile import slot_arguments, step_arguments
+
+    dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / T**0.5
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    opt = forge.attach(layer, "adamw", state_dtype="bf16", lr=1e-4, weight_decay=0.01)
+    w = layer.weight
+    opt.update_linear(w, dy, x)  # the states exist (and are non-zero) from here on
+    group = opt.param_groups[0]
+    states, scales, signed = opt._slot_tensors(w, group)
+    coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
+    kw = opt._kernel_options(group)
+    cfg = wu._HOPPER_WS_DEFAULTS["bf16"]
+    plan = wu._plan(w, states, signed, dy, x, config=cfg, steps_in_memory=False, **kw)
+    dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
+    x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
+    args = (w, *slot_arguments(w, states, scales), dy_desc, x_desc, T, N, K, plan.num_groups,
+            *step_arguments(w, coeffs, 1, None))
+
+    def launch(mode):
+        return lambda: bounds_kernel[plan.grid](*args, **plan.constexprs, MODE=mode, **plan.options)
+
+    row = dict(shape_name=name, T=T, N=N, K=K, config=str(cfg))
+    for mode in ("full", "mma_only", "epilogue_only"):
+        row[f"{mode}_ms"] = do_bench(launch(mode), return_mode="median")
+    row["shipped_ms"] = do_bench(lambda: opt.update_linear(w, dy, x), return_mode="median")
+    row["cublas_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+    tensors = [w, *(s for s in states if s is not None)]
+    row["foreach_same_bytes_ms"] = do_bench(lambda: torch._foreach_mul_(tensors, 1.0), return_mode="median")
+    row["update_bytes"] = sum(2 * t.numel() * t.element_size() for t in tensors)
+    assert torch.isfinite(w).all(), "weights became non-finite during timing"
+    return row
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("probe_ws_bounds times a Hopper GPU kernel: run it on an H100/H200")
+        return 2
+    from harness import env
+
+    out_dir = Path(os.environ.get("OUT", "results/out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"ws_bounds-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    meta = dict(env=env.collect(env.git_info()), gpu_name=torch.cuda.get_device_name(),
+                time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    torch.manual_seed(0)
+    for name, (N, K) in SHAPES.items():
+        for T in TOKENS:
+            row = dict(meta, **_point(name, N, K, T))
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            tb = row["update_bytes"] / 1e9
+            print(f"{name:5s} T={T:5d} full {row['full_ms']:.4f} shipped {row['shipped_ms']:.4f} | "
+                  f"mma_only {row['mma_only_ms']:.4f} cublas {row['cublas_gemm_ms']:.4f} | "
+                  f"epilogue_only {row['epilogue_only_ms']:.4f} ({tb / row['epilogue_only_ms']:.2f} TB/s) "
+                  f"foreach {row['foreach_same_bytes_ms']:.4f} ({tb / row['foreach_same_bytes_ms']:.2f} TB/s)",
+                  flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
