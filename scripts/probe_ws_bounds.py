@@ -160,7 +160,7 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
         row[f"{mode}_ms"] = do_bench(launch(mode), return_mode="median")
     row["shipped_ms"] = do_bench(lambda: opt.update_linear(w, dy, x), return_mode="median")
     row["cublas_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
-    tensors = [w, *(s for s in states if s is not None)]
+    tensors = [t.detach() for t in (w, *states) if t is not None]
     row["foreach_same_bytes_ms"] = do_bench(lambda: torch._foreach_mul_(tensors, 1.0), return_mode="median")
     row["update_bytes"] = sum(2 * t.numel() * t.element_size() for t in tensors)
     assert torch.isfinite(w).all(), "weights became non-finite during timing"
