@@ -225,8 +225,6 @@ def tune(out: Path, meta: dict, groups: list[str] | None = None, state_dtypes=("
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         for cfg in candidates:
-            if cfg.warp_specialized and state_dtype == "int8":
-                continue  # the warp-specialized kernel has no int8 states (it says so if asked)
             try:
                 ms = time_forge(dy, x, N, K, "adamw", state_dtype, config=cfg)
                 status, err = "ok", None

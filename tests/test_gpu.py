@@ -221,8 +221,6 @@ def test_every_tuning_candidate_computes_the_same_update(state_dtype):
     first, *others = candidates()
     reference = step(first)
     for fields in others:
-        if fields.get("warp_specialized") and state_dtype == "int8":
-            continue  # int8 states take the Triton kernel (test_kernel_build: it says so)
         for got, want, name in zip(step(fields), reference, ("w", "m", "v", "m scales", "v scales")):
             differ = got != want
             assert float(differ.float().mean()) <= 1e-3, f"{name} under {fields}: {int(differ.sum())} differ"
@@ -346,6 +344,7 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream)
     [
         ("adamw", dict(lr=1e-3, weight_decay=0.01), "bf16"),
         ("adamw", dict(lr=1e-3, weight_decay=0.01), "fp32"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "int8"),
         ("nadam", dict(lr=1e-3), "bf16"),
         ("lion", dict(lr=1e-4), "bf16"),
         ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
@@ -353,12 +352,13 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream)
 )
 @pytest.mark.parametrize("T", [1024, 4096])
 def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, state_dtype, T):
-    """`forge.kernels.wgrad_update_ws` (launched on Hopper for fp32 and bf16 states) against the
-    Triton kernel on the same inputs, stochastic rounding on: the same weights and states but for
-    the rare element whose fp32 sum over T rounds the other way, and that one a rounding step away;
-    and with the step read from device memory (a CUDA graph's launch), the same as with it passed
-    as arguments."""
+    """`forge.kernels.wgrad_update_ws` (launched on Hopper for every state dtype) against the
+    Triton kernel on the same inputs, stochastic rounding on: the same weights and states (int8:
+    codes and scales) but for the rare element whose fp32 sum over T rounds the other way, and that
+    one a rounding step away; and with the step read from device memory (a CUDA graph's launch),
+    the same as with it passed as arguments."""
 
+    from forge.kernels import quant
     from forge.kernels.update_tile import STEP_ROW
     from forge.kernels.wgrad_update import _HOPPER_WS_DEFAULTS, _pick_config, wgrad_update
 
@@ -369,11 +369,19 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
     layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
     opt = forge.attach(layer, rule, state_dtype=state_dtype, **hp)
     w0, group = layer.weight.detach().clone(), opt.param_groups[0]
-    states0, scales, signed = opt._slot_tensors(layer.weight, group)
-    for s in states0:
-        if s is not None:
-            s.copy_(torch.rand(s.shape, device="cuda", generator=g) * 1e-3)
+    states0, scales0, signed = opt._slot_tensors(layer.weight, group)
+    for s, scale, is_signed in zip(states0, scales0, signed):
+        if s is None:
+            continue
+        values = torch.rand(s.shape, device="cuda", generator=g) * 1e-3
+        if state_dtype == "int8":
+            codes, block_scales = quant.quantize(values, is_signed)
+            s.copy_(codes)
+            scale.copy_(block_scales)
+        else:
+            s.copy_(values)
     states0 = tuple(None if s is None else s.clone() for s in states0)
+    scales0 = tuple(None if s is None else s.clone() for s in scales0)
     coefficients = opt.rule.coefficients(group, 5, dict(opt.state[layer.weight]))
     row = torch.zeros(STEP_ROW, dtype=torch.int32, device="cuda")
     row[:9] = torch.tensor(coefficients, dtype=torch.float32, device="cuda").view(torch.int32)
@@ -382,6 +390,7 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
     def step(config, step_values=None):
         w = w0.clone()
         states = tuple(None if s is None else s.clone() for s in states0)
+        scales = tuple(None if s is None else s.clone() for s in scales0)
         wgrad_update(
             w,
             states,
@@ -395,7 +404,7 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
             step_values=step_values,
             **opt._kernel_options(group),
         )
-        return [w, *(s for s in states if s is not None)]
+        return [w, *(s for s in (*states, *scales) if s is not None)]
 
     ws = _HOPPER_WS_DEFAULTS["fp32"]  # the exact epilogue, overlapped slices
     triton_step = step(_pick_config(T, N, K, state_dtype, on_interpreter=False))
@@ -404,21 +413,24 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
         _assert_differ_only_in_rounding(got, want, "the warp-specialized kernel")
     for got, want in zip(step(ws, step_values=row), ws_step):
         assert torch.equal(got, want), "the step read from device memory differs from the step passed in"
-    if state_dtype == "bf16":  # the fast epilogue: approximate sqrt and division, hardware rounding
-        for got, want in zip(step(_HOPPER_WS_DEFAULTS["bf16"]), triton_step):
+    if state_dtype != "fp32":  # the fast epilogue: approximate sqrt and division, hardware rounding
+        for got, want in zip(step(_HOPPER_WS_DEFAULTS[state_dtype]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the fast epilogue")
 
 
 def _assert_differ_only_in_rounding(got, want, what):
-    """At most 1% of the elements differ, each by one rounding step of its own (stochastic
-    rounding of a sum that came out a few fp32 ulps apart) plus a few fp32 ulps of the tensor's
-    scale (the same few ulps, where the update cancels to near zero; scripts/probe_ws_exactness.py
-    measured up to 3.7 steps of such an element). A missed or repeated tile, or a wrong coefficient,
-    moves far more."""
+    """At most 1% of the elements differ, each by one rounding step of its own (int8 codes: one
+    code; floats: stochastic rounding of a sum that came out a few fp32 ulps apart) plus a few fp32
+    ulps of the tensor's scale (the same few ulps, where the update cancels to near zero;
+    scripts/probe_ws_exactness.py measured up to 3.7 steps of such an element). A missed or
+    repeated tile, or a wrong coefficient, moves far more."""
     differ = got != want
     fraction = float(differ.float().mean())
     assert fraction <= 1e-2, f"{what}: {fraction:.2e} of the elements differ from the Triton kernel's step"
-    if fraction:
+    if fraction and not got.dtype.is_floating_point:  # int8 codes: a sum a few ulps apart moves one code
+        worst = int((got[differ].int() - want[differ].int()).abs().max())
+        assert worst <= 1, f"{what}: a code differs by {worst}"
+    elif fraction:
         g, w = got[differ].float(), want[differ].float()
         own_step = torch.finfo(got.dtype).eps * torch.maximum(g.abs(), w.abs())
         bound = own_step + 16 * torch.finfo(torch.float32).eps * float(want.float().abs().max())

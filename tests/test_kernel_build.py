@@ -121,9 +121,9 @@ def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
     assert overlapped["registers"] <= 128 and overlapped["programs_per_sm"] == 2
 
 
-@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32", "int8"])
 def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
-    """`forge.kernels.wgrad_update_ws` (Gluon; shipped on Hopper for fp32 and bf16 states) builds for
+    """`forge.kernels.wgrad_update_ws` (Gluon; shipped on Hopper for every state dtype) builds for
     sm_90 at 8 and 4 epilogue warps: no spills (up to 8 bytes where slices overlap: triton 3.9 spills
     that much for fp32 states), the register cap its warps fit under, one program per multiprocessor
     with its ring and staging buffer in shared memory."""
@@ -140,10 +140,12 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
         assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, config
     # the fast epilogue (approximate sqrt and division, hardware bf16 rounding) issues fewer
     # instructions than the exact one at the same warps: 2744 against 5256 for bf16 states at 8 warps
+    # (int8: 7424 against 9208, the quantization's arithmetic being the same in both)
     plain = [(c, r) for c, r in zip(configs, built) if not c.get("overlap_slices")]
     exact = {c["num_warps"]: r["instructions"] for c, r in plain if not c["fast_epilogue"]}
     fast = {c["num_warps"]: r["instructions"] for c, r in plain if c["fast_epilogue"]}
-    assert all(fast[warps] < 0.8 * exact[warps] for warps in exact), (exact, fast)
+    ratio = 0.85 if state_dtype == "int8" else 0.8
+    assert all(fast[warps] < ratio * exact[warps] for warps in exact), (exact, fast)
 
 
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
@@ -165,7 +167,7 @@ def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
 
 
 def test_a_warp_specialized_config_where_it_cannot_run_says_why():
-    """On the CPU (and for int8 states, fp32 operands, other GPUs) the warp-specialized kernel
+    """On the CPU (and for fp32 operands, other GPUs) the warp-specialized kernel
     cannot run: asking for it by config is an error that names what it needs."""
     import torch
 
@@ -196,9 +198,9 @@ def test_a_warp_specialized_config_where_it_cannot_run_says_why():
 
 
 def test_forge_launches_the_warp_specialized_kernel_where_it_measured_faster(monkeypatch):
-    """On Hopper (faked here), unasked: fp32 and bf16 states on grids of at least four tiles per SM
-    take the warp-specialized kernel (0.71-0.95x the Triton kernel on the H200 at T <= 2048) with 8
-    epilogue warps and overlapped slices, bf16 states with the fast epilogue; int8 states, small
+    """On Hopper (faked here), unasked: every state dtype on grids of at least four tiles per SM
+    takes the warp-specialized kernel (0.71-0.95x the Triton kernel on the H200 at T <= 2048) with 8
+    epilogue warps and overlapped slices, bf16 and int8 states with the fast epilogue; small
     grids (k and v), GEMMs shorter than their launch and FORGE_WARP_SPECIALIZED=0 keep the Triton
     one."""
     import torch
@@ -226,7 +228,7 @@ def test_forge_launches_the_warp_specialized_kernel_where_it_measured_faster(mon
     assert chosen("fp32", 4096, 1024, 4096) is None  # k: 256 tiles for 132 SMs
     assert chosen("bf16", 4096, 1024, 4096) is None
     assert chosen("fp32", 256, 4096, 4096) is None  # 8.6e9 FLOPs: shorter than its launch
-    assert chosen("int8", 1024, 14336, 4096) is None
+    assert chosen("int8", 1024, 14336, 4096) == (8, True, True, 32)
     monkeypatch.setenv("FORGE_WARP_SPECIALIZED", "0")
     assert chosen("fp32", 1024, 14336, 4096) is None
     assert chosen("bf16", 1024, 14336, 4096) is None

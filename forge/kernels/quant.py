@@ -32,6 +32,11 @@ import triton.language as tl
 
 from forge.kernels.rounding import round_to_bf16_nearest
 
+try:  # Gluon (the warp-specialized kernel's language) names its register layouts; Triton infers them
+    from triton.experimental.gluon import language as gl
+except ImportError:  # pragma: no cover - a Triton without Gluon never asks for LAYOUTS
+    gl = None
+
 GROUP = 64  # elements per scale by default; 128 is the other choice (`int8_group`)
 GROUPS = (64, 128)
 
@@ -108,16 +113,22 @@ def decode_state(
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
+    LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert between the tile's and the groups' layouts
 ):
     """The stored tile as fp32 (ROWS, COLS)."""
     if STATE_DTYPE == "int8":
         q = tl.reshape(values, (ROWS, COLS // QGROUP, QGROUP))
-        scale = scales.to(tl.float32)[:, :, None]
+        scale = scales.to(tl.float32)
+        if LAYOUTS:  # the scales, loaded in the tile's layout, broadcast over the grouped codes
+            scale = gl.convert_layout(scale, gl.SliceLayout(2, q.type.layout))
         if SIGNED:
-            x = dequantize_signed(q, scale)
+            x = dequantize_signed(q, scale[:, :, None])
         else:
-            x = dequantize_positive(q, scale)
-        return tl.reshape(x, (ROWS, COLS))
+            x = dequantize_positive(q, scale[:, :, None])
+        x = tl.reshape(x, (ROWS, COLS))
+        if LAYOUTS:
+            x = gl.convert_layout(x, values.type.layout)
+        return x
     else:
         return values.to(tl.float32)
 
@@ -132,6 +143,7 @@ def store_state(
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,
     NATIVE: tl.constexpr = False,  # bf16: the hardware's round-to-nearest (`rounding.store_weight`)
+    LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert the grouped results to the offsets' layouts
 ):
     """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
@@ -140,7 +152,11 @@ def store_state(
             q, scale = quantize_signed(x3)
         else:
             q, scale = quantize_positive(x3)
-        tl.store(ptr + offs, tl.reshape(q, (ROWS, COLS)), mask=mask)
+        q = tl.reshape(q, (ROWS, COLS))
+        if LAYOUTS:
+            q = gl.convert_layout(q, offs.type.layout)
+            scale = gl.convert_layout(scale, scale_offs.type.layout)
+        tl.store(ptr + offs, q, mask=mask)
         tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask)  # exact: rounded up
     elif STATE_DTYPE == "bf16":
         if NATIVE:

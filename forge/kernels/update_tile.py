@@ -108,6 +108,7 @@ def finish_tile_at(
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding
+    LAYOUTS: tl.constexpr = False,  # a Gluon caller: int8 states convert between register layouts
 ):
     """`finish_tile` at offsets the caller built."""
     offs, mask, scale_offs, scale_mask, rows_cols = offsets
@@ -117,21 +118,21 @@ def finish_tile_at(
     s2 = acc
     s3 = acc
     if HAS_S1:
-        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP)
+        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, LAYOUTS)
     if HAS_S2:
-        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP)
+        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, LAYOUTS)
     if HAS_S3:
-        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP)
+        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, LAYOUTS)
 
     w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
 
     # The states first: their tiles are dead before the weight's stochastic rounding needs registers.
     if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST)
+        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST, LAYOUTS)
     if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST)
+        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST, LAYOUTS)
     if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST)
+        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST, LAYOUTS)
     store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
 
 

@@ -32,7 +32,7 @@ Host cost: a launch's plan (config, operand path, grid, compile-time arguments) 
 key of every fact it depends on, and on a GPU the launch itself skips Triton's per-call dispatch
 once the key has been seen (`forge.kernels.launch`).
 
-On Hopper, with bf16 operands and fp32 or bf16 states on large enough grids, `wgrad_update` launches the
+On Hopper, with bf16 operands on large enough grids, `wgrad_update` launches the
 warp-specialized twin of this kernel instead (`forge.kernels.wgrad_update_ws`: the same tile update,
 run by other warps while the next tile's GEMM runs; where it wins is measured, see `_HOPPER_WS_DEFAULTS`);
 `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps this one.
@@ -260,15 +260,15 @@ class KernelConfig:
     # slices' loads in flight instead of one; a few more registers). In the warp-specialized kernel
     # a tile's first slice is also loaded before its gradient is ready.
     overlap_slices: bool = False
-    # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`; Hopper, bf16 operands, fp32 or
-    # bf16 states): `num_warps` epilogue warps beside 4 MMA warps and a loader, a ring of
+    # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`; Hopper, bf16 operands, every
+    # state dtype): `num_warps` epilogue warps beside 4 MMA warps and a loader, a ring of
     # `num_stages` dy and x tiles, the update `epilogue_rows` rows at a time. Tile shape and ring
     # depth as the fields above; one program per multiprocessor.
     warp_specialized: bool = False
     epilogue_rows: int = 32
     # Warp-specialized only: approximate sqrt and division (a few fp32 ulps) and the hardware's
     # round-to-nearest for bf16 stores (the same bits as the integer form the interpreter needs).
-    # For bf16 states, whose own rounding is ~2^14 times coarser (their default on Hopper);
+    # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
 
@@ -299,15 +299,19 @@ _HOST_BOUND_FLOPS = 2e10
 # points (8 warps in 32-row slices at T <= 2048, 4 warps above); bf16 states the fast epilogue in
 # 32-row slices, 0.956-0.997x the fast epilogue without overlap at T <= 2048 and 0.962-1.006x the
 # exact epilogue above. Against the Triton kernel: 0.71-0.85x (bf16) and 0.89-0.95x (fp32) at
-# T <= 2048. On k and v (256 tiles) it measured 1.0-1.17x (eleventh session): those, int8 states
-# and GEMMs shorter than their launch take the Triton kernel unless a config asks.
+# T <= 2048. On k and v (256 tiles) it measured 1.0-1.17x (eleventh session): those and GEMMs
+# shorter than their launch take the Triton kernel unless a config asks. int8 states (thirteenth
+# session) take bf16's config: their codes step by ~1/254 of a group's maximum, so the fast
+# epilogue's few fp32 ulps move nothing that the quantization keeps; it builds without spills
+# (7424 SASS instructions against 9144 for the exact epilogue in 16-row slices, triton 3.6).
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
                           epilogue_rows=32, overlap_slices=True)
 _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
     "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
+    "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
-_WS_STATE_DTYPES = ("fp32", "bf16")  # what the kernel can run
+_WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
 _WS_MIN_TILES_PER_SM = 4
 
 
@@ -430,8 +434,8 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
     elif config.warp_specialized and not (state_dtype in _WS_STATE_DTYPES and _can_use_tma(dy) and _can_use_tma(x)
                                           and _is_hopper(dy.device) and wgrad_update_ws is not None):
         raise ValueError(
-            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), bf16 dy and x that TMA can read, and fp32 "
-            f"or bf16 states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
+            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), bf16 dy and x that TMA can read, and "
+            f"{'/'.join(_WS_STATE_DTYPES)} states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
             "FORGE choose the kernel"
         )
     if config is not None and config.fast_epilogue and not config.warp_specialized:

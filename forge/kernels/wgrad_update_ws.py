@@ -11,21 +11,22 @@ memory and mbarriers:
     MMA       4 warps    wgmma over the ring into a (BLOCK_N, BLOCK_K) fp32 accumulator in
                          registers; the finished tile goes to a staging buffer in shared memory
     epilogue  4-8 warps  the optimizer update of the staged tile, `epilogue_rows` rows at a time:
-                         the same `update_tile` code as the Triton kernel (every rule, fp32 and bf16
-                         states, stochastic rounding, steps read from memory)
+                         the same `update_tile` code as the Triton kernel (every rule, fp32, bf16
+                         and int8 states, stochastic rounding, steps read from memory)
 
 The gradient tile lives in registers, then in shared memory, and dies there: never in global
 memory. The MMA warps start the next tile as soon as the staging buffer is free, i.e. while the
 epilogue warps update the tile before.
 
-Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, fp32 or bf16 states.
-FORGE launches it unasked where it measured faster than the Triton kernel (fp32 and bf16 states on
-grids of at least four tiles per multiprocessor: `wgrad_update._HOPPER_WS_DEFAULTS`). Its epilogue
-warps bound it at small T: their code issues ~2.2x the instructions of a plain AdamW epilogue (IEEE
-sqrt and division, Philox, integer bf16 rounding), and `fast_epilogue`, the bf16 states' default,
-drops the first and the last of those. int8 states (their quantization reshapes a tile,
-which this kernel's layouts do not yet do), fp32 operands (exact fp32 products, which wgmma does not
-offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
+Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, any state dtype.
+FORGE launches it unasked on grids of at least four tiles per multiprocessor
+(`wgrad_update._HOPPER_WS_DEFAULTS`). Its epilogue warps bound it at small T: their code issues
+~2.2x the instructions of a plain AdamW epilogue (IEEE sqrt and division, Philox, integer bf16
+rounding), and `fast_epilogue`, the bf16 and int8 states' default, drops the first and the last of
+those. int8 states quantize each group of 64 or 128 codes in a (rows, groups, group) view of the
+slice; Gluon's layouts are explicit, so `update_tile` is asked (LAYOUTS) to convert the scales and
+codes between that view's layout and the slice's. fp32 operands (exact fp32 products, which wgmma
+does not offer) and other GPUs use the Triton kernel; the CPU interpreter cannot run Gluon.
 
 Triton 3.6 (the GPU image) and 3.9 (CI) name two of the operations differently; the aliases below
 take whichever exists. A worker partition receives its arguments as IR values, so the only
@@ -163,7 +164,7 @@ def _epilogue_partition(
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE)
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
             if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
                 offsets, loaded = next_offsets, next_loaded
         done += 1
@@ -173,7 +174,7 @@ def _epilogue_partition(
 def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16, updated in place
-    q1_ptr, q2_ptr, q3_ptr,  # unused scale slots (int8 states take the Triton kernel)
+    q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place (else unread)
     dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
     x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
     T, N, K, NUM_GROUPS,
