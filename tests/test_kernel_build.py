@@ -140,12 +140,11 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
         assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, config
     # the fast epilogue (approximate sqrt and division, hardware bf16 rounding) issues fewer
     # instructions than the exact one at the same warps: 2744 against 5256 for bf16 states at 8 warps
-    # (int8: 7424 against 9208, the quantization's arithmetic being the same in both)
+    # (int8: 5408 against 9208; its quantization divides by reciprocals of the group maxima)
     plain = [(c, r) for c, r in zip(configs, built) if not c.get("overlap_slices")]
     exact = {c["num_warps"]: r["instructions"] for c, r in plain if not c["fast_epilogue"]}
     fast = {c["num_warps"]: r["instructions"] for c, r in plain if c["fast_epilogue"]}
-    ratio = 0.85 if state_dtype == "int8" else 0.8
-    assert all(fast[warps] < ratio * exact[warps] for warps in exact), (exact, fast)
+    assert all(fast[warps] < 0.8 * exact[warps] for warps in exact), (exact, fast)
 
 
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():

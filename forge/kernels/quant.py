@@ -54,18 +54,39 @@ def _round_half_away(x):
 
 
 @triton.jit
-def dequantize_signed(q, absmax):
-    """q: int8 codes (..., G); absmax: fp32 (..., 1). Returns fp32 values."""
-    y = q.to(tl.float32) * (1.0 / 127.0)
-    return y / (2.0 - tl.abs(y)) * absmax
+def _divide(a, b, FAST: tl.constexpr):
+    """a / b; FAST (GPU only, `KernelConfig.fast_epilogue`): `div.approx.ftz`, a reciprocal and a
+    product, 2 ulps where |b| lies in [2^-126, 2^126] (every denominator here does), instead of
+    `div.full`'s ~8 instructions. A code moves only where its value sits within a few ulps of a
+    rounding boundary, a step of ~1/254 of its group's maximum."""
+    if FAST:
+        return tl.extra.cuda.libdevice.fast_dividef(a, b)
+    return a / b
 
 
 @triton.jit
-def quantize_signed(x):
+def _scaled(x, group_max, FAST: tl.constexpr):
+    """x / group_max[:, :, None] (group_max clamped away from 0); FAST: one reciprocal per group and
+    a product per element."""
+    group_max = tl.maximum(group_max, 1e-30)
+    if FAST:
+        return x * tl.extra.cuda.libdevice.fast_dividef(1.0, group_max)[:, :, None]
+    return x / group_max[:, :, None]
+
+
+@triton.jit
+def dequantize_signed(q, absmax, FAST: tl.constexpr = False):
+    """q: int8 codes (..., G); absmax: fp32 (..., 1). Returns fp32 values."""
+    y = q.to(tl.float32) * (1.0 / 127.0)
+    return _divide(y, 2.0 - tl.abs(y), FAST) * absmax
+
+
+@triton.jit
+def quantize_signed(x, FAST: tl.constexpr = False):
     """x: fp32 (R, groups, G). Returns int8 codes and the absmax (R, groups), rounded up to bf16."""
     absmax = _round_up_to_bf16(tl.max(tl.abs(x), axis=2))
-    u = x / tl.maximum(absmax, 1e-30)[:, :, None]
-    code = _round_half_away(254.0 * u / (1.0 + tl.abs(u)))
+    u = _scaled(x, absmax, FAST)
+    code = _round_half_away(_divide(254.0 * u, 1.0 + tl.abs(u), FAST))
     return code.to(tl.int8), absmax
 
 
@@ -77,11 +98,15 @@ def dequantize_positive(q, rootmax):
 
 
 @triton.jit
-def quantize_positive(x):
-    """x: fp32 (R, groups, G), >= 0. Returns uint8 codes of sqrt(x) and the max of sqrt(x) (R, groups)."""
-    r = tl.sqrt_rn(tl.maximum(x, 0.0))
+def quantize_positive(x, FAST: tl.constexpr = False):
+    """x: fp32 (R, groups, G), >= 0. Returns uint8 codes of sqrt(x) and the max of sqrt(x) (R, groups);
+    FAST: the hardware's approximate square root as well."""
+    if FAST:
+        r = tl.sqrt(tl.maximum(x, 0.0))
+    else:
+        r = tl.sqrt_rn(tl.maximum(x, 0.0))
     rootmax = _round_up_to_bf16(tl.max(r, axis=2))
-    code = tl.floor(r / tl.maximum(rootmax, 1e-30)[:, :, None] * 255.0 + 0.5)
+    code = tl.floor(_scaled(r, rootmax, FAST) * 255.0 + 0.5)
     code = tl.where(r > 0, tl.maximum(code, 1.0), code)
     return code.to(tl.uint8), rootmax
 
@@ -114,6 +139,7 @@ def decode_state(
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
     LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert between the tile's and the groups' layouts
+    FAST: tl.constexpr = False,  # GPU only: approximate division (`_divide`)
 ):
     """The stored tile as fp32 (ROWS, COLS)."""
     if STATE_DTYPE == "int8":
@@ -122,7 +148,7 @@ def decode_state(
         if LAYOUTS:  # the scales, loaded in the tile's layout, broadcast over the grouped codes
             scale = gl.convert_layout(scale, gl.SliceLayout(2, q.type.layout))
         if SIGNED:
-            x = dequantize_signed(q, scale[:, :, None])
+            x = dequantize_signed(q, scale[:, :, None], FAST)
         else:
             x = dequantize_positive(q, scale[:, :, None])
         x = tl.reshape(x, (ROWS, COLS))
@@ -142,16 +168,17 @@ def store_state(
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,
-    NATIVE: tl.constexpr = False,  # bf16: the hardware's round-to-nearest (`rounding.store_weight`)
+    FAST: tl.constexpr = False,  # GPU only. bf16: the hardware's round-to-nearest (`rounding.store_weight`);
+    # int8: approximate division and square root (`_divide`)
     LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert the grouped results to the offsets' layouts
 ):
     """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
         x3 = tl.reshape(tl.where(mask, x, 0.0), (ROWS, COLS // QGROUP, QGROUP))
         if SIGNED:
-            q, scale = quantize_signed(x3)
+            q, scale = quantize_signed(x3, FAST)
         else:
-            q, scale = quantize_positive(x3)
+            q, scale = quantize_positive(x3, FAST)
         q = tl.reshape(q, (ROWS, COLS))
         if LAYOUTS:
             q = gl.convert_layout(q, offs.type.layout)
@@ -159,7 +186,7 @@ def store_state(
         tl.store(ptr + offs, q, mask=mask)
         tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask)  # exact: rounded up
     elif STATE_DTYPE == "bf16":
-        if NATIVE:
+        if FAST:
             tl.store(ptr + offs, x.to(tl.bfloat16), mask=mask)
         else:
             tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)

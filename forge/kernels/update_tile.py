@@ -118,11 +118,11 @@ def finish_tile_at(
     s2 = acc
     s3 = acc
     if HAS_S1:
-        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, LAYOUTS)
+        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, LAYOUTS, FAST)
     if HAS_S2:
-        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, LAYOUTS)
+        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, LAYOUTS, FAST)
     if HAS_S3:
-        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, LAYOUTS)
+        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, LAYOUTS, FAST)
 
     w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
 

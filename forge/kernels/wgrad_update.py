@@ -302,8 +302,9 @@ _HOST_BOUND_FLOPS = 2e10
 # T <= 2048. On k and v (256 tiles) it measured 1.0-1.17x (eleventh session): those and GEMMs
 # shorter than their launch take the Triton kernel unless a config asks. int8 states (thirteenth
 # session) take bf16's config: their codes step by ~1/254 of a group's maximum, so the fast
-# epilogue's few fp32 ulps move nothing that the quantization keeps; it builds without spills
-# (7424 SASS instructions against 9144 for the exact epilogue in 16-row slices, triton 3.6).
+# epilogue's few fp32 ulps move a code only on a rounding boundary; it builds without spills
+# (5480 SASS instructions against 9144 for the exact epilogue in 16-row slices, triton 3.6: the
+# fast quantization divides by one reciprocal per group, `quant._scaled`).
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
                           epilogue_rows=32, overlap_slices=True)
 _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
