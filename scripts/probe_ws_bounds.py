@@ -88,22 +88,7 @@ def bounds_kernel(
     OVERLAP_SLICES: gl.constexpr, MODE: gl.constexpr,
 ):
     """`wgrad_update_ws_kernel`'s buffers, with MODE choosing the partitions (module docstring)."""
-    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
-    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
-    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(acc_ready, count=1)
-    mbarrier.init(acc_empty, count=1)
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     if MODE == "mma_only":
         gl.warp_specialize([(_idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)),

@@ -38,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from forge.kernels import wgrad_update_ws as ws  # noqa: E402  (the shipped kernel's shared-memory setup)
+
 # Names that moved between Triton 3.6 (the GPU image's) and 3.9: a barrier among the warps of one
 # partition, and a TMA copy from global into shared memory.
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -148,20 +150,7 @@ def _epilogue_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem
 @gluon.jit
 def ws_wgrad_adamw_kernel(dy_desc, x_desc, w_ptr, m_ptr, v_ptr, T, N, K,
                           decay, step, beta1, beta2, inv_sqrt_bc2, eps):
-    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    # fp32 staging of one finished tile, each row padded by 4 words against bank conflicts
-    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
-    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
-    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(acc_ready, count=1)
-    mbarrier.init(acc_empty, count=1)
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
     worker_args = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
                    w_ptr, m_ptr, v_ptr, T, N, K, decay, step, beta1, beta2, inv_sqrt_bc2, eps)
     gl.warp_specialize([

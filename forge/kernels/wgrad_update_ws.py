@@ -170,6 +170,31 @@ def _epilogue_partition(
         done += 1
 
 
+@gluon.jit
+def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
+    """The shared memory the partitions hand tiles through, barriers initialised: the ring of
+    STAGES dy and x tiles with its ready and empty barriers, and the staging buffer of one
+    finished fp32 gradient tile with its own."""
+    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    # each row padded by 4 words so that the MMA layout's stores spread over the banks
+    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
+    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
+    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(acc_ready, count=1)
+    mbarrier.init(acc_empty, count=1)
+    return dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty
+
+
 @gluon.jit(do_not_specialize=["seed"])
 def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
@@ -191,23 +216,7 @@ def wgrad_update_ws_kernel(
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
 ):
-    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    # one finished fp32 tile, each row padded by 4 words so the MMA layout's stores spread over banks
-    staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
-    acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)
-    acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    acc_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(acc_ready, count=1)
-    mbarrier.init(acc_empty, count=1)
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
