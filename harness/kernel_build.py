@@ -90,8 +90,8 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # SASS reads LDG x3, STG x3, eight times over): load the next slice first (the int8
         # small-T config ships that way; here it is timed in slice order).
         "overlap": [dict(c, overlap_slices=not c.get("overlap_slices")) for c in shipped],
-        # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for fp32
-        # and bf16 states): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program
+        # The warp-specialized kernel (`forge.kernels.wgrad_update_ws`, shipped on Hopper for every
+        # state dtype): a loader warp and 4 MMA warps beside 8 or 4 epilogue warps, one program
         # per SM; with and without the fast epilogue (approximate sqrt and division, hardware bf16
         # rounding); with 8 warps, also with overlapped slices (the fast epilogue in 32-row slices,
         # the exact one in 16-row slices, where it fits its 152 registers).
@@ -103,6 +103,19 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         + [
             dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True),
             dict(warp_specialized_base, epilogue_rows=16, overlap_slices=True),
+            # 256 x 128 tiles: two MMA warpgroups share each x tile, a quarter fewer operand bytes
+            # through L2 per weight than 128 x 128 (what bounds the kernel at large T, perf notes,
+            # thirteenth session); 4 epilogue warps fit beside them, and a ring of 3 x 32 tokens
+            # beside the 132 KiB staging buffer
+            dict(
+                warp_specialized_base,
+                block_n=256,
+                block_t=32,
+                num_stages=3,
+                num_warps=4,
+                epilogue_rows=16,
+                fast_epilogue=True,
+            ),
         ],
     }
 
@@ -188,7 +201,8 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
-    options = dict(num_warps=config["num_warps"], maxnreg=wgrad_update_ws.max_registers(config["num_warps"]))
+    maxnreg = wgrad_update_ws.max_registers(config["num_warps"], bn)
+    options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 

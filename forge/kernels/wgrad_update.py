@@ -482,7 +482,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
         FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
     )
-    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps))
+    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
     grid = (min(tiles, _multiprocessors(dy.device)),)
     return _Plan(cfg, "gluon", grid, _cdiv(K, int8_group), constexprs, options, False)
 

@@ -8,8 +8,9 @@ three groups of warps at once (Gluon's `warp_specialize`), handing tiles along t
 memory and mbarriers:
 
     loader    1 warp     TMA copies of dy and x tiles into a ring of `num_stages` slots
-    MMA       4 warps    wgmma over the ring into a (BLOCK_N, BLOCK_K) fp32 accumulator in
-                         registers; the finished tile goes to a staging buffer in shared memory
+    MMA       4-8 warps  wgmma over the ring into a (BLOCK_N, BLOCK_K) fp32 accumulator in
+                         registers, one warpgroup per 128 rows (a 256-row tile shares each x tile
+                         between two); the finished tile goes to a staging buffer in shared memory
     epilogue  4-8 warps  the optimizer update of the staged tile, `epilogue_rows` rows at a time:
                          the same `update_tile` code as the Triton kernel (every rule, fp32, bf16
                          and int8 states, stochastic rounding, steps read from memory)
@@ -51,6 +52,9 @@ GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as t
 # (232, the first choice, left them 128, where the exact epilogue with the grouped stochastic
 # rounding of `forge.kernels.rounding` spilled 8-88 bytes under triton 3.9).
 MMA_REGS = gl.constexpr(184)
+# A 256-row tile takes two MMA warpgroups (8 warps, 128 accumulator registers each, as above) and
+# leaves 4 epilogue warps: 160 for the MMA warps leaves those 168.
+WIDE_MMA_REGS = gl.constexpr(160)
 LOADER_REGS = gl.constexpr(24)
 
 
@@ -93,7 +97,9 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
     BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_K, 16])
+    # one warpgroup per 128 rows of the tile (`mma_warps`)
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BLOCK_N // 32, 1],
+                                                     instr_shape=[16, BLOCK_K, 16])
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots consumed so far, over all tiles
     done = 0  # tiles handed over
@@ -216,6 +222,7 @@ def wgrad_update_ws_kernel(
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
 ):
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]  # 128 or 256 rows: one MMA warpgroup per 128
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
@@ -226,7 +233,7 @@ def wgrad_update_ws_kernel(
                                OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),
-    ], [4, 1], [MMA_REGS, LOADER_REGS])
+    ], [BLOCK_N // 32, 1], [MMA_REGS if BLOCK_N == 128 else WIDE_MMA_REGS, LOADER_REGS])
 
 
 @functools.cache
@@ -244,9 +251,15 @@ def descriptor(t, block_shape):
     return TensorDescriptor.from_tensor(t, [rows, cols], _shared_layout(rows, cols))
 
 
-def max_registers(epilogue_warps: int) -> int:
+def mma_warps(block_n: int) -> int:
+    """MMA warps of a tile of `block_n` rows (128 or 256): one warpgroup per 128 rows."""
+    return block_n // 32
+
+
+def max_registers(epilogue_warps: int, block_n: int = 128) -> int:
     """The kernel-wide register cap: warps are allocated by groups of four (epilogue, MMA, loader:
-    12 or 16 warps in all) and all of them must fit the multiprocessor's 64 Ki registers; the
-    loader then gives back to 24, the MMA warps take MMA_REGS and the epilogue what is left."""
-    warps = epilogue_warps + 4 + 4
+    12 to 16 warps in all) and all of them must fit the multiprocessor's 64 Ki registers; the
+    loader then gives back to 24, the MMA warps take MMA_REGS (WIDE_MMA_REGS for 256 rows) and the
+    epilogue what is left."""
+    warps = epilogue_warps + mma_warps(block_n) + 4
     return min(255, 65536 // (warps * 32)) // 8 * 8
