@@ -204,7 +204,7 @@ def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
 @gluon.jit(do_not_specialize=["seed"])
 def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
-    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place (else unread)
     dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
     x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
