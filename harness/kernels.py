@@ -211,17 +211,29 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
     torch.cuda.empty_cache()
 
 
-def tune(out: Path, meta: dict, groups: list[str] | None = None, state_dtypes=("bf16", "int8")) -> None:
+# The shapes (N, K) the tuner times candidates on: Llama-3.1-8B's gate, q and k, and Qwen3-14B's k
+# (320 tiles of 128 x 128: 2.4 per multiprocessor, its worst points in the kernel table).
+TUNE_POINTS = {"gate": (14336, 4096), "q": (4096, 4096), "k": (1024, 4096), "qwen_k": (1024, 5120)}
+TUNE_DEFAULT_POINTS = ("gate", "q", "k")
+
+
+def tune(
+    out: Path,
+    meta: dict,
+    groups: list[str] | None = None,
+    state_dtypes=("bf16", "int8"),
+    points=TUNE_DEFAULT_POINTS,
+) -> None:
     """Time candidate launch configs of the fused kernel (AdamW; bf16 and int8 states unless asked)
     offline: the named groups of `harness.kernel_build.candidate_groups` (default all; the shipped
-    configs always, as the reference)."""
+    configs always, as the reference) on the named `TUNE_POINTS`."""
     from forge.kernels.wgrad_update import KernelConfig
     from harness.kernel_build import candidates as candidate_fields
 
     candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
-    points = [("gate", 14336, 4096), ("q", 4096, 4096), ("k", 1024, 4096)]
+    shapes = [(name, *TUNE_POINTS[name]) for name in points]
     tokens = (1024, 2048, 8192, 16384)
-    for (name, N, K), T, state_dtype in itertools.product(points, tokens, state_dtypes):
+    for (name, N, K), T, state_dtype in itertools.product(shapes, tokens, state_dtypes):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         for cfg in candidates:
@@ -269,6 +281,13 @@ def main(argv: list[str]) -> int:
         choices=list(STATE_DTYPES),
         help="with --tune: optimizer state dtypes to time the candidates with",
     )
+    parser.add_argument(
+        "--points",
+        nargs="*",
+        default=list(TUNE_DEFAULT_POINTS),
+        choices=list(TUNE_POINTS),
+        help="with --tune: the shapes to time the candidates on",
+    )
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     args = parser.parse_args(argv)
@@ -288,7 +307,7 @@ def main(argv: list[str]) -> int:
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.tune:
-        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups, args.state_dtypes)
+        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups, args.state_dtypes, args.points)
         return 0
     ceilings = measure_ceilings()
     print(

@@ -9,7 +9,8 @@
 # Each argument is one step, run in order: `tests` runs tests/test_gpu.py and tests/test_gpu_graphs.py;
 # `tune [GROUPS]` times the fused kernel's candidate launch configs (`python -m harness kernels
 # --tune`, results/kernels/tuning-*; GROUPS: names from harness.kernel_build.candidate_groups,
-# e.g. 'tune wide', default all);
+# e.g. 'tune wide', default all; or the tuner's own options, e.g.
+# 'tune --groups evict_first --points gate k qwen_k');
 # `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
 # host time per autograd node; its JSON goes to $OUT), e.g.
 # 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
@@ -54,9 +55,14 @@ for step in "$@"; do
   echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
   start=$(($(wc -l <"$log") + 1))
   if [ "${step%% *}" = tune ]; then
-    groups=${step#tune}
-    # shellcheck disable=SC2086  # one candidate group per word
-    timeout -k 10 "$left" python3 -m harness kernels --tune ${groups:+--groups $groups} >>"$log" 2>&1 || rc=$?
+    options=${step#tune}
+    options=${options# }
+    case "$options" in
+      "" | --*) ;;                       # nothing, or the tuner's own options
+      *) options="--groups $options" ;;  # candidate group names
+    esac
+    # shellcheck disable=SC2086  # one option or name per word
+    timeout -k 10 "$left" python3 -m harness kernels --tune $options >>"$log" 2>&1 || rc=$?
     tail -n +"$start" "$log" | tail -n 25
     continue
   fi

@@ -271,6 +271,10 @@ class KernelConfig:
     # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
+    # Warp-specialized only: the update's loads and stores evict first from L1 and L2 (PTX
+    # L2::evict_first cache hints). Every byte of W and the states is touched once per step, while
+    # the MMA warps reread each dy and x tile from L2 for every tile of its row or column.
+    evict_first: bool = False
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -291,15 +295,14 @@ _HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue
 _HOPPER_SMALL_T = {"int8": replace(_HOPPER, block_n=64, epilogue_split=4, overlap_slices=True)}
 _HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # spill-free for bf16 states
 _HOST_BOUND_FLOPS = 2e10
-# The warp-specialized kernel (docs/perf-notes.md, tenth and eleventh sessions), launched by default
-# on grids of at least four tiles per multiprocessor, where it measured faster than the Triton
-# kernel on the H200 (Llama-3.1-8B gate and q shapes). Both state dtypes take 8 epilogue warps and
-# overlapped slices at every T (results/tuning/tuning-20261130-040116.jsonl, twelfth session): fp32
-# states the exact epilogue in 16-row slices, 0.957-0.989x the previous table on the 8 gate and q
-# points (8 warps in 32-row slices at T <= 2048, 4 warps above); bf16 states the fast epilogue in
-# 32-row slices, 0.956-0.997x the fast epilogue without overlap at T <= 2048 and 0.962-1.006x the
-# exact epilogue above. Against the Triton kernel: 0.71-0.85x (bf16) and 0.89-0.95x (fp32) at
-# T <= 2048. On k and v (256 tiles) it measured 1.0-1.17x (eleventh session): those and GEMMs
+# The warp-specialized kernel (docs/perf-notes.md, tenth to fourteenth sessions), launched by
+# default where it measured faster than the Triton kernel on the H200 (`_WS_MIN_TILES_PER_SM`).
+# Both state dtypes take 8 epilogue warps and overlapped slices at every T
+# (results/tuning/tuning-20261130-040116.jsonl, twelfth session): fp32 states the exact epilogue in
+# 16-row slices, 0.957-0.989x the previous table on the 8 gate and q points (8 warps in 32-row
+# slices at T <= 2048, 4 warps above); bf16 states the fast epilogue in 32-row slices,
+# 0.956-0.997x the fast epilogue without overlap at T <= 2048 and 0.962-1.006x the exact epilogue
+# above. Against the Triton kernel: 0.71-0.85x (bf16) and 0.89-0.95x (fp32) at T <= 2048. GEMMs
 # shorter than their launch take the Triton kernel unless a config asks. int8 states (thirteenth
 # session) take bf16's config: their codes step by ~1/254 of a group's maximum, so the fast
 # epilogue's few fp32 ulps move a code only on a rounding boundary; it builds without spills
@@ -307,15 +310,21 @@ _HOST_BOUND_FLOPS = 2e10
 # fast quantization divides by one reciprocal per group, `quant._scaled`). Measured against the
 # Triton kernel on the large Llama-3.1-8B layers: 0.67-0.82x at T <= 4096, 0.83-0.94x above
 # (results/kernels/kernels-20261130-061909.jsonl against -054537.jsonl).
+# Fourteenth session: the update's loads and stores evict first from L2 (`evict_first`), leaving it
+# to the operand tiles the MMA warps reread (measured: docs/perf-notes.md, fourteenth session).
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
-                          epilogue_rows=32, overlap_slices=True)
+                          epilogue_rows=32, overlap_slices=True, evict_first=True)
 _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
     "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
 _WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
-_WS_MIN_TILES_PER_SM = 4
+# Grids smaller than this many tiles per multiprocessor keep the Triton kernel. bf16 and int8
+# states take the warp-specialized one from one tile per multiprocessor: on Llama-3.1-8B's k (256
+# tiles) it measured 0.76-0.99x the Triton kernel at T = 1024-16384 but int8 at T = 16384 (1.04x;
+# results/kernels/tuning-20261130-073825.jsonl). fp32 states are not yet timed there.
+_WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
 
 
 @functools.lru_cache(maxsize=256)  # asked on every launch; a few shapes per model
@@ -344,7 +353,7 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
             or not _is_hopper(dy.device)):
         return None
     config = _HOPPER_WS_DEFAULTS[state_dtype]
-    if _cdiv(N, config.block_n) * _cdiv(K, config.block_k) < _WS_MIN_TILES_PER_SM * _multiprocessors(dy.device):
+    if _cdiv(N, config.block_n) * _cdiv(K, config.block_k) < _WS_MIN_TILES_PER_SM[state_dtype] * _multiprocessors(dy.device):
         return None
     return config
 
@@ -441,8 +450,9 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
             f"{'/'.join(_WS_STATE_DTYPES)} states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
             "FORGE choose the kernel"
         )
-    if config is not None and config.fast_epilogue and not config.warp_specialized:
-        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
+    for option in ("fast_epilogue", "evict_first"):
+        if config is not None and getattr(config, option) and not config.warp_specialized:
+            raise ValueError(f"KernelConfig.{option} is an option of the warp-specialized kernel (warp_specialized=True)")
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
                                       state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
@@ -481,6 +491,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
         FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
+        EVICT_FIRST=cfg.evict_first,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
     grid = (min(tiles, _multiprocessors(dy.device)),)
