@@ -61,7 +61,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         warp_specialized=True,
         epilogue_rows=32,
     )
-    warp_specialized_shipped = dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True)
     return {
         "shipped": shipped,
         "tiles": [
@@ -102,7 +101,7 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             for fast_epilogue in (False, True)
         ]
         + [
-            warp_specialized_shipped,
+            dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True),
             dict(warp_specialized_base, epilogue_rows=16, overlap_slices=True),
             # 256 x 128 tiles: two MMA warpgroups share each x tile, a quarter fewer operand bytes
             # through L2 per weight than 128 x 128 (what bounds the kernel at large T, perf notes,
@@ -118,11 +117,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 fast_epilogue=True,
             ),
         ],
-        # The shipped warp-specialized config with and without L2::evict_first hints on the update's
-        # loads and stores (`KernelConfig.evict_first`): the bounds probe (thirteenth session) had
-        # the two halves contending for L2, where the update's bytes, touched once, push out the
-        # dy and x tiles the MMA warps reread.
-        "evict_first": [dict(warp_specialized_shipped, evict_first=evict) for evict in (False, True)],
     }
 
 
@@ -197,7 +191,6 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         ROWS=config["epilogue_rows"],
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
-        EVICT_FIRST=config.get("evict_first", False),
     )
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
@@ -426,7 +419,6 @@ def _describe_warp_specialized(c: dict) -> str:
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
         + (", fast epilogue" if c.get("fast_epilogue") else "")
         + (", overlapped slices" if c.get("overlap_slices") else "")
-        + (", L2 evict-first update" if c.get("evict_first") else "")
     )
 
 
@@ -466,7 +458,6 @@ def main(argv: list[str]) -> int:
         "warp_specialized",
         "epilogue_rows",
         "fast_epilogue",
-        "evict_first",
         "int8_group",
         *ELEMENTWISE,
     }

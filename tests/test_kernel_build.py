@@ -148,8 +148,7 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
     assert all(fast[key] < 0.8 * exact[key] for key in exact), (exact, fast)
 
 
-@pytest.mark.parametrize("option", ["fast_epilogue", "evict_first"])
-def test_the_epilogue_options_belong_to_the_warp_specialized_kernel_only(option):
+def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
     import torch
 
     from forge.kernels.wgrad_update import KernelConfig, wgrad_update
@@ -159,8 +158,8 @@ def test_the_epilogue_options_belong_to_the_warp_specialized_kernel_only(option)
     h = resolve_hparams(rule, dict(lr=0.1))
     w = torch.zeros(32, 64, dtype=torch.bfloat16)
     dy, x = torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
-    config = KernelConfig(block_n=32, block_k=64, block_t=16, num_warps=4, **{option: True})
-    with pytest.raises(ValueError, match=f"{option} is an option of the warp-specialized"):
+    config = KernelConfig(block_n=32, block_k=64, block_t=16, num_warps=4, fast_epilogue=True)
+    with pytest.raises(ValueError, match="warp-specialized"):
         wgrad_update(
             w, (None,) * 3, (None,) * 3, (False,) * 3, dy, x, rule.coefficients(h, 1, {}), 0,
             rule="sgd", flags=rule.flags(h), state_dtype="bf16", stochastic_rounding=False, config=config,
@@ -201,9 +200,9 @@ def test_a_warp_specialized_config_where_it_cannot_run_says_why():
 def test_forge_launches_the_warp_specialized_kernel_where_it_measured_faster(monkeypatch):
     """On Hopper (faked here), unasked: bf16 and int8 states on grids of at least one tile per SM,
     fp32 states on four, take the warp-specialized kernel (0.71-0.95x the Triton kernel on the H200
-    at T <= 2048) with 8 epilogue warps, overlapped slices and evict-first update traffic, bf16 and
-    int8 states with the fast epilogue; smaller grids, GEMMs shorter than their launch and
-    FORGE_WARP_SPECIALIZED=0 keep the Triton one."""
+    at T <= 2048) with 8 epilogue warps and overlapped slices, bf16 and int8 states with the fast
+    epilogue; smaller grids, GEMMs shorter than their launch and FORGE_WARP_SPECIALIZED=0 keep the
+    Triton one."""
     import torch
 
     from forge.kernels import wgrad_update as w
@@ -220,19 +219,18 @@ def test_forge_launches_the_warp_specialized_kernel_where_it_measured_faster(mon
             config.fast_epilogue,
             config.overlap_slices,
             config.epilogue_rows,
-            config.evict_first,
         )
 
-    assert chosen("fp32", 1024, 14336, 4096) == (8, False, True, 16, True)  # gate at T = 1024
-    assert chosen("fp32", 4096, 4096, 4096) == (8, False, True, 16, True)  # q at T = 4096
-    assert chosen("bf16", 1024, 14336, 4096) == (8, True, True, 32, True)  # the fast epilogue
-    assert chosen("bf16", 8192, 4096, 4096) == (8, True, True, 32, True)
+    assert chosen("fp32", 1024, 14336, 4096) == (8, False, True, 16)  # gate at T = 1024
+    assert chosen("fp32", 4096, 4096, 4096) == (8, False, True, 16)  # q at T = 4096
+    assert chosen("bf16", 1024, 14336, 4096) == (8, True, True, 32)  # the fast epilogue
+    assert chosen("bf16", 8192, 4096, 4096) == (8, True, True, 32)
     assert chosen("fp32", 4096, 1024, 4096) is None  # k: 256 tiles for 132 SMs
-    assert chosen("bf16", 4096, 1024, 4096) == (8, True, True, 32, True)
-    assert chosen("int8", 16384, 1024, 5120) == (8, True, True, 32, True)  # Qwen3-14B's k: 320 tiles
+    assert chosen("bf16", 4096, 1024, 4096) == (8, True, True, 32)
+    assert chosen("int8", 16384, 1024, 5120) == (8, True, True, 32)  # Qwen3-14B's k: 320 tiles
     assert chosen("bf16", 4096, 1024, 1024) is None  # 64 tiles
     assert chosen("fp32", 256, 4096, 4096) is None  # 8.6e9 FLOPs: shorter than its launch
-    assert chosen("int8", 1024, 14336, 4096) == (8, True, True, 32, True)
+    assert chosen("int8", 1024, 14336, 4096) == (8, True, True, 32)
     monkeypatch.setenv("FORGE_WARP_SPECIALIZED", "0")
     assert chosen("fp32", 1024, 14336, 4096) is None
     assert chosen("bf16", 1024, 14336, 4096) is None

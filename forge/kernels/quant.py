@@ -120,14 +120,13 @@ def load_state_raw(
     mask,  # (ROWS, COLS) bool
     scale_mask,  # (ROWS, COLS // QGROUP) bool
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
-    EVICT_FIRST: tl.constexpr = False,  # the loads evict first from L1 and L2 (bytes read once)
 ):
     """A tile of one state slot as stored: (values, scales), the scales only for int8 (else the
     values again). Loading apart from decoding lets a caller issue the loads early."""
-    values = tl.load(ptr + offs, mask=mask, other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
+    values = tl.load(ptr + offs, mask=mask, other=0)
     scales = values
     if STATE_DTYPE == "int8":
-        scales = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
+        scales = tl.load(scale_ptr + scale_offs, mask=scale_mask, other=0.0)
     return values, scales
 
 
@@ -172,7 +171,6 @@ def store_state(
     FAST: tl.constexpr = False,  # GPU only. bf16: the hardware's round-to-nearest (`rounding.store_weight`);
     # int8: approximate division and square root (`_divide`)
     LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert the grouped results to the offsets' layouts
-    EVICT_FIRST: tl.constexpr = False,  # the stores evict first, as in `load_state_raw`
 ):
     """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
@@ -185,16 +183,15 @@ def store_state(
         if LAYOUTS:
             q = gl.convert_layout(q, offs.type.layout)
             scale = gl.convert_layout(scale, scale_offs.type.layout)
-        tl.store(ptr + offs, q, mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
-        # exact: rounded up
-        tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+        tl.store(ptr + offs, q, mask=mask)
+        tl.store(scale_ptr + scale_offs, scale.to(tl.bfloat16), mask=scale_mask)  # exact: rounded up
     elif STATE_DTYPE == "bf16":
         if FAST:
-            tl.store(ptr + offs, x.to(tl.bfloat16), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+            tl.store(ptr + offs, x.to(tl.bfloat16), mask=mask)
         else:
-            tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+            tl.store(ptr + offs, round_to_bf16_nearest(x), mask=mask)
     else:
-        tl.store(ptr + offs, x, mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+        tl.store(ptr + offs, x, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------

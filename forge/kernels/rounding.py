@@ -77,15 +77,14 @@ def store_weight(
     rows_cols,  # (rows, cols, K): the elements' row and column vectors and row length (`noise_index`)
     STOCHASTIC_ROUNDING: tl.constexpr,
     NATIVE: tl.constexpr = False,  # GPU only: round to nearest by the hardware's conversion (same bits)
-    EVICT_FIRST: tl.constexpr = False,  # the store evicts first from L1 and L2 (bytes written once)
 ):
     if ptr.dtype.element_ty == tl.bfloat16:
         if STOCHASTIC_ROUNDING:
             rows, cols, K = rows_cols
-            tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, noise_index(rows, cols, K)), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+            tl.store(ptr + offs, round_to_bf16_stochastic(w, seed, noise_index(rows, cols, K)), mask=mask)
         elif NATIVE:
-            tl.store(ptr + offs, w.to(tl.bfloat16), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+            tl.store(ptr + offs, w.to(tl.bfloat16), mask=mask)
         else:
-            tl.store(ptr + offs, round_to_bf16_nearest(w), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+            tl.store(ptr + offs, round_to_bf16_nearest(w), mask=mask)
     else:
-        tl.store(ptr + offs, w.to(ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first" if EVICT_FIRST else "")
+        tl.store(ptr + offs, w.to(ptr.dtype.element_ty), mask=mask)

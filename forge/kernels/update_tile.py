@@ -61,18 +61,17 @@ def load_tile_at(
     offsets,  # (offs, mask, scale_offs, scale_mask, rows_cols) of the tile: `tile_offsets` or `offsets_of`
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr, STATE_DTYPE: tl.constexpr,
-    EVICT_FIRST: tl.constexpr = False,  # the loads leave L2 to the GEMM's operands (read once)
 ):
     """`load_tile` at offsets the caller built."""
     offs, mask, scale_offs, scale_mask, _ = offsets
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     s1, q1, s2, q2, s3, q3 = w, w, w, w, w, w
     if HAS_S1:
-        s1, q1 = load_state_raw(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE, EVICT_FIRST)
+        s1, q1 = load_state_raw(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
     if HAS_S2:
-        s2, q2 = load_state_raw(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE, EVICT_FIRST)
+        s2, q2 = load_state_raw(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
     if HAS_S3:
-        s3, q3 = load_state_raw(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE, EVICT_FIRST)
+        s3, q3 = load_state_raw(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
     return w, s1, q1, s2, q2, s3, q3
 
 
@@ -110,7 +109,6 @@ def finish_tile_at(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding
     LAYOUTS: tl.constexpr = False,  # a Gluon caller: int8 states convert between register layouts
-    EVICT_FIRST: tl.constexpr = False,  # the stores too, as in `load_tile_at`
 ):
     """`finish_tile` at offsets the caller built."""
     offs, mask, scale_offs, scale_mask, rows_cols = offsets
@@ -130,12 +128,12 @@ def finish_tile_at(
 
     # The states first: their tiles are dead before the weight's stochastic rounding needs registers.
     if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST, LAYOUTS, EVICT_FIRST)
+        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST, LAYOUTS)
     if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST, LAYOUTS, EVICT_FIRST)
+        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST, LAYOUTS)
     if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST, LAYOUTS, EVICT_FIRST)
-    store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST, EVICT_FIRST)
+        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST, LAYOUTS)
+    store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
 
 
 @triton.jit

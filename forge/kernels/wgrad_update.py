@@ -271,10 +271,6 @@ class KernelConfig:
     # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
-    # Warp-specialized only: the update's loads and stores evict first from L1 and L2 (PTX
-    # L2::evict_first cache hints). Every byte of W and the states is touched once per step, while
-    # the MMA warps reread each dy and x tile from L2 for every tile of its row or column.
-    evict_first: bool = False
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -310,10 +306,8 @@ _HOST_BOUND_FLOPS = 2e10
 # fast quantization divides by one reciprocal per group, `quant._scaled`). Measured against the
 # Triton kernel on the large Llama-3.1-8B layers: 0.67-0.82x at T <= 4096, 0.83-0.94x above
 # (results/kernels/kernels-20261130-061909.jsonl against -054537.jsonl).
-# Fourteenth session: the update's loads and stores evict first from L2 (`evict_first`), leaving it
-# to the operand tiles the MMA warps reread (measured: docs/perf-notes.md, fourteenth session).
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
-                          epilogue_rows=32, overlap_slices=True, evict_first=True)
+                          epilogue_rows=32, overlap_slices=True)
 _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
     "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
@@ -321,9 +315,11 @@ _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
 }
 _WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
 # Grids smaller than this many tiles per multiprocessor keep the Triton kernel. bf16 and int8
-# states take the warp-specialized one from one tile per multiprocessor: on Llama-3.1-8B's k (256
-# tiles) it measured 0.76-0.99x the Triton kernel at T = 1024-16384 but int8 at T = 16384 (1.04x;
-# results/kernels/tuning-20261130-073825.jsonl). fp32 states are not yet timed there.
+# states take the warp-specialized one from one tile per multiprocessor (fourteenth session,
+# results/kernels/tuning-20261130-073825.jsonl and -080010.jsonl): against the Triton kernel, on
+# Qwen3-14B's k (320 tiles) 0.77-0.92x (bf16) and 0.77-0.90x (int8) at T = 1024-16384; on
+# Llama-3.1-8B's k (256 tiles) 0.91-1.05x (bf16) and 0.76-1.04x (int8) over the two runs. fp32
+# states are not timed there.
 _WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
 
 
@@ -450,9 +446,8 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
             f"{'/'.join(_WS_STATE_DTYPES)} states (got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let "
             "FORGE choose the kernel"
         )
-    for option in ("fast_epilogue", "evict_first"):
-        if config is not None and getattr(config, option) and not config.warp_specialized:
-            raise ValueError(f"KernelConfig.{option} is an option of the warp-specialized kernel (warp_specialized=True)")
+    if config is not None and config.fast_epilogue and not config.warp_specialized:
+        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
                                       state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
@@ -491,7 +486,6 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
         FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
-        EVICT_FIRST=cfg.evict_first,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
     grid = (min(tiles, _multiprocessors(dy.device)),)

@@ -132,13 +132,10 @@ def _epilogue_partition(
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
-    EVICT_FIRST: gl.constexpr,
 ):
     """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
     OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
-    a tile's first slice before its gradient is ready: they do not depend on it. With EVICT_FIRST
-    the update's loads and stores evict first from L1 and L2: each of their bytes is touched once,
-    so L2 is left to the dy and x tiles the MMA warps reread."""
+    a tile's first slice before its gradient is ready: they do not depend on it."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
@@ -155,7 +152,7 @@ def _epilogue_partition(
         if OVERLAP_SLICES:
             offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
             loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, EVICT_FIRST)
+                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
         mbarrier.wait(acc_ready, done & 1)
         for r in gl.static_range(BLOCK_N // ROWS):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
@@ -165,15 +162,15 @@ def _epilogue_partition(
             if not OVERLAP_SLICES:
                 offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                      HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, EVICT_FIRST)
+                                      HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
             elif r + 1 < BLOCK_N // ROWS:
                 next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, EVICT_FIRST)
+                                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True, EVICT_FIRST)
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
             if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
                 offsets, loaded = next_offsets, next_loaded
         done += 1
@@ -224,7 +221,6 @@ def wgrad_update_ws_kernel(
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
-    EVICT_FIRST: gl.constexpr,  # the update's loads and stores evict first from L1 and L2
 ):
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]  # 128 or 256 rows: one MMA warpgroup per 128
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
@@ -234,7 +230,7 @@ def wgrad_update_ws_kernel(
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
-                               OVERLAP_SLICES, EVICT_FIRST)),
+                               OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),
     ], [BLOCK_N // 32, 1], [MMA_REGS if BLOCK_N == 128 else WIDE_MMA_REGS, LOADER_REGS])
