@@ -117,6 +117,13 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 fast_epilogue=True,
             ),
         ],
+        # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
+        # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
+        # operand bytes per weight through L2; beside the shipped warp-specialized config
+        "narrow": [
+            dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
+            for block_k in (128, 64)
+        ],
     }
 
 

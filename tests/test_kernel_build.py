@@ -124,13 +124,14 @@ def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp32", "int8"])
 def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
     """`forge.kernels.wgrad_update_ws` (Gluon; shipped on Hopper for every state dtype) builds for
-    sm_90 at 8 and 4 epilogue warps, and on 256-row tiles with two MMA warpgroups: no spills (up to
-    8 bytes where slices overlap: triton 3.9 spills that much for fp32 states), the register cap its
-    warps fit under, one program per multiprocessor with its ring and staging buffer in shared
-    memory."""
+    sm_90 at 8 and 4 epilogue warps, on 256-row tiles with two MMA warpgroups and on 64-column
+    tiles: no spills (up to 8 bytes where slices overlap: triton 3.9 spills that much for fp32
+    states), the register cap its warps fit under, one program per multiprocessor with its ring and
+    staging buffer in shared memory."""
     from forge.kernels.wgrad_update_ws import max_registers
 
-    configs = kernel_build.candidate_groups()["warp_specialized"]
+    groups = kernel_build.candidate_groups()
+    configs = groups["warp_specialized"] + groups["narrow"]
     built = kernel_build.resources(configs, arch=90, state_dtype=state_dtype)
     for config, r in zip(configs, built):
         assert r["registers"] == max_registers(config["num_warps"], config["block_n"]), config

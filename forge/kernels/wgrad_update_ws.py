@@ -139,7 +139,8 @@ def _epilogue_partition(
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    THREADS_K: gl.constexpr = BLOCK_K // 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
     if STEPS_IN_MEMORY:
         h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
