@@ -10,7 +10,7 @@
 # `tune [GROUPS]` times the fused kernel's candidate launch configs (`python -m harness kernels
 # --tune`, results/kernels/tuning-*; GROUPS: names from harness.kernel_build.candidate_groups,
 # e.g. 'tune wide', default all; or the tuner's own options, e.g.
-# 'tune --groups evict_first --points gate k qwen_k');
+# 'tune --groups narrow --points k qwen_k');
 # `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
 # host time per autograd node; its JSON goes to $OUT), e.g.
 # 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
