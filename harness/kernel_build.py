@@ -106,7 +106,7 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             # 256 x 128 tiles: two MMA warpgroups share each x tile, a quarter fewer operand bytes
             # through L2 per weight than 128 x 128 (what bounds the kernel at large T, perf notes,
             # thirteenth session); 4 epilogue warps fit beside them, and a ring of 3 x 32 tokens
-            # beside the 132 KiB staging buffer. Measured 1.09-2.82x the shipped config (fourteenth
+            # beside the 132 KiB staging buffer. Measured 1.09-3.30x the shipped config (fourteenth
             # session): not shipped
             dict(
                 warp_specialized_base,

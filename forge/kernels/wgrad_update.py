@@ -317,7 +317,7 @@ _WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
 # Grids smaller than this many tiles per multiprocessor keep the Triton kernel. bf16 and int8
 # states take the warp-specialized one from one tile per multiprocessor (fourteenth session,
 # results/kernels/tuning-20261130-073825.jsonl and -080010.jsonl): against the Triton kernel, on
-# Qwen3-14B's k (320 tiles) 0.77-0.92x (bf16) and 0.77-0.90x (int8) at T = 1024-16384; on
+# Qwen3-14B's k (320 tiles) 0.77-0.93x (bf16) and 0.77-0.91x (int8) at T = 1024-16384; on
 # Llama-3.1-8B's k (256 tiles) 0.91-1.05x (bf16) and 0.76-1.04x (int8) over the two runs. fp32
 # states are not timed there.
 _WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
