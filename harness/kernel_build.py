@@ -122,6 +122,13 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
         # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
         # 1.18-1.74x it on Llama's and Qwen's k (fourteenth session): not shipped
+        # Two slices' loads ahead instead of one, beside the shipped config: the epilogue alone moves
+        # the update's bytes at 3.3 TB/s, 0.78 of the copy rate (bounds probe, thirteenth session),
+        # with ~24 KiB in flight per multiprocessor where Little's law at ~1 us wants ~32 KiB
+        "slices_ahead": [
+            dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True, slices_ahead=ahead)
+            for ahead in (1, 2)
+        ],
         "narrow": [
             dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
             for block_k in (128, 64)
@@ -199,7 +206,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         STAGES=config["num_stages"],
         ROWS=config["epilogue_rows"],
         FAST_EPILOGUE=config.get("fast_epilogue", False),
-        OVERLAP_SLICES=config.get("overlap_slices", False),
+        SLICES_AHEAD=config.get("slices_ahead", 1) if config.get("overlap_slices") else 0,
     )
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
@@ -427,7 +434,7 @@ def _describe_warp_specialized(c: dict) -> str:
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
         + (", fast epilogue" if c.get("fast_epilogue") else "")
-        + (", overlapped slices" if c.get("overlap_slices") else "")
+        + (f", {c.get('slices_ahead', 1)} slice(s) ahead" if c.get("overlap_slices") else "")
     )
 
 
@@ -467,6 +474,7 @@ def main(argv: list[str]) -> int:
         "warp_specialized",
         "epilogue_rows",
         "fast_epilogue",
+        "slices_ahead",
         "int8_group",
         *ELEMENTWISE,
     }

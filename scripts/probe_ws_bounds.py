@@ -85,7 +85,7 @@ def bounds_kernel(
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
-    OVERLAP_SLICES: gl.constexpr, MODE: gl.constexpr,
+    SLICES_AHEAD: gl.constexpr, MODE: gl.constexpr,
 ):
     """`wgrad_update_ws_kernel`'s buffers, with MODE choosing the partitions (module docstring)."""
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
@@ -99,7 +99,7 @@ def bounds_kernel(
                                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
-                                FAST_EPILOGUE, OVERLAP_SLICES)),
+                                FAST_EPILOGUE, SLICES_AHEAD)),
                             (_synthetic_mma, workers), (_idle_loader, workers)],
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     else:
@@ -107,7 +107,7 @@ def bounds_kernel(
                                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
-                                FAST_EPILOGUE, OVERLAP_SLICES)),
+                                FAST_EPILOGUE, SLICES_AHEAD)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
 

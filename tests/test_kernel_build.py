@@ -149,6 +149,44 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
     assert all(fast[key] < 0.8 * exact[key] for key in exact), (exact, fast)
 
 
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_two_slices_ahead_build_with_more_registers_for_the_epilogue(state_dtype):
+    """The `slices_ahead` candidates: the epilogue loads W and the states two slices ahead, and
+    the MMA warps give up 16 registers (AHEAD_MMA_REGS) so that the eight epilogue warps hold the
+    extra slice. bf16 states spill at most 16 bytes there (triton 3.6 and 3.9); int8 states 8
+    bytes under triton 3.6, the GPU image's (104 under 3.9), so only bf16's spills are bounded."""
+    from forge.kernels.wgrad_update_ws import AHEAD_MMA_REGS, MMA_REGS, max_registers
+
+    configs = kernel_build.candidate_groups()["slices_ahead"]
+    assert [c.get("slices_ahead") for c in configs] == [1, 2]
+    one, two = kernel_build.resources(configs, arch=90, state_dtype=state_dtype)
+    assert one["registers"] == two["registers"] == max_registers(8)
+    assert one["stack_bytes"] == 0
+    if state_dtype == "bf16":
+        assert two["stack_bytes"] <= 16, two
+    assert AHEAD_MMA_REGS < MMA_REGS  # the 16 registers the epilogue's 8 warps share
+
+
+def test_slices_ahead_is_an_option_of_the_warp_specialized_kernel_only():
+    import torch
+
+    from forge.kernels.wgrad_update import KernelConfig, wgrad_update
+    from forge.rules import get_rule, resolve_hparams
+
+    rule = get_rule("sgd")
+    h = resolve_hparams(rule, dict(lr=0.1))
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    dy, x = torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
+    config = KernelConfig(
+        block_n=32, block_k=64, block_t=16, num_warps=4, overlap_slices=True, slices_ahead=2
+    )
+    with pytest.raises(ValueError, match="slices_ahead=2"):
+        wgrad_update(
+            w, (None,) * 3, (None,) * 3, (False,) * 3, dy, x, rule.coefficients(h, 1, {}), 0,
+            rule="sgd", flags=rule.flags(h), state_dtype="bf16", stochastic_rounding=False, config=config,
+        )  # fmt: skip
+
+
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
     import torch
 

@@ -271,6 +271,10 @@ class KernelConfig:
     # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
+    # Warp-specialized, with overlap_slices: how many slices ahead the epilogue loads W and the
+    # states (1 or 2). Each slice ahead keeps one more slice's loads in flight (more bytes in
+    # flight per multiprocessor) in one more slice's worth of registers.
+    slices_ahead: int = 1
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -448,6 +452,9 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
         )
     if config is not None and config.fast_epilogue and not config.warp_specialized:
         raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
+    if config is not None and config.slices_ahead != 1 and not (config.warp_specialized and config.slices_ahead in (1, 2)):
+        raise ValueError(f"KernelConfig.slices_ahead={config.slices_ahead}: the warp-specialized kernel loads 1 or 2 "
+                         "slices ahead (warp_specialized=True, overlap_slices=True); the Triton kernel 1")
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
                                       state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
@@ -485,7 +492,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
-        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
+        FAST_EPILOGUE=cfg.fast_epilogue, SLICES_AHEAD=cfg.slices_ahead if cfg.overlap_slices else 0,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
     grid = (min(tiles, _multiprocessors(dy.device)),)

@@ -52,6 +52,10 @@ GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as t
 # (232, the first choice, left them 128, where the exact epilogue with the grouped stochastic
 # rounding of `forge.kernels.rounding` spilled 8-88 bytes under triton 3.9).
 MMA_REGS = gl.constexpr(184)
+# Two slices ahead (`SLICES_AHEAD`) hold one more slice of W and states in the epilogue's registers:
+# 168 for the MMA warps leaves 160 to each of 8 epilogue warps, where that builds with at most 16
+# bytes of spills (152 left it 88 bytes, bf16 states, triton 3.6).
+AHEAD_MMA_REGS = gl.constexpr(168)
 # A 256-row tile takes two MMA warpgroups (8 warps, 128 accumulator registers each, as above) and
 # leaves 4 epilogue warps: 160 for the MMA warps leaves those 168.
 WIDE_MMA_REGS = gl.constexpr(160)
@@ -131,13 +135,16 @@ def _epilogue_partition(
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, SLICES_AHEAD: gl.constexpr,
 ):
     """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
-    OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
-    a tile's first slice before its gradient is ready: they do not depend on it."""
+    SLICES_AHEAD 1 or 2 each slice's W and states are loaded that many slices before it is updated,
+    and a tile's first slices before its gradient is ready: they do not depend on it (0: each
+    slice is loaded as it is updated). More slices ahead put more bytes in flight per thread, at a
+    slice's worth of registers each."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    SLICES: gl.constexpr = BLOCK_N // ROWS
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
     THREADS_K: gl.constexpr = BLOCK_K // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
@@ -150,30 +157,39 @@ def _epilogue_partition(
         offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
         groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        if OVERLAP_SLICES:
+        # (offsets, loaded) of the slice to update next and, two ahead, of the one after it
+        if SLICES_AHEAD >= 1:
             offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
             loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+        if SLICES_AHEAD >= 2:
+            offsets1 = offsets_of(n0 + ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+            loaded1 = load_tile_at(offsets1, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
         mbarrier.wait(acc_ready, done & 1)
-        for r in gl.static_range(BLOCK_N // ROWS):
+        for r in gl.static_range(SLICES):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
-            if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
+            if r == SLICES - 1:  # the whole tile is read: the MMA warps may stage the next
                 _partition_barrier()
                 mbarrier.arrive(acc_empty)
-            if not OVERLAP_SLICES:
+            if SLICES_AHEAD == 0:
                 offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-            elif r + 1 < BLOCK_N // ROWS:
-                next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+            elif r + SLICES_AHEAD < SLICES:
+                next_offsets = offsets_of(n0 + (r + SLICES_AHEAD) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                            HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
-            if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
+            if SLICES_AHEAD == 1 and r + 1 < SLICES:
                 offsets, loaded = next_offsets, next_loaded
+            if SLICES_AHEAD == 2 and r + 1 < SLICES:
+                offsets, loaded = offsets1, loaded1
+            if SLICES_AHEAD == 2 and r + 2 < SLICES:
+                offsets1, loaded1 = next_offsets, next_loaded
         done += 1
 
 
@@ -221,7 +237,7 @@ def wgrad_update_ws_kernel(
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
-    OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
+    SLICES_AHEAD: gl.constexpr,  # 0-2: load a slice's W and states that many slices before its update
 ):
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]  # 128 or 256 rows: one MMA warpgroup per 128
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
@@ -231,10 +247,18 @@ def wgrad_update_ws_kernel(
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
-                               OVERLAP_SLICES)),
+                               SLICES_AHEAD)),
         (_mma_partition, workers),
         (_load_partition, workers),
-    ], [BLOCK_N // 32, 1], [MMA_REGS if BLOCK_N == 128 else WIDE_MMA_REGS, LOADER_REGS])
+    ], [BLOCK_N // 32, 1], [_mma_registers(BLOCK_N, SLICES_AHEAD), LOADER_REGS])
+
+
+@gluon.constexpr_function
+def _mma_registers(block_n, slices_ahead):
+    """Registers per thread of the MMA warps (the epilogue's take what they leave)."""
+    if block_n == 256:
+        return WIDE_MMA_REGS
+    return AHEAD_MMA_REGS if slices_ahead >= 2 else MMA_REGS
 
 
 @functools.cache
