@@ -15,16 +15,19 @@ beside cuBLAS's dW GEMM, the shipped launch (`ForgeOptimizer.update_linear`) and
 pass over the same bytes as the update (W and both bf16 states read and written once,
 `torch._foreach_mul_`). AdamW, bf16 weights and states, the bf16 states' shipped config.
 
-    python scripts/probe_ws_bounds.py          # on an H100/H200; JSONL to $OUT (or results/out)
+    python scripts/probe_ws_bounds.py                     # on an H100/H200; JSONL to $OUT (or results/out)
+    python scripts/probe_ws_bounds.py --slices-ahead 2    # the epilogue two slices ahead
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -93,7 +96,7 @@ def bounds_kernel(
     if MODE == "mma_only":
         gl.warp_specialize([(_idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
-                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
     elif MODE == "epilogue_only":
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
@@ -101,7 +104,7 @@ def bounds_kernel(
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
                                 FAST_EPILOGUE, SLICES_AHEAD)),
                             (_synthetic_mma, workers), (_idle_loader, workers)],
-                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
     else:
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
@@ -109,10 +112,10 @@ def bounds_kernel(
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
                                 FAST_EPILOGUE, SLICES_AHEAD)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
-                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
 
 
-def _point(name: str, N: int, K: int, T: int) -> dict:
+def _point(name: str, N: int, K: int, T: int, slices_ahead: int) -> dict:
     from triton.testing import do_bench
 
     import forge
@@ -130,7 +133,7 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
     states, scales, signed = opt._slot_tensors(w, group)
     coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
     kw = opt._kernel_options(group)
-    cfg = wu._HOPPER_WS_DEFAULTS["bf16"]
+    cfg = replace(wu._HOPPER_WS_DEFAULTS["bf16"], slices_ahead=slices_ahead)
     plan = wu._plan(w, states, signed, dy, x, config=cfg, steps_in_memory=False, **kw)
     dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
     x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
@@ -152,7 +155,11 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
     return row
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slices-ahead", type=int, choices=(1, 2), default=1,
+                        help="how many slices ahead the epilogue loads (KernelConfig.slices_ahead; shipped: 1)")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_ws_bounds times a Hopper GPU kernel: run it on an H100/H200")
         return 2
@@ -166,7 +173,7 @@ def main() -> int:
     torch.manual_seed(0)
     for name, (N, K) in SHAPES.items():
         for T in TOKENS:
-            row = dict(meta, **_point(name, N, K, T))
+            row = dict(meta, **_point(name, N, K, T, args.slices_ahead))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             tb = row["update_bytes"] / 1e9
@@ -182,4 +189,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
