@@ -9,7 +9,9 @@ slow timed step can be told apart as compile time rather than a slow step.
 Memory. `torch.cuda.max_memory_allocated/reserved` after `reset_peak_memory_stats` give the
 allocator's peaks; an `NvmlSampler` thread polls the device's used memory every few milliseconds
 for the device-level peak, which also holds the CUDA context and anything outside the allocator.
-On a CPU these figures do not exist and are recorded as null. The breakdown sums the tensors
+On a CPU these figures do not exist and are recorded as null. A `ClockSampler` polls the SM clock,
+power draw and clock-event reasons the same way, for profiles and probes that ask why a kernel
+ran slower. The breakdown sums the tensors
 themselves: weights (parameters), optimizer states (what the optimizer holds, tensor subclasses
 and helper objects walked down to their storages), gradients (modelled per method, see
 `methods.base`), and activations-and-the-rest = peak allocated minus the other three.
@@ -187,6 +189,53 @@ class NvmlSampler:
             self._thread.join()
             self.peak_bytes = max(self.peak_bytes or 0, self._used())
         return self.peak_bytes
+
+
+class ClockSampler(NvmlSampler):
+    """NVML's SM clock, power draw and clock-event reasons for one GPU, polled every `period_s`
+    between start() and stop() by harness.measure's sampler thread (its per-poll hook reads these
+    instead of the memory). Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
+
+    def __init__(self, index: int, period_s: float = 0.01) -> None:
+        self.samples: list[tuple[int, float, int]] = []
+        super().__init__(index, period_s)
+
+    def _sample(self) -> None:
+        nvml, handle = self._nvml, self._handle
+        # nvidia-ml-py renamed "throttle reasons" to "clock event reasons"; either name will do
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        clock = int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        self.samples.append((clock, nvml.nvmlDeviceGetPowerUsage(handle) / 1000, int(reasons(handle))))
+
+    def _reason_names(self, mask: int) -> list[str]:
+        """The single-bit reason constants of NVML set in `mask`, by name (unions left out)."""
+        names = set()
+        for name in dir(self._nvml):
+            value = getattr(self._nvml, name)
+            single = isinstance(value, int) and value > 0 and value & (value - 1) == 0
+            for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
+                if name.startswith(prefix) and single and mask & value:
+                    names.add(name[len(prefix) :])
+        return sorted(names)
+
+    def summary(self) -> dict | None:
+        if not self.samples:
+            return None
+        clocks, power, masks = zip(*self.samples)
+        seen = 0
+        for mask in masks:
+            seen |= mask
+
+        def spread(values):
+            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+        return {
+            "samples": len(self.samples),
+            "sm_clock_mhz": spread(clocks),
+            "power_w": spread(power),
+            "clock_event_reasons": self._reason_names(seen),
+        }
 
 
 def _storages(obj: Any, seen: set[int]) -> Iterable[int]:

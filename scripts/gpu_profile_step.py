@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,58 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import forge  # noqa: E402, F401  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
 from harness import models, runner, tensor_parallel  # noqa: E402
 from harness.config import compose_config  # noqa: E402
-from harness.measure import NvmlSampler  # noqa: E402
+from harness.measure import ClockSampler  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 FUSED_KERNEL = "_wgrad_update_kernel"  # FORGE's fused dW GEMM + update, by its Triton name
-
-
-class ClockSampler(NvmlSampler):
-    """NVML's SM clock, power draw and clock-event reasons for one GPU, polled every `period_s`
-    between start() and stop() by harness.measure's sampler thread (its per-poll hook reads these
-    instead of the memory). Without NVML (a CPU dry run) it samples nothing and summarizes to None."""
-
-    def __init__(self, index: int, period_s: float = 0.01) -> None:
-        self.samples: list[tuple[int, float, int]] = []
-        super().__init__(index, period_s)
-
-    def _sample(self) -> None:
-        nvml, handle = self._nvml, self._handle
-        # nvidia-ml-py renamed "throttle reasons" to "clock event reasons"; either name will do
-        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        clock = int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-        self.samples.append((clock, nvml.nvmlDeviceGetPowerUsage(handle) / 1000, int(reasons(handle))))
-
-    def _reason_names(self, mask: int) -> list[str]:
-        """The single-bit reason constants of NVML set in `mask`, by name (unions left out)."""
-        names = set()
-        for name in dir(self._nvml):
-            value = getattr(self._nvml, name)
-            single = isinstance(value, int) and value > 0 and value & (value - 1) == 0
-            for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
-                if name.startswith(prefix) and single and mask & value:
-                    names.add(name[len(prefix) :])
-        return sorted(names)
-
-    def summary(self) -> dict | None:
-        if not self.samples:
-            return None
-        clocks, power, masks = zip(*self.samples)
-        seen = 0
-        for mask in masks:
-            seen |= mask
-
-        def spread(values):
-            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-        return {
-            "samples": len(self.samples),
-            "sm_clock_mhz": spread(clocks),
-            "power_w": spread(power),
-            "clock_event_reasons": self._reason_names(seen),
-        }
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:

@@ -13,7 +13,10 @@ same tensors, the shipped kernel's partitions alone and together:
 
 beside cuBLAS's dW GEMM, the shipped launch (`ForgeOptimizer.update_linear`) and a multi-tensor
 pass over the same bytes as the update (W and both bf16 states read and written once,
-`torch._foreach_mul_`). AdamW, bf16 weights and states, the bf16 states' shipped config.
+`torch._foreach_mul_`). AdamW, bf16 weights and states, the bf16 states' shipped config. Each
+timing also records the SM clock and power draw NVML reported while it ran (`*_clocks`): where
+the halves add up instead of overlapping (gate at T = 16384), a power-capped GPU would show the
+full kernel at lower clocks than its MMA half alone.
 
     python scripts/probe_ws_bounds.py                     # on an H100/H200; JSONL to $OUT (or results/out)
     python scripts/probe_ws_bounds.py --slices-ahead 2    # the epilogue two slices ahead
@@ -38,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forge.kernels import wgrad_update_ws as ws  # noqa: E402
+from harness.measure import ClockSampler  # noqa: E402
 
 SHAPES = {"gate": (14336, 4096), "q": (4096, 4096)}
 TOKENS = (256, 1024, 4096, 16384)
@@ -143,16 +147,28 @@ def _point(name: str, N: int, K: int, T: int, slices_ahead: int) -> dict:
     def launch(mode):
         return lambda: bounds_kernel[plan.grid](*args, **plan.constexprs, MODE=mode, **plan.options)
 
+    def timed(key, fn):
+        """The median time of fn as row[key + "_ms"], the SM clock and power draw while it ran as
+        row[key + "_clocks"] (a GEMM near the power cap runs at lower clocks)."""
+        clocks = ClockSampler(torch.cuda.current_device(), period_s=0.005).start()
+        row[f"{key}_ms"] = do_bench(fn, return_mode="median")
+        clocks.stop()
+        row[f"{key}_clocks"] = clocks.summary()
+
     row = dict(shape_name=name, T=T, N=N, K=K, config=str(cfg))
     for mode in ("full", "mma_only", "epilogue_only"):
-        row[f"{mode}_ms"] = do_bench(launch(mode), return_mode="median")
-    row["shipped_ms"] = do_bench(lambda: opt.update_linear(w, dy, x), return_mode="median")
-    row["cublas_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+        timed(mode, launch(mode))
+    timed("shipped", lambda: opt.update_linear(w, dy, x))
+    timed("cublas_gemm", lambda: torch.mm(dy.t(), x))
     tensors = [t.detach() for t in (w, *states) if t is not None]
     row["foreach_same_bytes_ms"] = do_bench(lambda: torch._foreach_mul_(tensors, 1.0), return_mode="median")
     row["update_bytes"] = sum(2 * t.numel() * t.element_size() for t in tensors)
     assert torch.isfinite(w).all(), "weights became non-finite during timing"
     return row
+
+
+def _clock(summary: dict | None) -> str:
+    return f"{summary['sm_clock_mhz']['median']:.0f}" if summary else "-"
 
 
 def main(argv: list[str]) -> int:
@@ -180,7 +196,9 @@ def main(argv: list[str]) -> int:
             print(f"{name:5s} T={T:5d} full {row['full_ms']:.4f} shipped {row['shipped_ms']:.4f} | "
                   f"mma_only {row['mma_only_ms']:.4f} cublas {row['cublas_gemm_ms']:.4f} | "
                   f"epilogue_only {row['epilogue_only_ms']:.4f} ({tb / row['epilogue_only_ms']:.2f} TB/s) "
-                  f"foreach {row['foreach_same_bytes_ms']:.4f} ({tb / row['foreach_same_bytes_ms']:.2f} TB/s)",
+                  f"foreach {row['foreach_same_bytes_ms']:.4f} ({tb / row['foreach_same_bytes_ms']:.2f} TB/s) | "
+                  f"SM MHz full {_clock(row['full_clocks'])} mma_only {_clock(row['mma_only_clocks'])} "
+                  f"cublas {_clock(row['cublas_gemm_clocks'])}",
                   flush=True)
             gc.collect()
             torch.cuda.empty_cache()
