@@ -11,6 +11,11 @@ token count T, side by side in one process on one GPU, timed with
   (a) cublas_gemm            torch.mm(dy.t(), x), bf16 out: the weight-gradient GEMM alone;
   (b) gemm_plus_fused_adamw  (a) into .grad, then torch.optim.AdamW(fused=True) on bf16 weights
                              with bf16 states: what the baseline really pays;
+      gemm_plus_fused_adamw_graph
+                             (b) captured in a CUDA graph (capturable=True) and replayed: its GPU
+                             work alone, without the host's launches, which on small layers can
+                             move (b) by 2x from one run to the next (docs/perf-notes.md,
+                             fourteenth session); a stricter baseline than (b), as FORGE stays eager;
   (c) forge                  the fused kernel, per rule (adamw, lion, sgd-momentum) and state dtype.
 
 The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
@@ -134,6 +139,33 @@ def time_baselines(dy, x, N, K) -> tuple[float, float]:
     return gemm, both
 
 
+def time_graphed_baseline(dy, x, N, K) -> float:
+    """(b) captured once in a CUDA graph and replayed: the GEMM into a fixed .grad, then one
+    capturable fused AdamW step (warmed up on a side stream first, as graph capture asks)."""
+    from triton.testing import do_bench
+
+    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    p.grad = torch.empty_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True, capturable=True)
+
+    def step():
+        torch.mm(dy.t(), x, out=p.grad)
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = do_bench(graph.replay, return_mode="median")
+    assert torch.isfinite(p).all(), "weights became non-finite during timing"
+    return ms
+
+
 def _record(base: dict, **fields) -> dict:
     rec = results.empty_record() | base
     rec.update(fields)
@@ -156,16 +188,28 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
     gemm_ms, gemm_adamw_ms = time_baselines(dy, x, N, K)
     flop_ms = 2 * T * N * K / (ceilings["matmul_tflops"] * 1e9)
     bw = ceilings["copy_tbps"] * 1e9
+    baseline_floor = max(flop_ms, baseline_min_bytes(T, N, K) / bw)
     rows = [
         ("cublas_gemm", None, None, gemm_ms, max(flop_ms, 2 * (T * (N + K) + N * K) / bw)),
-        (
-            "gemm_plus_fused_adamw",
-            "adamw",
-            "bf16",
-            gemm_adamw_ms,
-            max(flop_ms, baseline_min_bytes(T, N, K) / bw),
-        ),
+        ("gemm_plus_fused_adamw", "adamw", "bf16", gemm_adamw_ms, baseline_floor),
     ]
+    try:
+        graphed_ms = time_graphed_baseline(dy, x, N, K)
+        rows.append(("gemm_plus_fused_adamw_graph", "adamw", "bf16", graphed_ms, baseline_floor))
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # recorded; the point goes on without it
+        graphed_ms = None
+        results.append(
+            out,
+            _record(
+                base,
+                variant="gemm_plus_fused_adamw_graph",
+                rule="adamw",
+                state_dtype="bf16",
+                status="error",
+                error=f"{type(e).__name__}: {str(e)[:300]}",
+            ),
+        )
+    _release()
     for rule, state_dtype in variants:
         try:
             ms = time_forge(dy, x, N, K, rule, state_dtype)
@@ -197,6 +241,7 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
             tflops=2 * T * N * K / ms / 1e9,
             ratio_to_gemm=ms / gemm_ms,
             ratio_to_gemm_adamw=ms / gemm_adamw_ms,
+            ratio_to_gemm_adamw_graph=ms / graphed_ms if graphed_ms else None,
             floor_ms=floor,
             fraction_of_floor=floor / ms,
         )

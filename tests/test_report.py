@@ -301,6 +301,36 @@ def test_kernel_times_sum_over_one_step_only_when_every_shape_is_measured():
     assert row[6] == "—"  # no sum without every shape
 
 
+def test_the_kernel_summary_sets_forge_beside_the_graphed_baseline_where_a_run_timed_it():
+    """T4 summary: FORGE against "GEMM + fused AdamW" as launched (host included) and as replayed
+    from a CUDA graph; runs that did not time the graphed baseline show a dash there."""
+    from harness.kernel_table import t4_kernels
+
+    def record(shape, variant, ms, **extra):
+        return {"model": "llama3.1-8b", "shape_name": shape, "T": 1024, "N": 8, "K": 8, "status": "ok",
+                "variant": variant, "time_ms": ms, "time": "t", **extra}  # fmt: skip
+
+    records = [
+        record("q", "gemm_plus_fused_adamw", 2.0),
+        record("q", "forge", 1.5, rule="adamw", state_dtype="bf16"),
+    ]
+    records += [
+        record("k", "gemm_plus_fused_adamw", 2.0),
+        record("k", "forge", 1.5, rule="adamw", state_dtype="bf16"),
+    ]
+    summary = t4_kernels(records)[1].table
+    graphed = summary.header.index("Geomean vs graphed")
+    (row,) = summary.rows
+    assert row[summary.header.index("Geomean vs GEMM+AdamW")] == "0.75x" and row[graphed] == "—"
+    records += [
+        record("q", "gemm_plus_fused_adamw_graph", 1.2),
+        record("k", "gemm_plus_fused_adamw_graph", 1.875),
+    ]
+    (row,) = t4_kernels(records)[1].table.rows
+    assert row[graphed] == "1.00x"  # geometric mean of 1.25 and 0.8
+    assert row[summary.header.index("Worst vs graphed")] == "1.25x"
+
+
 def test_checkpointed_capacity_search_gets_its_own_plot(records, tmp_path):
     capped = [r for r in records if r.get("memory_cap_gib") is not None and r.get("gpu_count") == 1]
     checkpointed = [dict(r, activation_checkpointing=True) for r in capped]
