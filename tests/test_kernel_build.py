@@ -167,24 +167,22 @@ def test_two_slices_ahead_build_with_more_registers_for_the_epilogue(state_dtype
     assert AHEAD_MMA_REGS < MMA_REGS  # the 16 registers the epilogue's 8 warps share
 
 
-def test_slices_ahead_is_an_option_of_the_warp_specialized_kernel_only():
-    import torch
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(overlap_slices=True, slices_ahead=2),  # the Triton kernel
+        dict(warp_specialized=True, slices_ahead=2),  # no overlapped slices to load ahead
+        dict(warp_specialized=True, overlap_slices=True, slices_ahead=3),
+    ],
+)
+def test_slices_ahead_is_two_at_most_and_only_for_the_warp_specialized_kernel(fields):
+    from forge.kernels.wgrad_update import KernelConfig
 
-    from forge.kernels.wgrad_update import KernelConfig, wgrad_update
-    from forge.rules import get_rule, resolve_hparams
-
-    rule = get_rule("sgd")
-    h = resolve_hparams(rule, dict(lr=0.1))
-    w = torch.zeros(32, 64, dtype=torch.bfloat16)
-    dy, x = torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
-    config = KernelConfig(
-        block_n=32, block_k=64, block_t=16, num_warps=4, overlap_slices=True, slices_ahead=2
+    with pytest.raises(ValueError, match=f"slices_ahead={fields['slices_ahead']}"):
+        KernelConfig(block_n=128, block_k=128, block_t=64, **fields)
+    KernelConfig(
+        block_n=128, block_k=128, block_t=64, warp_specialized=True, overlap_slices=True, slices_ahead=2
     )
-    with pytest.raises(ValueError, match="slices_ahead=2"):
-        wgrad_update(
-            w, (None,) * 3, (None,) * 3, (False,) * 3, dy, x, rule.coefficients(h, 1, {}), 0,
-            rule="sgd", flags=rule.flags(h), state_dtype="bf16", stochastic_rounding=False, config=config,
-        )  # fmt: skip
 
 
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():

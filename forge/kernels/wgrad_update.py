@@ -276,6 +276,11 @@ class KernelConfig:
     # flight per multiprocessor) in one more slice's worth of registers.
     slices_ahead: int = 1
 
+    def __post_init__(self):
+        if self.slices_ahead != 1 and not (self.warp_specialized and self.overlap_slices and self.slices_ahead == 2):
+            raise ValueError(f"KernelConfig.slices_ahead={self.slices_ahead}: the warp-specialized kernel loads 1 or 2 "
+                             "slices ahead (warp_specialized=True, overlap_slices=True); the Triton kernel 1")
+
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
 # capping registers at 128 lets two programs share a multiprocessor, so one's epilogue (memory-bound)
@@ -452,9 +457,6 @@ def _plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic
         )
     if config is not None and config.fast_epilogue and not config.warp_specialized:
         raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
-    if config is not None and config.slices_ahead != 1 and not (config.warp_specialized and config.slices_ahead in (1, 2)):
-        raise ValueError(f"KernelConfig.slices_ahead={config.slices_ahead}: the warp-specialized kernel loads 1 or 2 "
-                         "slices ahead (warp_specialized=True, overlap_slices=True); the Triton kernel 1")
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, dy, x, weight, states, signed, rule=rule, flags=flags,
                                       state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
