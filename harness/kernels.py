@@ -123,12 +123,18 @@ def _release() -> None:
     torch.cuda.empty_cache()
 
 
+def _baseline_weight(N: int, K: int, capturable: bool = False):
+    """A bf16 (N, K) weight and the baseline's torch fused AdamW over it (bf16 states), the same
+    for the eager and the graphed baseline."""
+    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    return p, torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True, capturable=capturable)
+
+
 def time_baselines(dy, x, N, K) -> tuple[float, float]:
     from triton.testing import do_bench
 
     gemm = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
-    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
-    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True)
+    p, opt = _baseline_weight(N, K)
 
     def step():
         p.grad = torch.mm(dy.t(), x)
@@ -144,9 +150,8 @@ def time_graphed_baseline(dy, x, N, K) -> float:
     capturable fused AdamW step (warmed up on a side stream first, as graph capture asks)."""
     from triton.testing import do_bench
 
-    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    p, opt = _baseline_weight(N, K, capturable=True)
     p.grad = torch.empty_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True, capturable=True)
 
     def step():
         torch.mm(dy.t(), x, out=p.grad)
