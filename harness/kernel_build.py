@@ -118,10 +118,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 fast_epilogue=True,
             ),
         ],
-        # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
-        # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
-        # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
-        # 1.18-1.74x it on Llama's and Qwen's k (fourteenth session): not shipped
         # Two slices' loads ahead instead of one, beside the shipped config: the epilogue alone moves
         # the update's bytes at 3.3 TB/s, 0.78 of the copy rate (bounds probe, thirteenth session),
         # with ~24 KiB in flight per multiprocessor where Little's law at ~1 us wants ~32 KiB
@@ -129,6 +125,10 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True, slices_ahead=ahead)
             for ahead in (1, 2)
         ],
+        # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
+        # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
+        # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
+        # 1.18-1.74x it on Llama's and Qwen's k (fourteenth session): not shipped
         "narrow": [
             dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
             for block_k in (128, 64)
