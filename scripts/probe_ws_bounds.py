@@ -14,12 +14,13 @@ same tensors, the shipped kernel's partitions alone and together:
 beside cuBLAS's dW GEMM, the shipped launch (`ForgeOptimizer.update_linear`) and a multi-tensor
 pass over the same bytes as the update (W and both bf16 states read and written once,
 `torch._foreach_mul_`). AdamW, bf16 weights and states, the bf16 states' shipped config. Each
-timing also records the SM clock and power draw NVML reported while it ran (`*_clocks`): where
-the halves add up instead of overlapping (gate at T = 16384), a power-capped GPU would show the
-full kernel at lower clocks than its MMA half alone.
+timing also records the SM clock and power draw NVML reported while it ran (`*_clocks`). On the
+H200 the MMA half alone runs power-capped at T >= 4096 (~1545 MHz on gate at T = 16384) and the
+full kernel is not (~1965 MHz), yet takes longer: the halves stall each other, they do not share
+power. `--pause` times the full kernel with a paced epilogue (`KernelConfig.epilogue_pause`).
 
     python scripts/probe_ws_bounds.py                     # on an H100/H200; JSONL to $OUT (or results/out)
-    python scripts/probe_ws_bounds.py --slices-ahead 2    # the epilogue two slices ahead
+    python scripts/probe_ws_bounds.py --pause 1.0         # the epilogue paced (KernelConfig.epilogue_pause)
 """
 
 from __future__ import annotations
@@ -83,16 +84,16 @@ def _idle_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_r
     pass
 
 
-@gluon.jit(do_not_specialize=["seed"])
+@gluon.jit(do_not_specialize=["seed", "pause_ns"])
 def bounds_kernel(
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS, pause_ns,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
-    SLICES_AHEAD: gl.constexpr, MODE: gl.constexpr,
+    OVERLAP_SLICES: gl.constexpr, MODE: gl.constexpr,
 ):
     """`wgrad_update_ws_kernel`'s buffers, with MODE choosing the partitions (module docstring)."""
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
@@ -100,26 +101,26 @@ def bounds_kernel(
     if MODE == "mma_only":
         gl.warp_specialize([(_idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
-                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     elif MODE == "epilogue_only":
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
-                                FAST_EPILOGUE, SLICES_AHEAD)),
+                                FAST_EPILOGUE, OVERLAP_SLICES)),
                             (_synthetic_mma, workers), (_idle_loader, workers)],
-                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     else:
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
-                                FAST_EPILOGUE, SLICES_AHEAD)),
+                                FAST_EPILOGUE, OVERLAP_SLICES)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
-                           [4, 1], [ws._mma_registers(128, SLICES_AHEAD), ws.LOADER_REGS])
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
 
 
-def _point(name: str, N: int, K: int, T: int, slices_ahead: int) -> dict:
+def _point(name: str, N: int, K: int, T: int, pause: float) -> dict:
     from triton.testing import do_bench
 
     import forge
@@ -137,12 +138,12 @@ def _point(name: str, N: int, K: int, T: int, slices_ahead: int) -> dict:
     states, scales, signed = opt._slot_tensors(w, group)
     coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
     kw = opt._kernel_options(group)
-    cfg = replace(wu._HOPPER_WS_DEFAULTS["bf16"], slices_ahead=slices_ahead)
+    cfg = replace(wu._HOPPER_WS_DEFAULTS["bf16"], epilogue_pause=pause)
     plan = wu._plan(w, states, signed, dy, x, config=cfg, steps_in_memory=False, **kw)
     dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
     x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
     args = (w, *slot_arguments(w, states, scales), dy_desc, x_desc, T, N, K, plan.num_groups,
-            *step_arguments(w, coeffs, 1, None))
+            round(pause * T), *step_arguments(w, coeffs, 1, None))
 
     def launch(mode):
         return lambda: bounds_kernel[plan.grid](*args, **plan.constexprs, MODE=mode, **plan.options)
@@ -173,8 +174,8 @@ def _clock(summary: dict | None) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--slices-ahead", type=int, choices=(1, 2), default=1,
-                        help="how many slices ahead the epilogue loads (KernelConfig.slices_ahead; shipped: 1)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="ns per token of T the epilogue pauses after each slice (KernelConfig.epilogue_pause)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_ws_bounds times a Hopper GPU kernel: run it on an H100/H200")
@@ -189,7 +190,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     for name, (N, K) in SHAPES.items():
         for T in TOKENS:
-            row = dict(meta, **_point(name, N, K, T, args.slices_ahead))
+            row = dict(meta, **_point(name, N, K, T, args.pause))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             tb = row["update_bytes"] / 1e9

@@ -150,39 +150,28 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
-def test_two_slices_ahead_build_with_more_registers_for_the_epilogue(state_dtype):
-    """The `slices_ahead` candidates: the epilogue loads W and the states two slices ahead, and
-    the MMA warps give up 16 registers (AHEAD_MMA_REGS) so that the eight epilogue warps hold the
-    extra slice. bf16 states spill at most 16 bytes there (triton 3.6 and 3.9); int8 states 8
-    bytes under triton 3.6, the GPU image's (104 under 3.9), so only bf16's spills are bounded."""
-    from forge.kernels.wgrad_update_ws import AHEAD_MMA_REGS, MMA_REGS, max_registers
+def test_the_paced_epilogue_builds_without_spills_and_sleeps_between_slices(state_dtype):
+    """The `pause` candidates (`KernelConfig.epilogue_pause`): the epilogue's pause is a runtime
+    argument, so every pace shares one build, which sleeps (PTX nanosleep) after each of a tile's
+    slices but the last, and spills nothing."""
+    from forge.kernels.wgrad_update_ws import max_registers
 
-    configs = kernel_build.candidate_groups()["slices_ahead"]
-    assert [c.get("slices_ahead") for c in configs] == [1, 2]
-    one, two = kernel_build.resources(configs, arch=90, state_dtype=state_dtype)
-    assert one["registers"] == two["registers"] == max_registers(8)
-    assert one["stack_bytes"] == 0
-    if state_dtype == "bf16":
-        assert two["stack_bytes"] <= 16, two
-    assert AHEAD_MMA_REGS < MMA_REGS  # the 16 registers the epilogue's 8 warps share
+    configs = kernel_build.candidate_groups()["pause"]
+    assert configs[0].get("epilogue_pause") == 0.0 and all(c["epilogue_pause"] > 0 for c in configs[1:])
+    (built,) = kernel_build.resources(configs[1:2], arch=90, state_dtype=state_dtype)
+    assert built["registers"] == max_registers(8) and built["stack_bytes"] == 0, built
+    assert built["sleeps"] == configs[1]["block_n"] // configs[1]["epilogue_rows"] - 1, built
 
 
 @pytest.mark.parametrize(
-    "fields",
-    [
-        dict(overlap_slices=True, slices_ahead=2),  # the Triton kernel
-        dict(warp_specialized=True, slices_ahead=2),  # no overlapped slices to load ahead
-        dict(warp_specialized=True, overlap_slices=True, slices_ahead=3),
-    ],
+    "fields", [dict(epilogue_pause=1.0), dict(warp_specialized=True, epilogue_pause=-1.0)]
 )
-def test_slices_ahead_is_two_at_most_and_only_for_the_warp_specialized_kernel(fields):
+def test_only_the_warp_specialized_epilogue_pauses(fields):
     from forge.kernels.wgrad_update import KernelConfig
 
-    with pytest.raises(ValueError, match=f"slices_ahead={fields['slices_ahead']}"):
+    with pytest.raises(ValueError, match=f"epilogue_pause={fields['epilogue_pause']}"):
         KernelConfig(block_n=128, block_k=128, block_t=64, **fields)
-    KernelConfig(
-        block_n=128, block_k=128, block_t=64, warp_specialized=True, overlap_slices=True, slices_ahead=2
-    )
+    KernelConfig(block_n=128, block_k=128, block_t=64, warp_specialized=True, epilogue_pause=1.0)
 
 
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():

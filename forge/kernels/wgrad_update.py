@@ -271,15 +271,16 @@ class KernelConfig:
     # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
-    # Warp-specialized, with overlap_slices: how many slices ahead the epilogue loads W and the
-    # states (1 or 2). Each slice ahead keeps one more slice's loads in flight (more bytes in
-    # flight per multiprocessor) in one more slice's worth of registers.
-    slices_ahead: int = 1
+    # Warp-specialized only: nanoseconds per token of T that the epilogue warps pause after each
+    # slice of a tile but its last (not on a program's last tile). The tile's main loop takes time
+    # in proportion to T, so this spreads the update's memory traffic over it, instead of a burst
+    # from every multiprocessor at once that the next tile's operand loads queue behind. 0: none.
+    epilogue_pause: float = 0.0
 
     def __post_init__(self):
-        if self.slices_ahead != 1 and not (self.warp_specialized and self.overlap_slices and self.slices_ahead == 2):
-            raise ValueError(f"KernelConfig.slices_ahead={self.slices_ahead}: the warp-specialized kernel loads 1 or 2 "
-                             "slices ahead (warp_specialized=True, overlap_slices=True); the Triton kernel 1")
+        if self.epilogue_pause < 0 or (self.epilogue_pause and not self.warp_specialized):
+            raise ValueError(f"KernelConfig.epilogue_pause={self.epilogue_pause}: a non-negative pause of the "
+                             "warp-specialized kernel's epilogue (warp_specialized=True); the Triton kernel has none")
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -323,6 +324,7 @@ _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
 _WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
+_MAX_PAUSE_NS = 1_000_000  # PTX nanosleep's bound
 # Grids smaller than this many tiles per multiprocessor keep the Triton kernel. bf16 and int8
 # states take the warp-specialized one from one tile per multiprocessor (fourteenth session,
 # results/kernels/tuning-20261130-073825.jsonl and -080010.jsonl): against the Triton kernel, on
@@ -494,7 +496,7 @@ def _warp_specialized_plan(cfg, dy, x, weight, states, signed, *, rule, flags, s
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group),
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
-        FAST_EPILOGUE=cfg.fast_epilogue, SLICES_AHEAD=cfg.slices_ahead if cfg.overlap_slices else 0,
+        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
     grid = (min(tiles, _multiprocessors(dy.device)),)
@@ -550,7 +552,8 @@ def wgrad_update(
         cfg = plan.config
         dy_desc = wgrad_update_ws.descriptor(dy, (cfg.block_t, cfg.block_n))
         x_desc = wgrad_update_ws.descriptor(x, (cfg.block_t, cfg.block_k))
-        args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups,
+        pause_ns = min(round(cfg.epilogue_pause * T), _MAX_PAUSE_NS)
+        args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups, pause_ns,
                 *step_arguments(weight, coefficients, seed, step_values))
         _launch_ws(key, plan.grid, args, plan.constexprs, plan.options)
         return

@@ -52,10 +52,6 @@ GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as t
 # (232, the first choice, left them 128, where the exact epilogue with the grouped stochastic
 # rounding of `forge.kernels.rounding` spilled 8-88 bytes under triton 3.9).
 MMA_REGS = gl.constexpr(184)
-# Two slices ahead (`SLICES_AHEAD`) hold one more slice of W and states in the epilogue's registers:
-# 168 for the MMA warps leaves 160 to each of 8 epilogue warps, where that builds with at most 16
-# bytes of spills (152 left it 88 bytes, bf16 states, triton 3.6).
-AHEAD_MMA_REGS = gl.constexpr(168)
 # A 256-row tile takes two MMA warpgroups (8 warps, 128 accumulator registers each, as above) and
 # leaves 4 epilogue warps: 160 for the MMA warps leaves those 168.
 WIDE_MMA_REGS = gl.constexpr(160)
@@ -130,21 +126,21 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
 def _epilogue_partition(
     acc_smem, acc_ready, acc_empty,
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+    N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, SLICES_AHEAD: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
     """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
-    SLICES_AHEAD 1 or 2 each slice's W and states are loaded that many slices before it is updated,
-    and a tile's first slices before its gradient is ready: they do not depend on it (0: each
-    slice is loaded as it is updated). More slices ahead put more bytes in flight per thread, at a
-    slice's worth of registers each."""
+    OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
+    a tile's first slice before its gradient is ready: they do not depend on it. With pause_ns > 0
+    the warps pause that long after each slice but a tile's last, except on the program's last
+    tile: the update's loads and stores spread over the next tile's main loop instead of coming in
+    one burst from every multiprocessor at once (the rounds of a persistent grid end together)."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
-    SLICES: gl.constexpr = BLOCK_N // ROWS
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
     THREADS_K: gl.constexpr = BLOCK_K // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
@@ -157,40 +153,44 @@ def _epilogue_partition(
         offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
         groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        # (offsets, loaded) of the slice to update next and, two ahead, of the one after it
-        if SLICES_AHEAD >= 1:
+        if OVERLAP_SLICES:
             offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
             loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-        if SLICES_AHEAD >= 2:
-            offsets1 = offsets_of(n0 + ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
-            loaded1 = load_tile_at(offsets1, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+        paced = (pause_ns > 0) & (tile + gl.num_programs(0) < tiles)
         mbarrier.wait(acc_ready, done & 1)
-        for r in gl.static_range(SLICES):
+        for r in gl.static_range(BLOCK_N // ROWS):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
-            if r == SLICES - 1:  # the whole tile is read: the MMA warps may stage the next
+            if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
                 _partition_barrier()
                 mbarrier.arrive(acc_empty)
-            if SLICES_AHEAD == 0:
+            if not OVERLAP_SLICES:
                 offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-            elif r + SLICES_AHEAD < SLICES:
-                next_offsets = offsets_of(n0 + (r + SLICES_AHEAD) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+            elif r + 1 < BLOCK_N // ROWS:
+                next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
                 next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                            HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
             finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
-            if SLICES_AHEAD == 1 and r + 1 < SLICES:
+            if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
                 offsets, loaded = next_offsets, next_loaded
-            if SLICES_AHEAD == 2 and r + 1 < SLICES:
-                offsets, loaded = offsets1, loaded1
-            if SLICES_AHEAD == 2 and r + 2 < SLICES:
-                offsets1, loaded1 = next_offsets, next_loaded
+            if r + 1 < BLOCK_N // ROWS and paced:
+                _pause(pause_ns)
         done += 1
+
+
+@gluon.jit
+def _pause(ns):
+    """Suspend the calling warps for about `ns` nanoseconds (PTX `nanosleep`: anywhere from 0 to
+    twice that, at most ~1 ms; the warps hold only their registers meanwhile)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    gl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
+                              [gl.full([32 * gl.num_warps()], ns, gl.int32, layout)],
+                              dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -218,7 +218,7 @@ def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
     return dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty
 
 
-@gluon.jit(do_not_specialize=["seed"])
+@gluon.jit(do_not_specialize=["seed", "pause_ns"])
 def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
@@ -226,6 +226,7 @@ def wgrad_update_ws_kernel(
     dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
     x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
     T, N, K, NUM_GROUPS,
+    pause_ns,  # int32: the epilogue's pause after each slice (KernelConfig.epilogue_pause); 0: none
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
@@ -237,28 +238,20 @@ def wgrad_update_ws_kernel(
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
-    SLICES_AHEAD: gl.constexpr,  # 0-2: load a slice's W and states that many slices before its update
+    OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
 ):
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]  # 128 or 256 rows: one MMA warpgroup per 128
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                               N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
-                               SLICES_AHEAD)),
+                               OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),
-    ], [BLOCK_N // 32, 1], [_mma_registers(BLOCK_N, SLICES_AHEAD), LOADER_REGS])
-
-
-@gluon.constexpr_function
-def _mma_registers(block_n, slices_ahead):
-    """Registers per thread of the MMA warps (the epilogue's take what they leave)."""
-    if block_n == 256:
-        return WIDE_MMA_REGS
-    return AHEAD_MMA_REGS if slices_ahead >= 2 else MMA_REGS
+    ], [BLOCK_N // 32, 1], [MMA_REGS if BLOCK_N == 128 else WIDE_MMA_REGS, LOADER_REGS])
 
 
 @functools.cache
