@@ -126,17 +126,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
             for block_k in (128, 64)
         ],
-        # A paced epilogue, beside the shipped config (no pause): at T >= 4096 the kernel runs up
-        # to 1.18x its MMA half alone (gate), at ~1965 MHz where the MMA half alone is power-capped
-        # to ~1545 (bounds probe, fifteenth session), so the halves stall each other rather than
-        # share power. The rounds of the persistent grid end together, and every multiprocessor's
-        # epilogue then moves its tile's update (~26 MB in all) in one ~8 us burst that the next
-        # tiles' operand loads queue behind. Pausing after each slice spreads it over the next
-        # main loop (~6.2 ns per token of T); 3 pauses of 2 ns per token fill ~all of it.
-        "pause": [
-            dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True, epilogue_pause=pause)
-            for pause in (0.0, 0.5, 1.0, 1.5)
-        ],
     }
 
 
@@ -202,7 +191,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
         signature[name] = f"tensordesc<bf16[{rows}, {cols}],{layout!r}>"
     integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
-    signature.update({name: "i32" for name in integers}, pause_ns="i32")
+    signature.update({name: "i32" for name in integers})
     signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32")
     constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
     constants.update(
@@ -381,7 +370,6 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         shared_bytes=shared,
         instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?[A-Z]", sass)),  # in the SASS
         epilogue_loads_before_first_store=loads_before_first_store(sass),
-        sleeps=len(re.findall(r"\bNANOSLEEP\b", sass)),  # the paced epilogue's pauses (epilogue_pause)
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
 
@@ -440,7 +428,6 @@ def _describe_warp_specialized(c: dict) -> str:
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
         + (", fast epilogue" if c.get("fast_epilogue") else "")
         + (", overlapped slices" if c.get("overlap_slices") else "")
-        + (f", {c['epilogue_pause']} ns/token pauses" if c.get("epilogue_pause") else "")
     )
 
 
@@ -480,7 +467,6 @@ def main(argv: list[str]) -> int:
         "warp_specialized",
         "epilogue_rows",
         "fast_epilogue",
-        "epilogue_pause",
         "int8_group",
         *ELEMENTWISE,
     }

@@ -17,21 +17,18 @@ pass over the same bytes as the update (W and both bf16 states read and written 
 timing also records the SM clock and power draw NVML reported while it ran (`*_clocks`). On the
 H200 the MMA half alone runs power-capped at T >= 4096 (~1545 MHz on gate at T = 16384) and the
 full kernel is not (~1965 MHz), yet takes longer: the halves stall each other, they do not share
-power. `--pause` times the full kernel with a paced epilogue (`KernelConfig.epilogue_pause`).
+power.
 
-    python scripts/probe_ws_bounds.py                     # on an H100/H200; JSONL to $OUT (or results/out)
-    python scripts/probe_ws_bounds.py --pause 1.0         # the epilogue paced (KernelConfig.epilogue_pause)
+    python scripts/probe_ws_bounds.py          # on an H100/H200; JSONL to $OUT (or results/out)
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -84,9 +81,9 @@ def _idle_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_r
     pass
 
 
-@gluon.jit(do_not_specialize=["seed", "pause_ns"])
+@gluon.jit(do_not_specialize=["seed"])
 def bounds_kernel(
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS, pause_ns,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
@@ -104,7 +101,7 @@ def bounds_kernel(
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     elif MODE == "epilogue_only":
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
                                 FAST_EPILOGUE, OVERLAP_SLICES)),
@@ -112,7 +109,7 @@ def bounds_kernel(
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     else:
         gl.warp_specialize([(ws._epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED,
                                 S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS,
                                 FAST_EPILOGUE, OVERLAP_SLICES)),
@@ -120,7 +117,7 @@ def bounds_kernel(
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
 
 
-def _point(name: str, N: int, K: int, T: int, pause: float) -> dict:
+def _point(name: str, N: int, K: int, T: int) -> dict:
     from triton.testing import do_bench
 
     import forge
@@ -138,12 +135,12 @@ def _point(name: str, N: int, K: int, T: int, pause: float) -> dict:
     states, scales, signed = opt._slot_tensors(w, group)
     coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
     kw = opt._kernel_options(group)
-    cfg = replace(wu._HOPPER_WS_DEFAULTS["bf16"], epilogue_pause=pause)
+    cfg = wu._HOPPER_WS_DEFAULTS["bf16"]
     plan = wu._plan(w, states, signed, dy, x, config=cfg, steps_in_memory=False, **kw)
     dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
     x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
     args = (w, *slot_arguments(w, states, scales), dy_desc, x_desc, T, N, K, plan.num_groups,
-            round(pause * T), *step_arguments(w, coeffs, 1, None))
+            *step_arguments(w, coeffs, 1, None))
 
     def launch(mode):
         return lambda: bounds_kernel[plan.grid](*args, **plan.constexprs, MODE=mode, **plan.options)
@@ -172,11 +169,7 @@ def _clock(summary: dict | None) -> str:
     return f"{summary['sm_clock_mhz']['median']:.0f}" if summary else "-"
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pause", type=float, default=0.0,
-                        help="ns per token of T the epilogue pauses after each slice (KernelConfig.epilogue_pause)")
-    args = parser.parse_args(argv)
+def main() -> int:
     if not torch.cuda.is_available():
         print("probe_ws_bounds times a Hopper GPU kernel: run it on an H100/H200")
         return 2
@@ -190,7 +183,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     for name, (N, K) in SHAPES.items():
         for T in TOKENS:
-            row = dict(meta, **_point(name, N, K, T, args.pause))
+            row = dict(meta, **_point(name, N, K, T))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             tb = row["update_bytes"] / 1e9
@@ -208,4 +201,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

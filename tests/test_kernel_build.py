@@ -149,31 +149,6 @@ def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
     assert all(fast[key] < 0.8 * exact[key] for key in exact), (exact, fast)
 
 
-@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
-def test_the_paced_epilogue_builds_without_spills_and_sleeps_between_slices(state_dtype):
-    """The `pause` candidates (`KernelConfig.epilogue_pause`): the epilogue's pause is a runtime
-    argument, so every pace shares one build, which sleeps (PTX nanosleep) after each of a tile's
-    slices but the last, and spills nothing."""
-    from forge.kernels.wgrad_update_ws import max_registers
-
-    configs = kernel_build.candidate_groups()["pause"]
-    assert configs[0].get("epilogue_pause") == 0.0 and all(c["epilogue_pause"] > 0 for c in configs[1:])
-    (built,) = kernel_build.resources(configs[1:2], arch=90, state_dtype=state_dtype)
-    assert built["registers"] == max_registers(8) and built["stack_bytes"] == 0, built
-    assert built["sleeps"] == configs[1]["block_n"] // configs[1]["epilogue_rows"] - 1, built
-
-
-@pytest.mark.parametrize(
-    "fields", [dict(epilogue_pause=1.0), dict(warp_specialized=True, epilogue_pause=-1.0)]
-)
-def test_only_the_warp_specialized_epilogue_pauses(fields):
-    from forge.kernels.wgrad_update import KernelConfig
-
-    with pytest.raises(ValueError, match=f"epilogue_pause={fields['epilogue_pause']}"):
-        KernelConfig(block_n=128, block_k=128, block_t=64, **fields)
-    KernelConfig(block_n=128, block_k=128, block_t=64, warp_specialized=True, epilogue_pause=1.0)
-
-
 def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
     import torch
 

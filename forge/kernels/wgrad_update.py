@@ -271,16 +271,6 @@ class KernelConfig:
     # For bf16 and int8 states, whose own rounding is ~2^14 times coarser or more (their default on Hopper);
     # off, the epilogue matches torch.optim's arithmetic as the Triton kernel does.
     fast_epilogue: bool = False
-    # Warp-specialized only: nanoseconds per token of T that the epilogue warps pause after each
-    # slice of a tile but its last (not on a program's last tile). The tile's main loop takes time
-    # in proportion to T, so this spreads the update's memory traffic over it, instead of a burst
-    # from every multiprocessor at once that the next tile's operand loads queue behind. 0: none.
-    epilogue_pause: float = 0.0
-
-    def __post_init__(self):
-        if self.epilogue_pause < 0 or (self.epilogue_pause and not self.warp_specialized):
-            raise ValueError(f"KernelConfig.epilogue_pause={self.epilogue_pause}: a non-negative pause of the "
-                             "warp-specialized kernel's epilogue (warp_specialized=True); the Triton kernel has none")
 
 
 # Hopper, measured offline (`python -m harness kernels --tune`, results/tuning/, docs/perf-notes.md):
@@ -324,7 +314,6 @@ _HOPPER_WS_DEFAULTS = {  # state dtype -> config, at every T
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
 _WS_STATE_DTYPES = tuple(_HOPPER_WS_DEFAULTS)  # what the kernel can run
-_MAX_PAUSE_NS = 1_000_000  # PTX nanosleep's bound
 # Grids smaller than this many tiles per multiprocessor keep the Triton kernel. bf16 and int8
 # states take the warp-specialized one from one tile per multiprocessor (fourteenth session,
 # results/kernels/tuning-20261130-073825.jsonl and -080010.jsonl): against the Triton kernel, on
@@ -552,8 +541,7 @@ def wgrad_update(
         cfg = plan.config
         dy_desc = wgrad_update_ws.descriptor(dy, (cfg.block_t, cfg.block_n))
         x_desc = wgrad_update_ws.descriptor(x, (cfg.block_t, cfg.block_k))
-        pause_ns = min(round(cfg.epilogue_pause * T), _MAX_PAUSE_NS)
-        args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups, pause_ns,
+        args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups,
                 *step_arguments(weight, coefficients, seed, step_values))
         _launch_ws(key, plan.grid, args, plan.constexprs, plan.options)
         return

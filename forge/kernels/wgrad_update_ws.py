@@ -126,7 +126,7 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
 def _epilogue_partition(
     acc_smem, acc_ready, acc_empty,
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
@@ -135,10 +135,7 @@ def _epilogue_partition(
 ):
     """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
     OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
-    a tile's first slice before its gradient is ready: they do not depend on it. With pause_ns > 0
-    the warps pause that long after each slice but a tile's last, except on the program's last
-    tile: the update's loads and stores spread over the next tile's main loop instead of coming in
-    one burst from every multiprocessor at once (the rounds of a persistent grid end together)."""
+    a tile's first slice before its gradient is ready: they do not depend on it."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
@@ -157,7 +154,6 @@ def _epilogue_partition(
             offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
             loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-        paced = (pause_ns > 0) & (tile + gl.num_programs(0) < tiles)
         mbarrier.wait(acc_ready, done & 1)
         for r in gl.static_range(BLOCK_N // ROWS):
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
@@ -178,19 +174,7 @@ def _epilogue_partition(
                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
             if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
                 offsets, loaded = next_offsets, next_loaded
-            if r + 1 < BLOCK_N // ROWS and paced:
-                _pause(pause_ns)
         done += 1
-
-
-@gluon.jit
-def _pause(ns):
-    """Suspend the calling warps for about `ns` nanoseconds (PTX `nanosleep`: anywhere from 0 to
-    twice that, at most ~1 ms; the warps hold only their registers meanwhile)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    gl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                              [gl.full([32 * gl.num_warps()], ns, gl.int32, layout)],
-                              dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -218,7 +202,7 @@ def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
     return dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty
 
 
-@gluon.jit(do_not_specialize=["seed", "pause_ns"])
+@gluon.jit(do_not_specialize=["seed"])
 def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
@@ -226,7 +210,6 @@ def wgrad_update_ws_kernel(
     dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
     x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
     T, N, K, NUM_GROUPS,
-    pause_ns,  # int32: the epilogue's pause after each slice (KernelConfig.epilogue_pause); 0: none
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
@@ -245,7 +228,7 @@ def wgrad_update_ws_kernel(
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                               N, K, NUM_GROUPS, pause_ns, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
                                OVERLAP_SLICES)),
