@@ -13,6 +13,9 @@ same tensors, the shipped kernel's partitions alone and together:
     mma_staging    loader and MMA warps as shipped; the epilogue warps read each staged tile
                    slice by slice as shipped and touch no global memory (what the staging
                    handoff costs the GEMM half: shared memory and barriers, not the update's bytes)
+    mma_math       loader and MMA warps as shipped; the epilogue warps run the shipped update's
+                   instructions on each staged tile with every load and store masked off (what
+                   the update's arithmetic and issue cost the GEMM half, without its bytes)
 
 beside cuBLAS's dW GEMM, the shipped launch (`ForgeOptimizer.update_linear`) and a multi-tensor
 pass over the same bytes as the update (W and both bf16 states read and written once,
@@ -87,6 +90,32 @@ def _staging_reader(acc_smem, acc_ready, acc_empty, w_ptr, N, K, ROWS: gl.conste
 
 
 @gluon.jit
+def _masked_epilogue(
+    acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    N, K, NUM_GROUPS, row_limit, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
+    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
+    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+):
+    """The shipped epilogue (`update_staged_tile`) with rows from `row_limit` on masked off: the
+    host passes 0, a runtime value, so the loads and stores are issued but predicated off."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = ws._tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
+        ws.update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, row_limit,
+                              w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                              K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                              RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                              STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)
+        done += 1
+
+
+@gluon.jit
 def _synthetic_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """Stage a gradient tile of (tile index + 1) * 1e-3 for each tile, reading no operands."""
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
@@ -108,9 +137,9 @@ def _idle_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_r
     pass
 
 
-@gluon.jit(do_not_specialize=["seed"])
+@gluon.jit(do_not_specialize=["seed", "row_limit"])
 def bounds_kernel(
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, dy_desc, x_desc, T, N, K, NUM_GROUPS, row_limit,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
@@ -124,6 +153,14 @@ def bounds_kernel(
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     if MODE == "mma_only":
         gl.warp_specialize([(_idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)),
+                            (ws._mma_partition, workers), (ws._load_partition, workers)],
+                           [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
+    elif MODE == "mma_math":
+        gl.warp_specialize([(_masked_epilogue, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr,
+                                                q3_ptr, N, K, NUM_GROUPS, row_limit, h0, h1, h2, h3, h4, h5, h6, h7, h8,
+                                                seed, RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED,
+                                                S2_SIGNED, S3_SIGNED, STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS,
+                                                FAST_EPILOGUE, OVERLAP_SLICES)),
                             (ws._mma_partition, workers), (ws._load_partition, workers)],
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
     elif MODE == "mma_staging":
@@ -170,7 +207,8 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
     plan = wu._plan(w, states, signed, dy, x, config=cfg, steps_in_memory=False, **kw)
     dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
     x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
-    args = (w, *slot_arguments(w, states, scales), dy_desc, x_desc, T, N, K, plan.num_groups,
+    row_limit = 0  # mma_math masks every row off; the other modes do not read it
+    args = (w, *slot_arguments(w, states, scales), dy_desc, x_desc, T, N, K, plan.num_groups, row_limit,
             *step_arguments(w, coeffs, 1, None))
 
     def launch(mode):
@@ -185,7 +223,7 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
         row[f"{key}_clocks"] = clocks.summary()
 
     row = dict(shape_name=name, T=T, N=N, K=K, config=str(cfg))
-    for mode in ("full", "mma_only", "mma_staging", "epilogue_only"):
+    for mode in ("full", "mma_only", "mma_staging", "mma_math", "epilogue_only"):
         timed(mode, launch(mode))
     timed("shipped", lambda: opt.update_linear(w, dy, x))
     timed("cublas_gemm", lambda: torch.mm(dy.t(), x))
@@ -219,7 +257,8 @@ def main() -> int:
                 f.write(json.dumps(row) + "\n")
             tb = row["update_bytes"] / 1e9
             print(f"{name:5s} T={T:5d} full {row['full_ms']:.4f} shipped {row['shipped_ms']:.4f} | "
-                  f"mma_only {row['mma_only_ms']:.4f} mma_staging {row['mma_staging_ms']:.4f} cublas {row['cublas_gemm_ms']:.4f} | "
+                  f"mma_only {row['mma_only_ms']:.4f} mma_staging {row['mma_staging_ms']:.4f} "
+                  f"mma_math {row['mma_math_ms']:.4f} cublas {row['cublas_gemm_ms']:.4f} | "
                   f"epilogue_only {row['epilogue_only_ms']:.4f} ({tb / row['epilogue_only_ms']:.2f} TB/s) "
                   f"foreach {row['foreach_same_bytes_ms']:.4f} ({tb / row['foreach_same_bytes_ms']:.2f} TB/s) | "
                   f"SM MHz full {_clock(row['full_clocks'])} mma_only {_clock(row['mma_only_clocks'])} "

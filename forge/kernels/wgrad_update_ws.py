@@ -133,48 +133,70 @@ def _epilogue_partition(
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
-    """The optimizer update of each staged tile, ROWS rows at a time (`update_tile`'s code). With
-    OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
-    a tile's first slice before its gradient is ready: they do not depend on it."""
+    """The optimizer update of each staged tile (`update_staged_tile`)."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
-    # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
-    THREADS_K: gl.constexpr = BLOCK_K // 8
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
     if STEPS_IN_MEMORY:
         h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     done = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
-        offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
-        groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
-        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        if OVERLAP_SLICES:
-            offsets = offsets_of(n0 + rows, offs_k, groups, N, K, NUM_GROUPS)
+        update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, N,
+                           w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                           K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)
+        done += 1
+
+
+@gluon.jit
+def update_staged_tile(
+    acc_smem, acc_ready, acc_empty, done, n0, k0, ROW_LIMIT,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
+    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
+    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+):
+    """The update of the tile at (n0, k0), the `done`-th this program stages, ROWS rows at a time
+    (`update_tile`'s code); rows from ROW_LIMIT on are masked off (N: the weight's edge). With
+    OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
+    the tile's first slice before its gradient is ready: they do not depend on it."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
+    THREADS_K: gl.constexpr = BLOCK_K // 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
+    offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+    groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    if OVERLAP_SLICES:
+        offsets = offsets_of(n0 + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
+        loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                              HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+    mbarrier.wait(acc_ready, done & 1)
+    for r in gl.static_range(BLOCK_N // ROWS):
+        g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
+        if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
+            _partition_barrier()
+            mbarrier.arrive(acc_empty)
+        if not OVERLAP_SLICES:
+            offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
             loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                   HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-        mbarrier.wait(acc_ready, done & 1)
-        for r in gl.static_range(BLOCK_N // ROWS):
-            g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
-            if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
-                _partition_barrier()
-                mbarrier.arrive(acc_empty)
-            if not OVERLAP_SLICES:
-                offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
-                loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                      HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-            elif r + 1 < BLOCK_N // ROWS:
-                next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
-                next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-            finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                           h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
-            if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
-                offsets, loaded = next_offsets, next_loaded
-        done += 1
+        elif r + 1 < BLOCK_N // ROWS:
+            next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
+            next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+        finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
+                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
+        if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
+            offsets, loaded = next_offsets, next_loaded
 
 
 @gluon.jit
