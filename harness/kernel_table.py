@@ -200,7 +200,27 @@ def _summary(points: dict[tuple, dict[str, list[Record]]]) -> Table:
             "than what the baseline pays); geomean vs the GEMM alone <= 1.10x at T >= 4096.",
             "Graphed: against GEMM+AdamW captured in a CUDA graph, the baseline's GPU work without its "
             f"host launches (FORGE stays eager); {NONE} where a run did not time it.",
+            "Each point's ratios are within one run (its latest); the FORGE records come from "
+            + runs(r for variants in points.values() for r in variants.get(FORGE, []))
+            + ".",
         ],
+    )
+
+
+def runs(records: Iterable[Record]) -> str:
+    """The runs some kernel records come from, per model: the run's start time, its commit and
+    how many of the records it holds, e.g. 'llama3.1-8b: 2026-11-30T09:56:09 (5c68ba4, 120)'. A
+    model listed with several runs mixes them across its points."""
+    counts: dict[str, dict[tuple[str, str], int]] = {}
+    for record in records:
+        env = record.get("env") if isinstance(record.get("env"), dict) else {}
+        commit = str(env.get("git_commit") or record.get("git_commit") or "unknown")[:7]
+        run = (str(record.get("time") or "unknown"), commit)
+        per_model = counts.setdefault(str(record.get("model")), {})
+        per_model[run] = per_model.get(run, 0) + 1
+    return "; ".join(
+        f"{model}: " + ", ".join(f"{time} ({commit}, {n})" for (time, commit), n in sorted(found.items()))
+        for model, found in sorted(counts.items())
     )
 
 

@@ -331,6 +331,22 @@ def test_the_kernel_summary_sets_forge_beside_the_graphed_baseline_where_a_run_t
     assert row[summary.header.index("Worst vs graphed")] == "1.25x"
 
 
+def test_the_kernel_summary_names_the_runs_its_records_come_from():
+    """Each point takes its latest record; the summary says which runs (start time, commit, how
+    many FORGE records) that leaves per model, so a table mixing runs says so."""
+    from harness.kernel_table import t4_kernels
+
+    def record(shape, time, commit):
+        return {"model": "llama3.1-8b", "shape_name": shape, "T": 1024, "N": 8, "K": 8, "status": "ok",
+                "variant": "forge", "rule": "adamw", "state_dtype": "bf16", "time_ms": 1.0, "time": time,
+                "env": {"git_commit": commit * 40}}  # fmt: skip
+
+    records = [record("q", "2026-01-01T00:00:00", "a"), record("k", "2026-01-01T00:00:00", "a")]
+    records.append(record("q", "2026-01-02T00:00:00", "b"))  # a later run that timed q only
+    notes = " ".join(t4_kernels(records)[1].table.notes)
+    assert "llama3.1-8b: 2026-01-01T00:00:00 (aaaaaaa, 1), 2026-01-02T00:00:00 (bbbbbbb, 1)" in notes
+
+
 def test_checkpointed_capacity_search_gets_its_own_plot(records, tmp_path):
     capped = [r for r in records if r.get("memory_cap_gib") is not None and r.get("gpu_count") == 1]
     checkpointed = [dict(r, activation_checkpointing=True) for r in capped]
