@@ -11,10 +11,10 @@ allocator's peaks; an `NvmlSampler` thread polls the device's used memory every 
 for the device-level peak, which also holds the CUDA context and anything outside the allocator.
 On a CPU these figures do not exist and are recorded as null. A `ClockSampler` polls the SM clock,
 power draw and clock-event reasons the same way, for profiles and probes that ask why a kernel
-ran slower. The breakdown sums the tensors
-themselves: weights (parameters), optimizer states (what the optimizer holds, tensor subclasses
-and helper objects walked down to their storages), gradients (modelled per method, see
-`methods.base`), and activations-and-the-rest = peak allocated minus the other three.
+ran slower. The breakdown sums the tensors themselves: weights (parameters), optimizer states
+(what the optimizer holds, tensor subclasses and helper objects walked down to their storages),
+gradients (modelled per method, see `methods.base`), and activations-and-the-rest = peak
+allocated minus the other three.
 """
 
 from __future__ import annotations
