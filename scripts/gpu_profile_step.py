@@ -54,7 +54,12 @@ from harness.measure import ClockSampler  # noqa: E402
 from harness.sweep import point_id  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
-FUSED_KERNEL = "_wgrad_update_kernel"  # FORGE's fused dW GEMM + update, by its Triton name
+# FORGE's fused dW GEMM + update, by kernel name: the Triton kernel and the warp-specialized Gluon one
+FUSED_KERNELS = ("_wgrad_update_kernel", "wgrad_update_ws_kernel")
+
+
+def is_fused(name: str) -> bool:
+    return any(k in name for k in FUSED_KERNELS)
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -131,8 +136,8 @@ def main(argv: list[str]) -> int:
     events = prof.events()
     device_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     intervals = [(e.time_range.start, e.time_range.end) for e in device_events]
-    fused = [(e.time_range.start, e.time_range.end) for e in device_events if FUSED_KERNEL in e.name]
-    others = [(e.time_range.start, e.time_range.end) for e in device_events if FUSED_KERNEL not in e.name]
+    fused = [(e.time_range.start, e.time_range.end) for e in device_events if is_fused(e.name)]
+    others = [(e.time_range.start, e.time_range.end) for e in device_events if not is_fused(e.name)]
     per_kernel: dict[str, list[float]] = {}
     for e in device_events:
         per_kernel.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
