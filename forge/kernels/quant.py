@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from forge.kernels.rounding import round_to_bf16_nearest
+from forge.kernels.rounding import round_to_bf16_nearest, to_float
 
 try:  # Gluon (the warp-specialized kernel's language) names its register layouts; Triton infers them
     from triton.experimental.gluon import language as gl
@@ -139,7 +139,7 @@ def decode_state(
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
     LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert between the tile's and the groups' layouts
-    FAST: tl.constexpr = False,  # GPU only: approximate division (`_divide`)
+    FAST: tl.constexpr = False,  # GPU only: approximate division (`_divide`), bf16 widened natively (`to_float`)
 ):
     """The stored tile as fp32 (ROWS, COLS)."""
     if STATE_DTYPE == "int8":
@@ -156,7 +156,7 @@ def decode_state(
             x = gl.convert_layout(x, values.type.layout)
         return x
     else:
-        return values.to(tl.float32)
+        return to_float(values, FAST)
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels.quant import decode_state, load_state_raw, store_state
-from forge.kernels.rounding import store_weight
+from forge.kernels.rounding import store_weight, to_float
 from forge.rules import apply_rule
 
 
@@ -107,13 +107,13 @@ def finish_tile_at(
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding
+    FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding and widening
     LAYOUTS: tl.constexpr = False,  # a Gluon caller: int8 states convert between register layouts
 ):
     """`finish_tile` at offsets the caller built."""
     offs, mask, scale_offs, scale_mask, rows_cols = offsets
     w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
-    w = w_raw.to(tl.float32)
+    w = to_float(w_raw, FAST)
     s1 = acc
     s2 = acc
     s3 = acc
