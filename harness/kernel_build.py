@@ -36,7 +36,7 @@ HOPPER = {"registers": 65536, "shared_bytes": 228 * 1024, "threads": 2048, "rese
 STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
 # The element-wise kernel (every parameter that is not a fused Linear weight) at the block shape
 # it takes for a 4096-wide parameter; `measure` and `resources` accept it as a config.
-ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps": 4}
+ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps": 8}
 
 
 def candidate_groups() -> dict[str, list[dict[str, Any]]]:
@@ -219,13 +219,14 @@ def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c:
     """The CompiledKernel of the element-wise AdamW update (norms, embeddings) for sm_<arch>, at
     the block shape `forge.kernels.elementwise_update` picks for a 4096-wide parameter."""
     from forge.kernels.elementwise_update import _elementwise_update_kernel as kernel
+    from forge.kernels.elementwise_update import num_warps
 
     signature = _slots_signature(state_dtype)
     signature.update(g_ptr="*bf16")
     integers = dict(R=PROBLEM[1], C=PROBLEM[2], NUM_GROUPS=-(-PROBLEM[2] // 64))
     constants = _epilogue_constants(state_dtype, True)
     constants.update(BLOCK_R=block_r, BLOCK_C=block_c)
-    return _build(kernel, signature, integers, constants, arch, dict(num_warps=4))
+    return _build(kernel, signature, integers, constants, arch, dict(num_warps=num_warps(block_c)))
 
 
 def _slots_signature(state_dtype: str) -> dict[str, str]:
