@@ -26,6 +26,7 @@ full kernel is not (~1965 MHz), yet takes longer: the halves stall each other, t
 power.
 
     python scripts/probe_ws_bounds.py          # on an H100/H200; JSONL to $OUT (or results/out)
+    python scripts/probe_ws_bounds.py --no-stochastic-rounding   # W rounded to nearest: no Philox
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def bounds_kernel(
                            [4, 1], [ws.MMA_REGS, ws.LOADER_REGS])
 
 
-def _point(name: str, N: int, K: int, T: int) -> dict:
+def _point(name: str, N: int, K: int, T: int, stochastic_rounding: bool) -> dict:
     from triton.testing import do_bench
 
     import forge
@@ -196,7 +197,8 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
     layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(layer.weight, std=0.02)
-    opt = forge.attach(layer, "adamw", state_dtype="bf16", lr=1e-4, weight_decay=0.01)
+    opt = forge.attach(layer, "adamw", state_dtype="bf16", lr=1e-4, weight_decay=0.01,
+                       stochastic_rounding=stochastic_rounding)
     w = layer.weight
     opt.update_linear(w, dy, x)  # the states exist (and are non-zero) from here on
     group = opt.param_groups[0]
@@ -222,7 +224,7 @@ def _point(name: str, N: int, K: int, T: int) -> dict:
         clocks.stop()
         row[f"{key}_clocks"] = clocks.summary()
 
-    row = dict(shape_name=name, T=T, N=N, K=K, config=str(cfg))
+    row = dict(shape_name=name, T=T, N=N, K=K, config=str(cfg), stochastic_rounding=stochastic_rounding)
     for mode in ("full", "mma_only", "mma_staging", "mma_math", "epilogue_only"):
         timed(mode, launch(mode))
     timed("shipped", lambda: opt.update_linear(w, dy, x))
@@ -249,10 +251,11 @@ def main() -> int:
     out = out_dir / f"ws_bounds-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     meta = dict(env=env.collect(env.git_info()), gpu_name=torch.cuda.get_device_name(),
                 time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    stochastic_rounding = "--no-stochastic-rounding" not in sys.argv[1:]
     torch.manual_seed(0)
     for name, (N, K) in SHAPES.items():
         for T in TOKENS:
-            row = dict(meta, **_point(name, N, K, T))
+            row = dict(meta, **_point(name, N, K, T, stochastic_rounding))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             tb = row["update_bytes"] / 1e9
