@@ -11,6 +11,7 @@ states. The kernel updates in place: every timed run is one more AdamW step on r
 keeps the weights finite (checked at the end).
 
     python scripts/probe_elementwise.py          # on a CUDA GPU; JSONL to $OUT (or results/out)
+    python scripts/probe_elementwise.py --tiny   # a dry run on a CPU (Triton's interpreter, tiny shapes)
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import forge  # noqa: E402  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
+
 SHAPES = {"embedding": (128256, 4096), "norm": (1, 4096)}
-# (block_r, block_c, num_warps): the shipped shape for a 4096-wide bf16 parameter first
+TINY_SHAPES = {"embedding": (64, 1024), "norm": (1, 1024)}
+# (block_r, block_c, num_warps): the shape a 4096-wide parameter took until the sixteenth session
+# first (it ships with 8 warps since: `elementwise_update.num_warps`)
 BLOCKS = [
     (8, 512, 4),
     (16, 512, 4),
@@ -40,20 +45,29 @@ BLOCKS = [
 ]
 
 
-def _point(name: str, rows: int, cols: int, state_dtype: str) -> dict:
+def _once(fn, return_mode=None) -> float:
+    """A stand-in for do_bench on the dry run: one call, its wall time in ms."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, blocks: list) -> dict:
     import triton
     from triton.testing import do_bench
 
-    import forge
+    if device != "cuda":
+        do_bench = _once  # noqa: F811
+
     from forge.kernels import _cdiv
     from forge.kernels.elementwise_update import _elementwise_update_kernel, elementwise_update
     from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, step_arguments
 
     if rows > 1:
-        module = torch.nn.Embedding(rows, cols, device="cuda", dtype=torch.bfloat16)
+        module = torch.nn.Embedding(rows, cols, device=device, dtype=torch.bfloat16)
         torch.nn.init.normal_(module.weight, std=0.02)
     else:
-        module = torch.nn.RMSNorm(cols, device="cuda", dtype=torch.bfloat16)
+        module = torch.nn.RMSNorm(cols, device=device, dtype=torch.bfloat16)
     param = module.weight
     opt = forge.attach(module, "adamw", state_dtype=state_dtype, lr=1e-4, weight_decay=0.01)
     grad = torch.randn_like(param) * 1e-3
@@ -89,7 +103,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str) -> dict:
     update_bytes = grad.numel() * grad.element_size() + sum(2 * t.numel() * t.element_size() for t in tensors)
     row = dict(shape_name=name, rows=r, cols=c, state_dtype=state_dtype, update_bytes=update_bytes)
     row["shipped_ms"] = do_bench(shipped, return_mode="median")
-    for block_r, block_c, warps in BLOCKS:
+    for block_r, block_c, warps in blocks:
         br = min(block_r, triton.next_power_of_2(r))
         if block_c > max(64, c) or f"block_{br}x{block_c}_w{warps}_ms" in row:
             continue
@@ -102,7 +116,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str) -> dict:
     row["foreach_same_bytes_ms"] = do_bench(
         lambda: (torch._foreach_mul_(tensors, 1), grad.sum()), return_mode="median"
     )
-    if state_dtype == "bf16":
+    if state_dtype == "bf16" and device == "cuda":
         m, v = (torch.randn_like(param) * 1e-3 for _ in range(2))
         v.abs_()
         step = torch.tensor(10.0, device="cuda")
@@ -129,10 +143,13 @@ def _point(name: str, rows: int, cols: int, state_dtype: str) -> dict:
     return row
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("probe_elementwise times a GPU kernel: run it on a CUDA GPU")
+def main(argv: list[str]) -> int:
+    tiny = "--tiny" in argv
+    if not torch.cuda.is_available() and not tiny:
+        print("probe_elementwise times a GPU kernel: run it on a CUDA GPU (or --tiny for a dry run)")
         return 2
+    device = "cpu" if tiny else "cuda"
+    shapes, blocks = (TINY_SHAPES, BLOCKS[:3]) if tiny else (SHAPES, BLOCKS)
     from harness import env
 
     out_dir = Path(os.environ.get("OUT", "results/out"))
@@ -140,23 +157,24 @@ def main() -> int:
     out = out_dir / f"elementwise-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     meta = dict(
         env=env.collect(env.git_info()),
-        gpu_name=torch.cuda.get_device_name(),
+        gpu_name=torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     torch.manual_seed(0)
     for state_dtype in ("bf16", "int8"):
-        for name, (rows, cols) in SHAPES.items():
-            row = dict(meta, **_point(name, rows, cols, state_dtype))
+        for name, (rows, cols) in shapes.items():
+            row = dict(meta, **_point(name, rows, cols, state_dtype, device, blocks))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             gb = row["update_bytes"] / 1e9
             times = {k[:-3]: v for k, v in row.items() if k.endswith("_ms")}
             rates = " ".join(f"{k} {v:.4f} ({gb / v:.2f} TB/s)" for k, v in times.items())
             print(f"{name} {state_dtype}: {rates}", flush=True)
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     print(f"results: {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

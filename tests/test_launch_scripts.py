@@ -45,8 +45,8 @@ def test_launch_breakdown_refuses_a_cpu_without_dry_run(tmp_path):
 
 
 def test_the_kernel_probes_say_they_need_a_gpu_and_the_warp_specialized_one_builds_here(tmp_path):
-    """`probe_epilogue_bytes.py`, `probe_ws_kernel.py`, `probe_ws_exactness.py` and `probe_ws_bounds.py`
-    run GPU kernels:
+    """`probe_epilogue_bytes.py`, `probe_ws_kernel.py`, `probe_ws_exactness.py`, `probe_ws_bounds.py`
+    and `probe_elementwise.py` run GPU kernels:
     without one they say so and exit 2; `probe_ws_kernel.py --build` compiles its Gluon kernel for
     sm_90 on this machine."""
     for script in (
@@ -54,6 +54,7 @@ def test_the_kernel_probes_say_they_need_a_gpu_and_the_warp_specialized_one_buil
         "probe_ws_kernel.py",
         "probe_ws_exactness.py",
         "probe_ws_bounds.py",
+        "probe_elementwise.py",
     ):
         done = _run(script, out=tmp_path)
         assert done.returncode == 2 and "GPU" in done.stdout, done.stdout + done.stderr[-2000:]
@@ -61,3 +62,22 @@ def test_the_kernel_probes_say_they_need_a_gpu_and_the_warp_specialized_one_buil
     assert done.returncode == 0, done.stderr[-3000:]
     built = json.loads(done.stdout[done.stdout.index("{") :])
     assert built["spills"] == 0 and built["hgmma"] > 0 and built["shared_bytes"] <= 227 * 1024
+
+
+def test_the_elementwise_probe_dry_run_times_every_block_shape(tmp_path):
+    """`probe_elementwise.py --tiny` runs its points on Triton's interpreter at tiny shapes: one
+    JSONL row per state dtype and parameter, each with the shipped launch, the block shapes and the
+    same-bytes pass timed, and the weights still finite after every run."""
+    done = _run("probe_elementwise.py", "--tiny", out=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("elementwise-*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["state_dtype"], r["shape_name"]) for r in rows] == [
+        ("bf16", "embedding"),
+        ("bf16", "norm"),
+        ("int8", "embedding"),
+        ("int8", "norm"),
+    ]
+    for r in rows:
+        timed = [k for k in r if k.startswith("block_") and k.endswith("_ms")]
+        assert r["shipped_ms"] > 0 and r["foreach_same_bytes_ms"] > 0 and len(timed) >= 2, r
