@@ -62,7 +62,7 @@ def noise_index(rows, cols, K):
 def to_float(x, NATIVE: tl.constexpr = False):
     """x (bf16 or fp32 tile) as fp32; exact: bf16 is fp32's top half. NATIVE (GPU only): a bf16
     tile is widened one instruction per element, a shift for the low half of each 32-bit register
-    and a mask for the high half, where `.to` extracts the high half first (1.5 a element)."""
+    and a mask for the high half, where `.to` extracts the high half first (1.5 an element)."""
     if NATIVE and x.dtype == tl.bfloat16:
         return tl.inline_asm_elementwise(
             "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
