@@ -1,5 +1,6 @@
 """`scripts/gpu_profile_step.py` runs end to end on a CPU (a dry run of the GPU profile): one FORGE
-point with activation checkpointing, named as a sweep names it, its JSON written to $OUT."""
+point with activation checkpointing, named as a sweep names it, its JSON written to $OUT; and
+`scripts/compare_profiles.py` sets two such profiles side by side."""
 
 import importlib.util
 import json
@@ -47,3 +48,59 @@ def test_overlap_counts_the_time_two_sets_of_kernels_run_at_once():
     others = [(500.0, 1500.0), (1400.0, 2000.0), (3500.0, 3600.0), (3550.0, 3700.0)]
     assert script.overlap_ms(fused, others) == pytest.approx((500 + 200) / 1000)
     assert script.overlap_ms(fused, []) == 0 and script.overlap_ms(fused, fused) == pytest.approx(2.0)
+
+
+def _load_script(name: str):
+    path = REPO / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _profile(kernels: dict, busy: float, steps: list, mhz: float) -> dict:
+    return {
+        "step_ms": steps,
+        "gpu_busy_ms": busy,
+        "idle_frac": 1 - busy / sorted(steps)[len(steps) // 2],
+        "clocks": {"sm_clock_mhz": {"median": mhz}, "power_w": {"median": 400.0}},
+        "top_kernels": [{"name": n, "calls": 1.0, "device_ms": ms} for n, ms in kernels.items()],
+    }
+
+
+def test_compare_profiles_sets_kernels_side_by_side(tmp_path):
+    """`compare_profiles.py`: per kernel name the device ms of each profile and their difference
+    (a kernel missing from one top list counts as 0 there), largest first; the step-level lines."""
+    compare = _load_script("compare_profiles")
+    base = _profile({"gemm_dw": 20.0, "gemm_dx": 15.0, "attention": 5.0}, 45.0, [50.0, 52.0, 51.0], 1755)
+    other = _profile(
+        {"fused_update": 34.0, "gemm_dx": 16.0, "attention": 5.0, "elementwise": 3.0},
+        60.0,
+        [66.0, 64.0, 65.0],
+        1680,
+    )
+    rows = compare.kernel_differences(base, other)
+    assert [r["name"] for r in rows[:2]] == ["fused_update", "gemm_dw"]
+    assert rows[0]["base_ms"] is None and rows[0]["difference_ms"] == pytest.approx(34.0)
+    assert rows[1]["other_ms"] is None and rows[1]["difference_ms"] == pytest.approx(-20.0)
+    assert {r["name"]: r["difference_ms"] for r in rows}["attention"] == 0.0
+    assert compare.summary(other)["step_ms"] == 65.0 and compare.summary(base)["sm_clock_mhz"] == 1755
+    paths = [tmp_path / "base.profile.json", tmp_path / "other.profile.json"]
+    for path, profile in zip(paths, (base, other)):
+        path.write_text(json.dumps(profile))
+    script = str(REPO / "scripts" / "compare_profiles.py")
+    done = subprocess.run(
+        [sys.executable, script, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fused_update" in done.stdout and "+18.00" in done.stdout and "GPU busy: 15.00" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, script, str(tmp_path / "none.json"), str(paths[0])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "gpu_profile_step.py" in missing.stderr
