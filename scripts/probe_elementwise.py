@@ -56,8 +56,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     import triton
     from triton.testing import do_bench
 
-    if device != "cuda":
-        do_bench = _once  # noqa: F811
+    bench = do_bench if device == "cuda" else _once
 
     from forge.kernels import _cdiv
     from forge.kernels.elementwise_update import _elementwise_update_kernel, elementwise_update
@@ -102,7 +101,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     tensors = [t for t in (param.detach(), *states, *scales) if t is not None]
     update_bytes = grad.numel() * grad.element_size() + sum(2 * t.numel() * t.element_size() for t in tensors)
     row = dict(shape_name=name, rows=r, cols=c, state_dtype=state_dtype, update_bytes=update_bytes)
-    row["shipped_ms"] = do_bench(shipped, return_mode="median")
+    row["shipped_ms"] = bench(shipped, return_mode="median")
     for block_r, block_c, warps in blocks:
         br = min(block_r, triton.next_power_of_2(r))
         if block_c > max(64, c) or f"block_{br}x{block_c}_w{warps}_ms" in row:
@@ -110,10 +109,10 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
         grid = (_cdiv(r, br), _cdiv(c, block_c))
         launch = _elementwise_update_kernel[grid]
         shape = dict(STEPS_IN_MEMORY=False, BLOCK_R=br, BLOCK_C=block_c, num_warps=warps)
-        row[f"block_{br}x{block_c}_w{warps}_ms"] = do_bench(
+        row[f"block_{br}x{block_c}_w{warps}_ms"] = bench(
             lambda launch=launch, shape=shape: launch(*args, **constexprs, **shape), return_mode="median"
         )
-    row["foreach_same_bytes_ms"] = do_bench(
+    row["foreach_same_bytes_ms"] = bench(
         lambda: (torch._foreach_mul_(tensors, 1), grad.sum()), return_mode="median"
     )
     if state_dtype == "bf16" and device == "cuda":
@@ -121,7 +120,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
         v.abs_()
         step = torch.tensor(10.0, device="cuda")
         p = param.detach()
-        row["torch_fused_adamw_ms"] = do_bench(
+        row["torch_fused_adamw_ms"] = bench(
             lambda: torch._fused_adamw_(
                 [p],
                 [grad],
