@@ -5,7 +5,8 @@ GEMM runs. Were the two halves independent, its time would be the larger of thei
 H200 it sits near their sum over a cuBLAS GEMM at every T. This probe times, on one GPU and the
 same tensors, the shipped kernel's partitions alone and together:
 
-    full           the shipped partitions (the same code as `wgrad_update_ws_kernel`)
+    full           the shipped partitions (the same code as `wgrad_update_ws_kernel`; its loader
+                   sits behind one branch on a runtime value, `_probe_loader`)
     mma_only       loader and MMA warps as shipped; the epilogue warps hand each staged tile back
                    at once (what the GEMM half costs, staging included)
     epilogue_only  the epilogue warps as shipped; the MMA warps stage a synthetic gradient (a
@@ -156,7 +157,7 @@ def _probe_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_
     """The shipped loader with `operands` ALL_OPERANDS. With HALF_DY a slot's dy tile is refilled
     on every other fill only; with FIRST_LAP neither operand is refilled after the ring's first lap.
     Every slot is filled on that lap, so the tiles the MMA warps reuse are finite."""
-    if operands == 0:
+    if operands == 0:  # ALL_OPERANDS
         ws._load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     else:
         STAGES: gl.constexpr = dy_bufs.type.shape[0]
@@ -170,6 +171,7 @@ def _probe_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_
             for t0 in range(0, T, BLOCK_T):
                 slot = count % STAGES
                 mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)
+                # literals: a jitted function reads no plain module globals (1 is HALF_DY)
                 if (count < STAGES) | ((operands == 1) & (count % 2 == 0)):
                     mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
                     ws._tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
