@@ -1,13 +1,13 @@
 """Read an offline tuning run of the fused kernel: which launch config wins where.
 
-`python -m harness kernels --tune` times every candidate of `harness.kernel_build.candidates` (the
-first, the reference, is the config shipped for bf16 states at large T) on a few linear shapes,
-token counts T and state dtypes, one record per (point, config). This prints, as Markdown, each
-point's time under the reference config, the best candidate and its ratio, then per state dtype
-and T range the geometric mean of every candidate's time over the reference's: the table
-`forge.kernels.wgrad_update._pick_config` is read from.
+`python -m harness kernels --tune` times every candidate of `harness.kernels.build.candidates`
+(the first, the reference, is the config shipped for bf16 states at large T) on a few linear
+shapes, token counts T and state dtypes, one record per (point, config). This prints, as Markdown,
+each point's time under the reference config, the best candidate and its ratio, then per state
+dtype and T range the geometric mean of every candidate's time over the reference's: what the
+launch-config tables behind `forge.kernels.pick_config` are read from. CPU: it only reads records.
 
-    python -m harness.tuning results/tuning/tuning-20261129-153506.jsonl
+    python -m harness.kernels.tuning results/tuning/tuning-spill_free-20261129-e32ca29.jsonl
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 
 from harness import results
-from harness.kernel_build import describe
+from harness.kernels.build import describe
 
 
 def summarize(records: list[dict], small_t: int = 2048) -> str:
@@ -63,7 +63,9 @@ def summarize(records: list[dict], small_t: int = 2048) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.tuning", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.kernels.tuning", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("files", nargs="+", help="tuning JSONL files (results/tuning/tuning-*.jsonl)")
     parser.add_argument("--small-t", type=int, default=2048, help="largest T that counts as small")
     args = parser.parse_args(argv)

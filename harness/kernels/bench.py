@@ -14,22 +14,27 @@ token count T, side by side in one process on one GPU, timed with
       gemm_plus_fused_adamw_graph
                              (b) captured in a CUDA graph (capturable=True) and replayed: its GPU
                              work alone, without the host's launches, which on small layers can
-                             move (b) by 2x from one run to the next (docs/perf-notes.md,
-                             fourteenth session); a stricter baseline than (b), as FORGE stays eager;
+                             move (b) by 2x from one run to the next; a stricter baseline than (b),
+                             as FORGE stays eager;
   (c) forge                  the fused kernel, per rule (adamw, lion, sgd-momentum) and state dtype.
 
 The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
 bandwidth), both ceilings measured at the start of the same run. The minimum bytes of the fused
 kernel: dy and x read once, W read and written once, each state read and written once (int8: codes
-plus one bf16 scale per 64). Each record carries the run's metadata (harness.env).
+plus one bf16 scale per 64). Each record carries the run's metadata (`harness.run.env`).
 
 Timing re-runs the in-place kernel on scratch tensors: states drift over the repetitions but stay
 finite (the rules are bounded), which is fine for a timing and never done on a model's weights.
+
+`--tune` times the candidate launch configs of `harness.kernels.build.candidate_groups` instead,
+through `ForgeOptimizer.update_linear(..., config=...)`, one record per (point, config);
+`python -m harness.kernels.tuning FILE` reads the winners out of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import itertools
 import math
@@ -38,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-from harness import env, results
+from harness import results
+from harness.run import env
 
 LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
 QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
@@ -102,17 +108,7 @@ def time_forge(dy, x, N, K, rule, state_dtype, config=None) -> float:
 
     layer, opt = _forge_layer(N, K, rule, state_dtype)
     w = layer.weight
-    if config is None:
-        fn = lambda: opt.update_linear(w, dy, x)
-    else:
-        from forge.kernels.wgrad_update import wgrad_update
-
-        group = opt.param_groups[0]
-        states, scales, signed = opt._slot_tensors(w, group)
-        coeffs = opt.rule.coefficients(group, 10, dict(opt.state[w]))
-        kw = opt._kernel_options(group)
-        fn = lambda: wgrad_update(w, states, scales, signed, dy, x, coeffs, 1, config=config, **kw)
-    ms = do_bench(fn, return_mode="median")
+    ms = do_bench(lambda: opt.update_linear(w, dy, x, config=config), return_mode="median")
     assert torch.isfinite(w).all(), "weights became non-finite during timing"
     return ms
 
@@ -275,10 +271,10 @@ def tune(
     points=TUNE_DEFAULT_POINTS,
 ) -> None:
     """Time candidate launch configs of the fused kernel (AdamW; bf16 and int8 states unless asked)
-    offline: the named groups of `harness.kernel_build.candidate_groups` (default all; the shipped
+    offline: the named groups of `harness.kernels.build.candidate_groups` (default all; the shipped
     configs always, as the reference) on the named `TUNE_POINTS`."""
-    from forge.kernels.wgrad_update import KernelConfig
-    from harness.kernel_build import candidates as candidate_fields
+    from forge.kernels import KernelConfig
+    from harness.kernels.build import candidates as candidate_fields
 
     candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
     shapes = [(name, *TUNE_POINTS[name]) for name in points]
@@ -304,7 +300,7 @@ def tune(
                     K=K,
                     rule="adamw",
                     state_dtype=state_dtype,
-                    config=cfg.__dict__,
+                    config=dataclasses.asdict(cfg),
                     time_ms=ms,
                     status=status,
                     error=err,
@@ -316,13 +312,16 @@ def tune(
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="results/kernels", help="folder for the JSONL records")
+    parser.add_argument(
+        "--out",
+        help="folder for the JSONL records (default results/kernels, with --tune results/tuning)",
+    )
     parser.add_argument("--quick", action="store_true", help="Llama q/gate/down at T=2048 and 8192 only")
     parser.add_argument("--tune", action="store_true", help="time candidate launch configs instead")
     parser.add_argument(
         "--groups",
         nargs="*",
-        help="with --tune: candidate groups to time (harness.kernel_build), default all",
+        help="with --tune: candidate groups to time (harness.kernels.build), default all",
     )
     parser.add_argument(
         "--state-dtypes",
@@ -355,16 +354,19 @@ def main(argv: list[str]) -> int:
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         method="kernel",
     )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{(git.get('git_commit') or 'nogit')[:7]}"
     if args.tune:
-        tune(Path(args.out) / f"tuning-{stamp}.jsonl", meta, args.groups, args.state_dtypes, args.points)
+        name = "-".join(args.groups or ["all"])
+        out = Path(args.out or "results/tuning") / f"tuning-{name}-{stamp}.jsonl"
+        tune(out, meta, args.groups, args.state_dtypes, args.points)
+        print(f"results: {out} (python -m harness.kernels.tuning {out})")
         return 0
     ceilings = measure_ceilings()
     print(
         f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, "
         f"{ceilings['copy_tbps']:.2f} TB/s copy"
     )
-    out = Path(args.out) / f"kernels-{stamp}.jsonl"
+    out = Path(args.out or "results/kernels") / f"kernels-{stamp}.jsonl"
     variants = list(itertools.product(("adamw", "lion", "sgd"), STATE_DTYPES))
     for model in args.models:
         shapes = linear_shapes(MODELS[model])

@@ -1,15 +1,16 @@
 """Two step profiles side by side: where one step spends GPU time that another does not.
 
-`scripts/gpu_profile_step.py` writes one JSON per point: the step's wall time, GPU busy time, the
-SM clock and power NVML saw, and the 20 kernels with the most device time. Put two of them side by
-side (say the no-optimizer step and FORGE's) and this prints, for each: the median step, GPU busy
-ms, idle fraction, median SM clock and power; then the kernels by name, device ms a step in each and
-the difference, largest differences first. A kernel outside a profile's top 20 shows as "-" there
-and counts as 0 in the difference (so a long tail of small kernels can hide in the busy-time line).
+`python -m harness.kernels.profile` writes one JSON per point: the step's wall time, GPU busy time,
+the SM clock and power NVML saw, and the 20 kernels with the most device time. Put two of them side
+by side (say the no-optimizer step and FORGE's) and this prints, for each: the median step, GPU
+busy ms, idle fraction, median SM clock and power; then the kernels by name, device ms a step in
+each and the difference, largest differences first. A kernel outside a profile's top 20 shows as
+"-" there and counts as 0 in the difference (so a long tail of small kernels can hide in the
+busy-time line).
 
-    cd docs/perf-data && python ../../scripts/compare_profiles.py \\
-        run16-no_optimizer_graph_llama3.1-8b_b1_s1024_h200.profile.json \\
-        run16-call5-forge_bf16_graph_llama3.1-8b_b1_s1024_h200.profile.json
+    python -m harness.kernels.compare_profiles no_optimizer.profile.json forge_bf16.profile.json
+
+It only reads JSON: it runs anywhere.
 """
 
 from __future__ import annotations
@@ -75,15 +76,17 @@ def render(base: dict, other: dict, names: tuple[str, str], top: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("base", type=Path, help="a *.profile.json from scripts/gpu_profile_step.py")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.kernels.compare_profiles", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("base", type=Path, help="a *.profile.json of python -m harness.kernels.profile")
     parser.add_argument("other", type=Path, help="the profile to set against it")
     parser.add_argument("--top", type=int, default=15, help="kernels to list (default 15)")
     args = parser.parse_args(argv)
     profiles = []
     for path in (args.base, args.other):
         if not path.is_file():
-            parser.error(f"{path}: no such file; profiles are written by scripts/gpu_profile_step.py")
+            parser.error(f"{path}: no such file; profiles are written by python -m harness.kernels.profile")
         profiles.append(json.loads(path.read_text()))
     print(render(*profiles, names=(args.base.name, args.other.name), top=args.top))
     return 0

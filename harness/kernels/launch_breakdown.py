@@ -1,34 +1,27 @@
-"""What one FORGE update costs the host on the GPU machine, step by step down the launch path.
+"""What one FORGE layer costs the host on the GPU machine, step by step down the launch path.
 
-    python scripts/measure_launch_breakdown.py                 # Llama k_proj: T=1024, N=1024, K=4096
-    python scripts/measure_launch_breakdown.py --shape 1024 2048 1024   # Qwen3-0.6B's q_proj
-    python scripts/measure_launch_breakdown.py --tiny          # a CPU dry run (Triton's interpreter)
+    python -m harness.kernels.launch_breakdown                  # Llama k_proj: T=1024, N=1024, K=4096
+    python -m harness.kernels.launch_breakdown --shape 1024 2048 1024   # Qwen3-0.6B's q_proj
+    python -m harness.kernels.launch_breakdown --tiny           # a CPU dry run (Triton's interpreter)
 
-Why: on small models a FORGE step is host-bound. Qwen3-0.6B at batch 1 keeps the GPU busy for
-31 ms of a 360 ms profiled step, and each ForgeLinear backward costs the host ~0.46 ms more than
-torch's MmBackward0 (docs/perf-notes.md), while the Python before Triton's C launcher is only
-~28 us there (`scripts/measure_launch_host.py`). This script times, on the real kernel, each layer
-of the path, so the difference between two rows is what that layer costs:
+Why: on small models a FORGE step is host-bound: a small model at batch 1 keeps the GPU busy for a
+tenth of its profiled step, and each ForgeLinear backward costs the host more than torch's
+MmBackward0. This times, on the real kernel and through forge's public API, each layer of the
+path, so the difference between two rows is what that layer costs:
 
 - `mm`: cuBLAS's dW GEMM (`torch.mm(dy.t(), x)`), the launch the baseline pays instead;
-- `raw launch`: `_wgrad_update_kernel[grid](...)` with its arguments built once (Triton's binder,
-  cache key and C launcher, which encodes the two TMA descriptors on every call);
-- `raw launch, pointers`: the same reading dy and x by masked pointer loads (`tma="none"`);
-- `raw launch, device TMA`: bulk copies through descriptors each program builds (`tma="device"`),
-  so only plain pointers cross the launch;
-- `direct launch` and `direct launch, pointers`: the same arguments through
-  `forge.kernels.launch.DirectLauncher`, its key seen before (Triton's C launcher, no binder);
-- `wgrad_update`: FORGE's wrapper around the launch (key, cached plan, descriptors, argument list);
-- `wgrad_update, pointers` and `wgrad_update, device TMA`: the wrapper under those two configs;
+- `wgrad_update`: FORGE's launcher (`forge.kernels.wgrad_update`: key, cached plan, descriptors,
+  argument list, the direct launch past Triton's binder) under the config shipped for this shape;
+- `wgrad_update, host TMA` and `wgrad_update, pointers`: the same under `KernelConfig(tma="host")`
+  (dy and x through two TMA descriptors encoded on every call) and `tma="none"` (masked pointer
+  loads, shipped for GEMMs shorter than their launch);
+- `update_linear`: the optimizer's step of one weight around that launch (its coefficients, seed
+  and states: `ForgeOptimizer.update_linear`);
 - `nn.Linear fwd+bwd` and `ForgeLinear fwd+bwd`: one layer's forward and backward through
   autograd, torch's (dW materialized, no optimizer) against FORGE's (update fused);
 - `... , backward on this thread`: the same two with `torch.autograd.set_multithreading_enabled
   (False)`: on CUDA the autograd engine otherwise runs backward on a device thread, where
   FORGE's backward (Python) must take the GIL and torch's (C++) need not;
-- `ForgeLinear fwd+bwd, backward on this thread, no kernel`: the same with the fused kernel's
-  launch replaced by a no-op, so the difference to the row above is what the launch costs inside
-  a layer's backward (against `wgrad_update` alone, where nothing else is queued).
-- `_can_use_tma(dy)`: the wrapper's layout check, twice a call (the capability query is cached per device);
 - `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
   hook launches; a Llama-3.1-8B step has 65 of them).
 
@@ -56,22 +49,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, installed or not
+import torch
 
-import forge  # noqa: E402, I001  (first: on a CPU it turns Triton's interpreter on before Triton loads)
-import forge.kernels.wgrad_update as wu  # noqa: E402
-from forge.kernels.elementwise_update import elementwise_update  # noqa: E402
-from forge.kernels.launch import DirectLauncher  # noqa: E402
-from forge.rules import get_rule, resolve_hparams  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-
-class _Capture:
-    """Stands in for the wrapper's launcher for one call and keeps what it was asked to launch."""
-
-    def __call__(self, key, grid, args, constexprs, options):
-        self.key, self.grid, self.args, self.kwargs = key, grid, args, {**constexprs, **options}
+import forge
+from forge.kernels import elementwise_update, pick_config, wgrad_update
+from forge.rules import get_rule, resolve_hparams
 
 
 def _per_call_us(fn, n: int, sync) -> tuple[float, float]:
@@ -113,8 +95,16 @@ def _torch_profile(fn, n: int, sync, top: int = 25) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="measure_launch_breakdown", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.kernels.launch_breakdown", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--shape", nargs=3, type=int, metavar=("T", "N", "K"), default=(1024, 1024, 4096))
     parser.add_argument("--calls", type=int, default=2000, help="calls per row")
     parser.add_argument("--tiny", action="store_true", help="a CPU dry run at T=N=K=64, 3 calls a row")
@@ -137,37 +127,12 @@ def main(argv: list[str]) -> int:
     coefficients, flags = rule.coefficients(hparams, 3, {}), rule.flags(hparams)
     options = dict(rule="adamw", flags=flags, state_dtype="bf16", stochastic_rounding=True)
 
-    shipped = wu._pick_config(T, N, K, "bf16", on_interpreter=device == "cpu")
+    shipped = pick_config(T, N, K, "bf16", on_interpreter=device == "cpu")
 
-    def update(tma: str = "host"):
-        config = dataclasses.replace(shipped, tma=tma)
+    def update(tma: str | None = None):
+        config = shipped if tma is None else dataclasses.replace(shipped, tma=tma)
         args = (w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7)
-        return lambda: wu.wgrad_update(*args, **options, config=config)
-
-    kernel, launcher = wu._wgrad_update_kernel, wu._launch
-    launches = {}
-    for name, tma in (
-        ("raw launch", "host"),
-        ("raw launch, pointers", "none"),
-        ("raw launch, device TMA", "device"),
-    ):
-        capture = _Capture()
-        wu._launch = capture
-        update(tma)()
-        wu._launch = launcher
-        launches[name] = capture
-
-    def raw(capture):
-        return lambda: kernel[capture.grid](*capture.args, **capture.kwargs)
-
-    def direct(capture):
-        if device == "cpu":  # the interpreter has no compiled kernel to launch directly
-            return raw(capture)
-        own = DirectLauncher(kernel)
-        option_names = ("num_warps", "num_stages", "maxnreg")
-        constexprs = {k: v for k, v in capture.kwargs.items() if k not in option_names}
-        options = {k: v for k, v in capture.kwargs.items() if k in option_names}
-        return lambda: own(capture.key, capture.grid, capture.args, constexprs, options)
+        return lambda: wgrad_update(*args, **options, config=config)
 
     norm = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
     norm_grad = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
@@ -179,7 +144,7 @@ def main(argv: list[str]) -> int:
 
     plain = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
     fused = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16))
-    forge.attach(fused, lr=1e-4, state_dtype="bf16")
+    opt = forge.attach(fused, lr=1e-4, state_dtype="bf16")
     xg = x.clone().requires_grad_(True)
 
     def plain_step():
@@ -196,32 +161,17 @@ def main(argv: list[str]) -> int:
 
         return run
 
-    def without_kernel(step):
-        def run():
-            wu._launch = _Capture()
-            try:
-                step()
-            finally:
-                wu._launch = launcher
-
-        return run
-
+    forge_step()  # the weight's states exist from here on
     rows = {
         "mm": lambda: torch.mm(dy.t(), x),
-        "raw launch": raw(launches["raw launch"]),
-        "raw launch, pointers": raw(launches["raw launch, pointers"]),
-        "raw launch, device TMA": raw(launches["raw launch, device TMA"]),
-        "direct launch": direct(launches["raw launch"]),
-        "direct launch, pointers": direct(launches["raw launch, pointers"]),
-        "wgrad_update": update("host"),
+        "wgrad_update": update(),
+        "wgrad_update, host TMA": update("host"),
         "wgrad_update, pointers": update("none"),
-        "wgrad_update, device TMA": update("device"),
+        "update_linear": lambda: opt.update_linear(fused[0].weight, dy, x),
         "nn.Linear fwd+bwd": plain_step,
         "ForgeLinear fwd+bwd": forge_step,
         "nn.Linear fwd+bwd, backward on this thread": on_this_thread(plain_step),
         "ForgeLinear fwd+bwd, backward on this thread": on_this_thread(forge_step),
-        "ForgeLinear fwd+bwd, backward on this thread, no kernel": on_this_thread(without_kernel(forge_step)),
-        "_can_use_tma(dy)": lambda: wu._can_use_tma(dy),
         "elementwise_update, norm": norm_update,
     }
     results = {}
@@ -237,8 +187,9 @@ def main(argv: list[str]) -> int:
     print(torch_profile)
     record = dict(
         device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        shipped_config=dataclasses.asdict(shipped),
         torch=torch.__version__,
-        triton=triton.__version__,
+        triton=_triton_version(),
         shape=dict(T=T, N=N, K=K),
         calls=calls,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),

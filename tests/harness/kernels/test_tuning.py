@@ -1,9 +1,9 @@
-"""The tuning summary (`python -m harness.tuning`) names each point's winner and the geometric mean
+"""The tuning summary (`python -m harness.kernels.tuning`) names each point's winner and the geometric mean
 of every candidate against the shipped config, per state dtype and T range."""
 
 import pytest
 
-from harness import tuning
+from harness.kernels import tuning
 
 SHIPPED = dict(block_n=128, block_k=128, block_t=64, epilogue_split=4, num_warps=8, num_stages=3, maxnreg=128)
 HALF = dict(SHIPPED, block_n=64)

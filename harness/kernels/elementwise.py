@@ -1,17 +1,21 @@
 """How fast is the element-wise update (embeddings, norms), and which block shape moves its bytes best?
 
 At Llama-3.1-8B batch 1 the embedding's update is FORGE's one large element-wise launch: 525M
-weights whose gradient arrives whole (`forge.kernels.elementwise_update`). The step profile puts
-the element-wise kernel at ~3.75 ms a step (66 launches), ~2 TB/s over its bytes, against 3.3 TB/s
-for the fused kernel's update half. This probe times, on one GPU and the same tensors, the shipped
-launch beside the same Triton kernel at other block shapes and warp counts, a multi-tensor pass
-over the same bytes (`torch._foreach_mul_` over W and the states, plus a read of the gradient) and
-torch's fused AdamW on the same parameter (what the baseline pays for it), for bf16 and int8
-states. The kernel updates in place: every timed run is one more AdamW step on random data, which
-keeps the weights finite (checked at the end).
+weights whose gradient arrives whole (`forge.kernels.elementwise_update`). In a step profile the
+element-wise kernel runs longer than this probe times it alone (why is an open question), and below
+the fused kernel's update half in bytes per second. This probe times, on one GPU and the same
+tensors, the shipped launch beside the same Triton kernel at other block shapes and warp counts, a
+multi-tensor pass over the same bytes (`torch._foreach_mul_` over W and the states, plus a read of
+the gradient) and torch's fused AdamW on the same parameter (what the baseline pays for it), for
+bf16 and int8 states. The kernel updates in place: every timed run is one more AdamW step on random
+data, which keeps the weights finite (checked at the end).
 
-    python scripts/probe_elementwise.py          # on a CUDA GPU; JSONL to $OUT (or results/out)
-    python scripts/probe_elementwise.py --tiny   # a dry run on a CPU (Triton's interpreter, tiny shapes)
+    python -m harness.kernels.elementwise          # on a CUDA GPU; JSONL to $OUT (or results/out)
+    python -m harness.kernels.elementwise --tiny   # a CPU dry run (Triton's interpreter, tiny shapes)
+
+Everything goes through forge's public API: the optimizer's own states (`opt.state`, slots named
+by the rule), the shipped launcher `forge.kernels.elementwise_update`, and the kernel itself,
+`forge.kernels.elementwise_update_kernel`, launched at the other block shapes.
 """
 
 from __future__ import annotations
@@ -24,14 +28,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import forge  # noqa: E402  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
+import forge
 
 SHAPES = {"embedding": (128256, 4096), "norm": (1, 4096)}
-TINY_SHAPES = {"embedding": (64, 1024), "norm": (1, 1024)}
-# (block_r, block_c, num_warps): the shape a 4096-wide parameter took until the sixteenth session
-# first (it ships with 8 warps since: `elementwise_update.num_warps`)
+TINY_SHAPES = {"embedding": (16, 512), "norm": (1, 512)}
+# (block_r, block_c, num_warps): the shape a 4096-wide parameter took with 4 warps first (it ships
+# with 8 warps: `forge.kernels.elementwise_num_warps`)
 BLOCKS = [
     (8, 512, 4),
     (16, 512, 4),
@@ -58,9 +60,13 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
 
     bench = do_bench if device == "cuda" else _once
 
-    from forge.kernels import _cdiv
-    from forge.kernels.elementwise_update import _elementwise_update_kernel, elementwise_update
-    from forge.kernels.update_tile import epilogue_constexprs, slot_arguments, step_arguments
+    from forge.kernels import (
+        elementwise_update,
+        elementwise_update_kernel,
+        epilogue_constexprs,
+        slot_arguments,
+        step_arguments,
+    )
 
     if rows > 1:
         module = torch.nn.Embedding(rows, cols, device=device, dtype=torch.bfloat16)
@@ -71,10 +77,19 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     opt = forge.attach(module, "adamw", state_dtype=state_dtype, lr=1e-4, weight_decay=0.01)
     grad = torch.randn_like(param) * 1e-3
     opt.update_elementwise(param, grad)  # the states exist (and are non-zero) from here on
-    group = opt.param_groups[0]
-    states, scales, signed = opt._slot_tensors(param, group)
-    kw = opt._kernel_options(group)
-    coefficients = opt.rule.coefficients(group, 10, dict(opt.state[param]))
+    group, state = opt.param_groups[0], opt.state[param]
+    slots = opt.rule.slots(group)
+    states = tuple(state[s.name] if s else None for s in slots)
+    scales = tuple(state.get(s.name + "_absmax") if s else None for s in slots)
+    signed = tuple(bool(s and s.signed) for s in slots)
+    kw = dict(
+        rule=opt.rule.name,
+        flags=opt.rule.flags(group),
+        state_dtype=state_dtype,
+        stochastic_rounding=True,
+        int8_group=64,
+    )
+    coefficients = opt.rule.coefficients(group, 10, dict(state))
     shipped = lambda: elementwise_update(param, grad, states, scales, signed, coefficients, 12345, **kw)  # noqa: E731
 
     r, c = param.numel() // cols, cols
@@ -85,7 +100,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
         grad,
         r,
         c,
-        _cdiv(c, group_size),
+        -(-c // group_size),
         *step_arguments(param, coefficients, 12345, None),
     )
     constexprs = epilogue_constexprs(
@@ -106,8 +121,8 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
         br = min(block_r, triton.next_power_of_2(r))
         if block_c > max(64, c) or f"block_{br}x{block_c}_w{warps}_ms" in row:
             continue
-        grid = (_cdiv(r, br), _cdiv(c, block_c))
-        launch = _elementwise_update_kernel[grid]
+        grid = (-(-r // br), -(-c // block_c))
+        launch = elementwise_update_kernel[grid]
         shape = dict(STEPS_IN_MEMORY=False, BLOCK_R=br, BLOCK_C=block_c, num_warps=warps)
         row[f"block_{br}x{block_c}_w{warps}_ms"] = bench(
             lambda launch=launch, shape=shape: launch(*args, **constexprs, **shape), return_mode="median"
@@ -145,11 +160,11 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
 def main(argv: list[str]) -> int:
     tiny = "--tiny" in argv
     if not torch.cuda.is_available() and not tiny:
-        print("probe_elementwise times a GPU kernel: run it on a CUDA GPU (or --tiny for a dry run)")
+        print("this times a GPU kernel: run it on a CUDA GPU (or --tiny for a dry run)")
         return 2
     device = "cpu" if tiny else "cuda"
     shapes, blocks = (TINY_SHAPES, BLOCKS[:3]) if tiny else (SHAPES, BLOCKS)
-    from harness import env
+    from harness.run import env
 
     out_dir = Path(os.environ.get("OUT", "results/out"))
     out_dir.mkdir(parents=True, exist_ok=True)

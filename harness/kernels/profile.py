@@ -1,13 +1,14 @@
 """Where a training step's time goes, per method: GPU busy vs idle, host time, the top kernels.
 
-    python scripts/gpu_profile_step.py method=forge_bf16 model=llama3.1-8b batch_size=1 seq_len=1024
-    python scripts/gpu_profile_step.py method=no_optimizer model=tiny-llama device=cpu   # a dry run
-    torchrun --standalone --nproc-per-node=2 scripts/gpu_profile_step.py method=fused_adamw \
-        model=llama3.1-8b batch_size=1 seq_len=2048 gpus=2          # tensor parallel: rank 0 reports
+    python -m harness.kernels.profile method=forge_bf16 model=llama3.1-8b batch_size=1 seq_len=1024
+    python -m harness.kernels.profile method=no_optimizer model=tiny-llama device=cpu   # a dry run
+    torchrun --standalone --nproc-per-node=2 -m harness.kernels.profile method=fused_adamw \
+        model=llama3.1-8b batch_size=1 seq_len=2048 gpus=2         # tensor parallel: rank 0 reports
 
 Takes the harness's Hydra overrides (one point), builds the model and method exactly as a sweep
-point does (`harness.runner.build_method`), runs `warmup` steps, then profiles `steps` steps with
-torch.profiler and prints, and writes as JSON to $OUT (or the current directory):
+point does (`harness.run.runner.build_method`), runs PROFILE_WARMUP steps (default 3), then
+profiles PROFILE_STEPS steps (default 3) with torch.profiler and prints, and writes as JSON to $OUT
+(or the current directory), a file named after the point (`*.profile.json`):
 
 - step_ms: wall time per profiled step (host clock around a synchronized step);
 - gpu_busy_ms: the union of device-kernel intervals per step (overlapping kernels count once),
@@ -29,10 +30,10 @@ torch.profiler and prints, and writes as JSON to $OUT (or the current directory)
   profiled steps (median, min, max), and the clock-event reasons seen (power cap, thermal, ...):
   two methods whose same GEMMs take different times either ran at different clocks or not.
 
-The question it answers (issue 3): FORGE adds about 63 ms over "no optimizer" at Llama-3.1-8B b1,
-about the same with fp32 and bf16 states, so the added time does not follow the update's bytes.
-If idle_frac grows from no_optimizer to forge, the host launch path is the bottleneck; if busy
-time grows by the added step time, the kernels are.
+How to read two of them (`python -m harness.kernels.compare_profiles A B` sets them side by side):
+if idle_frac grows from no_optimizer to forge, the host's launch path is what FORGE adds; if busy
+time grows by the added step time, the kernels are. GPU for figures that mean anything; on a CPU
+it is a dry run of the same code (no device kernels, no clocks).
 """
 
 from __future__ import annotations
@@ -45,17 +46,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import forge  # noqa: E402, F401  (first: on a CPU it turns Triton's interpreter on before any kernel exists)
-from harness import models, runner, tensor_parallel  # noqa: E402
-from harness.config import compose_config  # noqa: E402
-from harness.measure import ClockSampler  # noqa: E402
-from harness.sweep import point_id  # noqa: E402
+from harness.run import models, runner, tensor_parallel
+from harness.run.config import compose_config
+from harness.run.measure import ClockSampler
+from harness.run.sweep import point_id
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
-# FORGE's fused dW GEMM + update, by kernel name: the Triton kernel and the warp-specialized Gluon one
-FUSED_KERNELS = ("_wgrad_update_kernel", "wgrad_update_ws_kernel")
+# FORGE's fused dW GEMM + update, by (part of) the kernel's name as the profiler shows it: the
+# Triton kernel and the warp-specialized Gluon one
+FUSED_KERNELS = ("wgrad_update_kernel", "wgrad_update_ws_kernel")
 
 
 def is_fused(name: str) -> bool:

@@ -1,7 +1,9 @@
 """Build the fused kernel for a GPU architecture on any machine, and read what it costs on chip.
 
-    python -m harness.kernel_build                     # the shipped Hopper config and the candidates
-    python -m harness.kernel_build --arch 90 --json    # one JSON line per config
+    python -m harness.kernels.build                    # the shipped Hopper configs and the candidates
+    python -m harness.kernels.build --arch 90 --json   # one JSON line per config
+    python -m harness.kernels.build --configs '[{"block_n": 128, "block_k": 64, "block_t": 64,
+        "group_n": 8, "epilogue_split": 4, "num_warps": 8, "num_stages": 3, "maxnreg": 128}]'
 
 Triton compiles to PTX and, with the toolchain it ships, to a cubin without a GPU. `cuobjdump`
 then says what each program of the kernel holds: registers per thread, the stack frame where
@@ -11,10 +13,13 @@ the pipeline buffers take. From those and the multiprocessor's budget
 a multiprocessor, which is what lets one program's epilogue (memory-bound) run beside another's
 main loop (tensor cores). None of this is a timing: it tells which configurations are worth a GPU
 run (no spills, two programs per multiprocessor), and a CI test uses it to check that the kernel
-still compiles for Hopper on a machine without one.
+still compiles for Hopper on a machine without one. It runs on a CPU, with the installed triton
+(the GPU image's 3.6 and CI's 3.9 both build; their register counts differ by a few).
 
-It must run with TRITON_INTERPRET=0 (a kernel defined under the interpreter cannot be compiled):
-`resources()` starts its own process for that.
+A kernel that Triton defined for its interpreter cannot be compiled, so the build sets
+TRITON_INTERPRET=0 for its own process before forge's kernels are first imported; where they were
+already defined under the interpreter (a test process, say), `resources()` builds in a fresh
+process instead.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps
 
 def candidate_groups() -> dict[str, list[dict[str, Any]]]:
     """The launch configs worth timing on a GPU (`python -m harness kernels --tune`), as KernelConfig
-    fields, in named groups; `forge.kernels.wgrad_update._pick_config` holds the table measured from
-    them. At 128 registers (two programs per multiprocessor) a 128 x 128 tile updated in 32-row
+    fields, in named groups; the tables behind `forge.kernels.pick_config` were measured from them.
+    At 128 registers (two programs per multiprocessor) a 128 x 128 tile updated in 32-row
     slices spills in its epilogue with fp32 and int8 states (the accumulator alone takes 64
     registers); in 16-row slices (split 8) it does not, nor do 128 x 64 and 64 x 128 tiles, which
     read one operand twice as often from L2."""
@@ -70,22 +75,18 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(base, block_n=128, block_k=64, maxnreg=None, num_warps=4, num_stages=4),
             dict(base, block_n=128, block_k=64, maxnreg=128, epilogue_split=8),
         ],
-        "persistent": [
-            dict(base, block_n=128, block_k=128, maxnreg=None, programs_per_sm=1, flatten=True),
-            dict(base, block_n=128, block_k=64, maxnreg=128, programs_per_sm=2, flatten=True, num_stages=2),
-        ],
         # Large T, where the main loop dominates: a 128 x 256 tile (two warpgroups of m64n256 MMAs)
-        # ran the bare GEMM at 95-98% of cuBLAS in the prototypes (shared/KERNEL-LEADS.md) where
-        # 128 x 128 reaches ~70%; one program per SM, no spills in 16-row slices.
+        # ran the bare GEMM at 95-98% of cuBLAS in prototypes where 128 x 128 reaches ~70%; one
+        # program per SM, no spills in 16-row slices.
         "wide": [
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8),
             dict(base, block_n=128, block_k=256, maxnreg=None, epilogue_split=8, num_stages=4),
         ],
         # Where the GEMM is shorter than its launch (Llama's k and v at T = 1024), the host's cost
-        # per launch sets the time: plain pointers skip encoding two TMA descriptors per call, and
-        # "device" keeps the bulk copies but has each program build its descriptors.
+        # per launch sets the time: plain pointers skip encoding two TMA descriptors per call
+        # (shipped below 2e10 FLOPs). Persistent grids and descriptors built by each program were
+        # timed too and lost everywhere (docs/performance.md); their knobs left the kernel.
         "pointers": [dict(c, tma="none") for c in shipped],
-        "device_tma": [dict(c, tma="device") for c in shipped],
         # In slice order each epilogue slice's loads wait for the previous slice's stores (the
         # SASS reads LDG x3, STG x3, eight times over): load the next slice first (the int8
         # small-T config ships that way; here it is timed in slice order).
@@ -104,10 +105,9 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(warp_specialized_base, fast_epilogue=True, overlap_slices=True),
             dict(warp_specialized_base, epilogue_rows=16, overlap_slices=True),
             # 256 x 128 tiles: two MMA warpgroups share each x tile, a quarter fewer operand bytes
-            # through L2 per weight than 128 x 128 (what bounds the kernel at large T, perf notes,
-            # thirteenth session); 4 epilogue warps fit beside them, and a ring of 3 x 32 tokens
-            # beside the 132 KiB staging buffer. Measured 1.09-3.30x the shipped config (fourteenth
-            # session): not shipped
+            # through L2 per weight than 128 x 128 (what bounds the kernel at large T); 4 epilogue
+            # warps fit beside them, and a ring of 3 x 32 tokens beside the 132 KiB staging buffer.
+            # Measured 1.09-3.30x the shipped config: not shipped
             dict(
                 warp_specialized_base,
                 block_n=256,
@@ -121,7 +121,7 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
         # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
-        # 1.18-1.74x it on Llama's and Qwen's k (fourteenth session): not shipped
+        # 1.18-1.74x it on Llama's and Qwen's k: not shipped
         "narrow": [
             dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
             for block_k in (128, 64)
@@ -145,7 +145,7 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
     `tma` as `KernelConfig.tma` ("host", "device", "none")."""
     if config.get("warp_specialized"):
         return _compile_warp_specialized(config, arch, state_dtype, stochastic_rounding)
-    from forge.kernels.wgrad_update import _wgrad_update_kernel as kernel
+    from forge.kernels import wgrad_update_kernel as kernel
 
     tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma == "host" else "*bf16"
     signature = _slots_signature(state_dtype)
@@ -165,8 +165,6 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
         GROUP_N=config["group_n"],
         EPILOGUE_SPLIT=config["epilogue_split"],
         OVERLAP_SLICES=config.get("overlap_slices", False),
-        PERSISTENT=config.get("programs_per_sm", 0) > 0,
-        FLATTEN=config.get("flatten", False),
     )
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     if config.get("maxnreg"):
@@ -181,9 +179,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from forge.kernels import wgrad_update_ws
+    from forge.kernels import wgrad_update_ws_kernel as kernel
+    from forge.kernels import ws_max_registers
 
-    kernel = wgrad_update_ws.wgrad_update_ws_kernel
     bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
     T, N, K = PROBLEM
     signature = _slots_signature(state_dtype)
@@ -210,7 +208,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
-    maxnreg = wgrad_update_ws.max_registers(config["num_warps"], bn)
+    maxnreg = ws_max_registers(config["num_warps"], bn)
     options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
@@ -218,8 +216,8 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
 def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c: int = 512):
     """The CompiledKernel of the element-wise AdamW update (norms, embeddings) for sm_<arch>, at
     the block shape `forge.kernels.elementwise_update` picks for a 4096-wide parameter."""
-    from forge.kernels.elementwise_update import _elementwise_update_kernel as kernel
-    from forge.kernels.elementwise_update import num_warps
+    from forge.kernels import elementwise_num_warps as num_warps
+    from forge.kernels import elementwise_update_kernel as kernel
 
     signature = _slots_signature(state_dtype)
     signature.update(g_ptr="*bf16")
@@ -290,7 +288,7 @@ def _build(
     signature.update({name: "constexpr" for name in constants})
     missing = [name for name in kernel.arg_names if name not in signature]
     if missing:
-        raise ValueError(f"kernel_build does not know the arguments {missing} of {kernel.fn.__name__}")
+        raise ValueError(f"the build does not know the arguments {missing} of {kernel.fn.__name__}")
     ordered = {name: signature[name] for name in kernel.arg_names}
     divisible = [name for name, kind in ordered.items() if kind.startswith("*")] + divisible_integers
     source = ASTSource(
@@ -346,8 +344,11 @@ def loads_before_first_store(sass: str) -> int:
 
 
 def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", tma: bool = True) -> dict:
-    """Registers, spills, shared memory and programs per multiprocessor of one config (in-process:
-    TRITON_INTERPRET must be off). `ELEMENTWISE` as the config measures the element-wise kernel."""
+    """Registers, spills, shared memory and programs per multiprocessor of one config, built in this
+    process (`resources` builds in a fresh one). `ELEMENTWISE` as the config measures the element-wise
+    kernel."""
+    if not compile_here():
+        raise RuntimeError("forge's kernels were defined for Triton's interpreter here: use resources()")
     if config.get("kernel") == "elementwise":
         compiled = _compile_elementwise(arch, state_dtype, config["block_r"], config["block_c"])
     else:
@@ -383,19 +384,31 @@ def _triton_version() -> str:
 
 def resources(configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = "bf16") -> list[dict]:
     """`measure` for each config, in a fresh process with the interpreter off (so that this works
-    from tests and from code that imported forge on a CPU)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.kernel_build", "--json", "--arch", str(arch)]
+    from tests and from code whose kernels were defined for the interpreter)."""
+    return collect(start_resources(configs, arch, state_dtype))
+
+
+def start_resources(
+    configs: list[dict[str, Any]], arch: int = 90, state_dtype: str = "bf16"
+) -> subprocess.Popen:
+    """`resources` started in the background (builds of several state dtypes can run at once):
+    `collect(process)` waits for its records."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.kernels.build", "--json", "--arch", str(arch)]
         + ["--state-dtype", state_dtype, "--configs", json.dumps(configs)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        env=env,
-        check=False,
+        env=dict(os.environ, TRITON_INTERPRET="0"),
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"building the kernel for sm_{arch} failed:\n{done.stderr[-3000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def collect(process: subprocess.Popen) -> list[dict]:
+    """The records of a `start_resources` process, in the order of its configs."""
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"building the kernel failed:\n{stderr[-3000:]}")
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def describe(c: dict) -> str:
@@ -442,49 +455,65 @@ def _cells(r: dict, name: str) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
+def kernels_defined() -> bool:
+    """Whether forge's Triton code is already defined in this process (a forge module imported
+    triton): its kernels then stay as TRITON_INTERPRET was at that moment."""
+    return any(
+        name.split(".")[0] == "forge" and "triton" in getattr(module, "__dict__", {})
+        for name, module in list(sys.modules.items())
+    )
+
+
+def compile_here() -> bool:
+    """Make this process able to compile forge's kernels: set TRITON_INTERPRET=0 before they are
+    first defined. False where they were already defined for the interpreter (build in a fresh
+    process then: `resources`)."""
+    if not kernels_defined():
+        os.environ["TRITON_INTERPRET"] = "0"
+        return True
+    from triton.runtime.jit import JITFunction
+
+    from forge.kernels import wgrad_update_kernel
+
+    return isinstance(wgrad_update_kernel, JITFunction)
+
+
+def known_fields() -> set[str]:
+    """The config fields the build takes: KernelConfig's, the element-wise kernel's, and the
+    int8 states' group size (`int8_group`, an option of the update rather than of the launch)."""
+    import dataclasses
+
+    from forge.kernels import KernelConfig
+
+    return {f.name for f in dataclasses.fields(KernelConfig)} | set(ELEMENTWISE) | {"int8_group"}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.kernel_build", description=__doc__.splitlines()[0]
+        prog="python -m harness.kernels.build",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     parser.add_argument("--state-dtype", default="bf16", choices=sorted(STATE_POINTER))
     parser.add_argument("--configs", help="a JSON list of KernelConfig fields (default: candidates())")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     args = parser.parse_args(argv)
+    here = compile_here()  # before forge's kernels are imported, below
     configs = json.loads(args.configs) if args.configs else [*candidates(), ELEMENTWISE]
-    known = {
-        "block_n",
-        "block_k",
-        "block_t",
-        "group_n",
-        "epilogue_split",
-        "num_warps",
-        "num_stages",
-        "maxnreg",
-        "programs_per_sm",
-        "flatten",
-        "tma",
-        "overlap_slices",
-        "warp_specialized",
-        "epilogue_rows",
-        "fast_epilogue",
-        "int8_group",
-        *ELEMENTWISE,
-    }
+    known = known_fields()
     for config in configs:
         unknown = set(config) - known
         if unknown:
             parser.error(f"unknown KernelConfig fields {sorted(unknown)}; known: {sorted(known)}")
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if not interpreted:
-        os.environ["TRITON_INTERPRET"] = "0"  # before `import forge`, which turns it on without CUDA
-    if args.json and interpreted:
-        parser.error("run with TRITON_INTERPRET=0: kernels defined under the interpreter cannot be compiled")
+    if args.json and not here:
+        parser.error("forge's kernels were defined for the interpreter here: they cannot be compiled")
     if not args.json:
         print(f"sm_{args.arch}, AdamW, {args.state_dtype} states, TMA operands (cuobjdump, no GPU)\n")
         print("| config | registers | stack bytes | spills (STL/LDL) | shared KiB | programs per SM |")
         print("|---|---:|---:|---:|---:|---:|")
-    if interpreted:  # `import forge` turned the interpreter on (a CPU): build in a clean process
+    if not here:
         for r in resources(configs, args.arch, args.state_dtype):
             print(_row(r), flush=True)
         return 0

@@ -1,10 +1,10 @@
-"""TP=2 FORGE == TP=2 torch.optim == one-GPU FORGE at a real size (the GPU twin of
-tests/test_tensor_parallel.py). Run under torchrun, one process per GPU:
+"""TP=2 FORGE == TP=2 torch.optim == one-GPU FORGE at a real size (the GPU twin of the tensor-
+parallel tests, which run tiny models on the CPU). Run under torchrun, one process per GPU:
 
-    torchrun --standalone --nproc-per-node=2 scripts/gpu_tp_exactness.py --hidden 2048 --layers 4
+    torchrun --standalone --nproc-per-node=2 -m harness.kernels.tp_exactness --hidden 2048 --layers 4
 
 A Llama of the given size in fp32 weights, fp32 AdamW states, the same batches on every rank:
-the sharded model trained with FORGE and with torch.optim.AdamW under harness.tensor_parallel's
+the sharded model trained with FORGE and with torch.optim.AdamW under harness.run.tensor_parallel's
 plan, and (rank 0) the whole model trained with FORGE on one GPU. Prints the largest relative
 error per comparison (leaving out, and counting, the rare sign flips of Adam's first steps; see
 `worst`) and the per-GPU peak memory of each run; exits 1 when a bound fails.
@@ -20,17 +20,15 @@ import sys
 import torch
 import torch.distributed as dist
 
-import forge  # on a CPU: turns the Triton interpreter on before any kernel exists
+import forge
 from forge.distributed import load_optimizer, local, save_optimizer
-from harness import tensor_parallel
+from harness.run import tensor_parallel
 
 HPARAMS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
 def build(args, device: str) -> torch.nn.Module:
-    # imported here, after forge: transformers may import Triton, which must see the interpreter
-    # switch that `import forge` sets on a CPU
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # the harness extra
 
     torch.manual_seed(0)
     heads = max(2, args.hidden // 128)  # at least one head per rank
@@ -99,7 +97,10 @@ def peak_gib(device: str) -> float | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(
+        prog="torchrun --standalone --nproc-per-node=2 -m harness.kernels.tp_exactness",
+        description=__doc__.splitlines()[0],
+    )
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000)
