@@ -11,8 +11,6 @@ from collections.abc import Iterable
 
 import torch
 
-from forge.rules import IGNORED_OPTIONS, get_rule
-
 
 class Lion(torch.optim.Optimizer):
     """Lion: u = sign(beta1 m + (1 - beta1) g); w <- w (1 - lr wd) - lr u; m <- beta2 m + (1 - beta2) g."""
@@ -57,6 +55,8 @@ _TORCH_CLASSES = {
 
 def torch_optimizer(rule: str, params: Iterable, **hparams) -> torch.optim.Optimizer:
     """The reference optimizer for `rule` with torch.optim's defaults overridden by `hparams`."""
+    from forge.rules import IGNORED_OPTIONS, get_rule
+
     get_rule(rule)  # a clear error for unknown names
     options = {k: v for k, v in hparams.items() if k not in IGNORED_OPTIONS or rule != "lion"}
     return _TORCH_CLASSES[rule.lower()](params, **options)

@@ -11,9 +11,9 @@ import copy
 
 import pytest
 import torch
-from helpers import lm_batch, lm_loss, relative_error, tiny_llama, tiny_qwen3, train_pair
 
 import forge
+from tests.helpers import lm_batch, lm_loss, relative_error, tiny_llama, tiny_qwen3, train_pair
 
 MODELS = {"llama": tiny_llama, "qwen3-tied": tiny_qwen3}
 

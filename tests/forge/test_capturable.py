@@ -1,8 +1,9 @@
-"""`capturable=True`: the step's scalars from device memory, so a CUDA graph can replay FORGE's step.
+"""`ForgeOptimizer(capturable=True)`: the step's scalars from device memory, so a CUDA graph can
+replay FORGE's step.
 
 A CPU has no CUDA graphs; here the kernels run in Triton's interpreter reading their step rows
 (the same kernels a graph replays), and a capture is faked to check the host's part of a replay.
-The replay itself is checked on the GPU (tests/test_gpu.py).
+The replay itself is checked on the GPU (tests/forge/test_gpu.py).
 """
 
 import copy
@@ -12,8 +13,9 @@ import torch
 from torch import nn
 
 import forge
+import forge.kernels
 from forge import optim as forge_optim
-from forge.kernels.update_tile import STEP_ROW
+from forge.kernels import STEP_ROW
 from forge.rules import NUM_COEFFICIENTS
 
 
@@ -55,8 +57,8 @@ def _fake_capture(monkeypatch, opt, model, ids):
     """A backward as under torch.cuda.graph: `_capturing` true, the launches recorded, not run."""
     launches = []
     monkeypatch.setattr(forge_optim, "_capturing", lambda p: True)
-    monkeypatch.setattr(forge_optim, "wgrad_update", lambda *a, **k: launches.append((a, k)))
-    monkeypatch.setattr(forge_optim, "elementwise_update", lambda *a, **k: launches.append((a, k)))
+    monkeypatch.setattr(forge.kernels, "wgrad_update", lambda *a, **k: launches.append((a, k)))
+    monkeypatch.setattr(forge.kernels, "elementwise_update", lambda *a, **k: launches.append((a, k)))
     _step(model, ids)
     monkeypatch.undo()
     return launches
@@ -73,7 +75,7 @@ def test_a_capture_records_the_parameters_and_a_replay_advances_them(monkeypatch
     assert len(launches) == len(params)
     for args, kwargs in launches:  # every launch reads its row, none carries this step's values
         assert kwargs["step_values"] is not None
-        assert args[-2:] == (forge_optim._NO_COEFFICIENTS, 0)
+        assert args[-2:] == ((0.0,) * NUM_COEFFICIENTS, 0)
     assert all(opt.state[p]["step"] == 1 for p in params), "a capture must not count a step"
     assert set(opt._captured) == set(params)
 

@@ -1,7 +1,7 @@
 """`forge.kernels.launch.DirectLauncher` on the CPU, with a stand-in kernel and driver: the first
 launch of a key goes through Triton's dispatch, later ones straight to the compiled kernel's C
 launcher with every argument in signature order; launch hooks, other devices and other keys fall
-back to Triton. (On the GPU, `tests/test_gpu.py` checks direct launches against Triton's own, bit
+back to Triton. (On the GPU, `tests/forge/test_gpu.py` checks direct launches against Triton's own, bit
 for bit.)"""
 
 import pytest

@@ -1,6 +1,6 @@
 """GPU-only checks (skipped without CUDA): bf16 exactness at Llama-like shapes, and memory.
 
-Run on the device: `pytest tests/test_gpu.py -q`.
+Run on the device: `pytest tests/forge/test_gpu.py -q`.
 """
 
 import math
@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 import forge
-from harness.kernel_build import candidate_groups
 
 pytestmark = pytest.mark.gpu
 
@@ -57,7 +56,7 @@ def test_fp32_fused_step_matches_torch_on_gpu():
     Adam's first steps are about lr * sign(g). Where |g| is within the GEMM's fp32 rounding of zero,
     cuBLAS and the fused kernel may disagree on the sign and the weights then differ by ~lr, which
     is a property of the data, not of FORGE. On an H200 one draw of this test differed by 3.7e-4
-    (norm-relative) while another (scripts/gpu_diag_fp32.py) agreed to 3e-8; those elements are
+    (norm-relative) while another agreed to 3e-8; those elements are
     reported and excluded here, and everything else must agree to 1e-5.
     """
     dev = "cuda"
@@ -122,7 +121,7 @@ def test_backward_never_allocates_the_weight_gradient(state_dtype):
 @pytest.mark.parametrize("T, N, K", [(512, 768, 1000), (4096, 1024, 4096), (1000, 136, 72)])
 def test_fused_gradient_equals_fp64_gemm(T, N, K, dtype):
     """The kernel's dW (read back through SGD with lr=1: w_old - w_new) against dy^T x in fp64."""
-    from forge.kernels.wgrad_update import wgrad_update
+    from forge.kernels import wgrad_update
     from forge.rules import get_rule, resolve_hparams
 
     dev = "cuda"
@@ -174,64 +173,9 @@ def test_a_new_seed_never_compiles_a_new_kernel(monkeypatch):
     assert len(compiles) == first, f"compiled after the first step: {compiles[first:]}"
 
 
-@pytest.mark.parametrize("group", sorted(set(candidate_groups()) - {"shipped"}))
-@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
-def test_every_tuning_candidate_computes_the_same_update(state_dtype, group):
-    """The offline tuner's candidates (`harness.kernel_build.candidates`, one group at a time: other
-    tiles, a persistent grid; `_pick_config` ships some of them) change the schedule, not the
-    step: the same AdamW step with stochastic rounding as the first shipped config, to the last bit
-    but for the rare element whose fp32 sum over T rounds the other way in another MMA shape (int8:
-    codes and scales too)."""
-    from forge.kernels import quant
-    from forge.kernels.wgrad_update import KernelConfig, wgrad_update
-    from forge.rules import get_rule, resolve_hparams
-    from harness.kernel_build import candidates
-
-    T, N, K = 2048, 4096, 1536
-    g = torch.Generator(device="cuda").manual_seed(3)
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
-    w0 = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
-    m0 = torch.randn(N, K, device="cuda", generator=g) * 1e-3
-    v0 = torch.rand(N, K, device="cuda", generator=g) * 1e-6
-    if state_dtype == "int8":
-        (m0, m_scale), (v0, v_scale) = quant.quantize(m0, signed=True), quant.quantize(v0, signed=False)
-        scales0 = (m_scale, v_scale)
-    else:
-        m0, v0, scales0 = m0.bfloat16(), v0.bfloat16(), ()
-    rule = get_rule("adamw")
-    h = resolve_hparams(rule, dict(lr=1e-3, weight_decay=0.01))
-
-    def step(fields):
-        w, m, v, *scales = (t.clone() for t in (w0, m0, v0, *scales0))
-        wgrad_update(
-            w,
-            (m, v, None),
-            (*scales, None) if scales else (None,) * 3,
-            (True, False, False),
-            dy,
-            x,
-            rule.coefficients(h, 5, {}),
-            99,
-            rule="adamw",
-            flags=rule.flags(h),
-            state_dtype=state_dtype,
-            stochastic_rounding=True,
-            config=KernelConfig(**fields),
-        )
-        return w, m, v, *scales
-
-    first, *others = candidates([group])
-    reference = step(first)
-    for fields in others:
-        for got, want, name in zip(step(fields), reference, ("w", "m", "v", "m scales", "v scales")):
-            differ = got != want
-            assert float(differ.float().mean()) <= 1e-3, f"{name} under {fields}: {int(differ.sum())} differ"
-
-
 def test_forward_end_memory_sits_between_the_weights_and_the_peak():
-    """`harness.measure.ForwardEndMemory`: allocated bytes when the forward returns, read by a hook."""
-    from harness.measure import ForwardEndMemory
+    """`harness.run.measure.ForwardEndMemory`: allocated bytes when the forward returns, read by a hook."""
+    from harness.run.measure import ForwardEndMemory
 
     model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
     x = torch.randn(512, 1024, device="cuda", requires_grad=True)
@@ -251,16 +195,25 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
     of four steps through Triton's own launches to the bit: a 4096 x 4096 weight (the main loop
     reads by TMA descriptors; with bf16 states on Hopper, the warp-specialized kernel), a 256-row
     one (by pointers), and a LayerNorm (element-wise kernel)."""
-    import forge.kernels.elementwise_update as eu
-    import forge.kernels.wgrad_update as wu
+    import importlib
 
-    class TritonOnly(wu.DirectLauncher):
+    import forge.kernels
+    from forge.kernels.launch import DirectLauncher
+
+    modules = [
+        importlib.import_module(f"forge.kernels.{name}") for name in ("wgrad_update", "elementwise_update")
+    ]
+    if forge.kernels.wgrad_update_ws_kernel is not None:
+        modules.append(importlib.import_module("forge.kernels.wgrad_update_ws"))
+    wu, eu = modules[:2]
+
+    class TritonOnly(DirectLauncher):
         def _remember(self, *args):  # never keeps a compiled kernel: every launch is Triton's
             pass
 
     def train(launchers):
-        for (module, name), launcher in launchers.items():
-            monkeypatch.setattr(module, name, launcher)
+        for module, launcher in launchers.items():
+            monkeypatch.setattr(module, "_launch", launcher)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4096, 4096), nn.LayerNorm(4096), nn.Linear(4096, 256))
         model = model.cuda().bfloat16()
@@ -271,14 +224,12 @@ def test_direct_launches_apply_tritons_own_steps(state_dtype, monkeypatch):
         torch.cuda.synchronize()
         return model, opt
 
-    kernels = {(wu, "_launch"): wu._wgrad_update_kernel, (eu, "_launch"): eu._elementwise_update_kernel}
-    if wu.wgrad_update_ws is not None:
-        kernels[wu, "_launch_ws"] = wu.wgrad_update_ws.wgrad_update_ws_kernel
-    direct = {where: wu.DirectLauncher(kernel) for where, kernel in kernels.items()}
+    kernels = {module: module._launch.kernel for module in modules}
+    direct = {module: DirectLauncher(kernel) for module, kernel in kernels.items()}
     fast, fast_opt = train(direct)
-    slow, slow_opt = train({where: TritonOnly(kernel) for where, kernel in kernels.items()})
-    fused = sum(launcher.direct_launches for (module, _), launcher in direct.items() if module is wu)
-    assert fused == 2 * 3 and direct[eu, "_launch"].direct_launches >= 3
+    slow, slow_opt = train({module: TritonOnly(kernel) for module, kernel in kernels.items()})
+    fused = sum(launcher.direct_launches for module, launcher in direct.items() if module is not eu)
+    assert fused == 2 * 3 and direct[eu].direct_launches >= 3
     for (name, a), b in zip(fast.named_parameters(), slow.parameters()):
         assert torch.equal(a, b), f"{name} differs between direct and Triton launches"
         for key, value in fast_opt.state[a].items():
@@ -361,71 +312,54 @@ def test_the_warp_specialized_kernel_applies_the_triton_kernels_step(rule, hp, s
     one a rounding step away; and with the step read from device memory (a CUDA graph's launch),
     the same as with it passed as arguments."""
 
-    from forge.kernels import quant
-    from forge.kernels.update_tile import STEP_ROW
-    from forge.kernels.wgrad_update import _HOPPER_WS_DEFAULTS, _pick_config, wgrad_update
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS, pick_config, quant
 
     N, K = 4096, 2048
     g = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
     dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
-    layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-    opt = forge.attach(layer, rule, state_dtype=state_dtype, **hp)
-    w0, group = layer.weight.detach().clone(), opt.param_groups[0]
-    states0, scales0, signed = opt._slot_tensors(layer.weight, group)
-    for s, scale, is_signed in zip(states0, scales0, signed):
-        if s is None:
+    base = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    start = {}  # the states every variant starts from: random, as after some training
+    for name, value in forge.attach(base, rule, state_dtype=state_dtype, **hp).state[base.weight].items():
+        if not isinstance(value, torch.Tensor) or name.endswith("_absmax"):
             continue
-        values = torch.rand(s.shape, device="cuda", generator=g) * 1e-3
+        values = torch.rand(value.shape, device="cuda", generator=g) * 1e-3
         if state_dtype == "int8":
-            codes, block_scales = quant.quantize(values, is_signed)
-            s.copy_(codes)
-            scale.copy_(block_scales)
+            signed = value.dtype == torch.int8
+            start[name], start[name + "_absmax"] = quant.quantize(values, signed)
         else:
-            s.copy_(values)
-    states0 = tuple(None if s is None else s.clone() for s in states0)
-    scales0 = tuple(None if s is None else s.clone() for s in scales0)
-    coefficients = opt.rule.coefficients(group, 5, dict(opt.state[layer.weight]))
-    row = torch.zeros(STEP_ROW, dtype=torch.int32, device="cuda")
-    row[:9] = torch.tensor(coefficients, dtype=torch.float32, device="cuda").view(torch.int32)
-    row[9] = 99
+            start[name] = values.to(value.dtype)
+    forge.detach(base)
 
-    def step(config, step_values=None):
-        w = w0.clone()
-        states = tuple(None if s is None else s.clone() for s in states0)
-        scales = tuple(None if s is None else s.clone() for s in scales0)
-        wgrad_update(
-            w,
-            states,
-            scales,
-            signed,
-            dy,
-            x,
-            coefficients,
-            99,
-            config=config,
-            step_values=step_values,
-            **opt._kernel_options(group),
-        )
-        return [w, *(s for s in (*states, *scales) if s is not None)]
+    def step(config, capturable=False):
+        """One update of a fresh copy under `config`; capturable: its step read from device memory."""
+        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(base.weight)
+        opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
+        state = opt.state[layer.weight]
+        for name, value in start.items():
+            state[name].copy_(value)
+        opt.update_linear(layer.weight, dy, x, config=config)
+        return [layer.weight.detach(), *(state[name] for name in sorted(start))]
 
-    ws = _HOPPER_WS_DEFAULTS["fp32"]  # the exact epilogue, overlapped slices
-    triton_step = step(_pick_config(T, N, K, state_dtype, on_interpreter=False))
+    ws = WARP_SPECIALIZED_DEFAULTS["fp32"]  # the exact epilogue, overlapped slices
+    triton_step = step(pick_config(T, N, K, state_dtype, on_interpreter=False))
     ws_step = step(ws)
     for got, want in zip(ws_step, triton_step):
         _assert_differ_only_in_rounding(got, want, "the warp-specialized kernel")
-    for got, want in zip(step(ws, step_values=row), ws_step):
+    for got, want in zip(step(ws, capturable=True), ws_step):
         assert torch.equal(got, want), "the step read from device memory differs from the step passed in"
     if state_dtype != "fp32":  # the fast epilogue: approximate sqrt and division, hardware rounding
-        for got, want in zip(step(_HOPPER_WS_DEFAULTS[state_dtype]), triton_step):
+        for got, want in zip(step(WARP_SPECIALIZED_DEFAULTS[state_dtype]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the fast epilogue")
 
 
 def _assert_differ_only_in_rounding(got, want, what):
     """At most 1% of the elements differ, each by one rounding step of its own (int8 codes: one
     code; floats: stochastic rounding of a sum that came out a few fp32 ulps apart) plus a few fp32
-    ulps of the tensor's scale (the same few ulps, where the update cancels to near zero;
-    scripts/probe_ws_exactness.py measured up to 3.7 steps of such an element). A missed or
+    ulps of the tensor's scale (the same few ulps, where the update cancels to near zero: up to 3.7
+    steps of such an element were measured). A missed or
     repeated tile, or a wrong coefficient, moves far more."""
     differ = got != want
     fraction = float(differ.float().mean())

@@ -1,9 +1,9 @@
 """GPU-only checks of `method.cuda_graph` (skipped without CUDA): a step captured once and replayed
 trains exactly as the same method's eager steps do, through the harness.
 
-Run on the device: `pytest tests/test_gpu_graphs.py -q`.
+Run on the device: `pytest tests/forge/test_gpu_graphs.py -q`.
 
-A tiny transformers Llama, built as `harness.models` builds every model (bf16, on the GPU), trained
+A tiny transformers Llama, built as `harness.run.models` builds every model (bf16, on the GPU), trained
 by the harness's methods with the graph on and off from the same seed and batches. The first
 graphed step runs `graphs.WARMUP_STEPS` eager steps on its first batch, then the capture, then one
 replay, so N graphed steps are `WARMUP_STEPS + N` optimizer steps: the eager run takes the first
@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import graphs, models, runner
-from harness.config import compose_config
+from harness.run import graphs, models, runner
+from harness.run.config import compose_config
 
 pytestmark = pytest.mark.gpu
 

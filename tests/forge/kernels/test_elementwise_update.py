@@ -1,12 +1,16 @@
-"""Each rule's two halves agree: the Triton function (through the element-wise kernel) and its
-PyTorch twin `forge.rules.reference_update`, fed the same host coefficients, step after step."""
+"""`forge.kernels.elementwise_update`, the update of every parameter that is not a fused weight.
+
+Each rule's two halves agree through it: the Triton function and its PyTorch twin
+`forge.rules.reference_update`, fed the same host coefficients, step after step. (Against
+torch.optim, through the public API: `tests/forge/test_rules.py`.)
+"""
 
 import pytest
 import torch
-from test_rules_exact import RULE_CASES
 
-from forge.kernels.elementwise_update import elementwise_update
+from forge.kernels import elementwise_update
 from forge.rules import get_rule, reference_update, resolve_hparams
+from tests.helpers import RULE_CASES
 
 
 @pytest.mark.parametrize("case", RULE_CASES, ids=RULE_CASES.keys())

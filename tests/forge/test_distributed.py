@@ -1,4 +1,5 @@
-"""Tensor-parallel FORGE on CPU: 2 gloo processes, a tiny Llama sharded by PyTorch's TP plans.
+"""`forge.distributed`: tensor-parallel FORGE on CPU, 2 gloo processes, a tiny Llama sharded by
+PyTorch's TP plans (through the harness's plan, `harness.run.tensor_parallel`).
 
 One spawn runs every check (the Triton interpreter is slow, so each training run is done once):
 rank 0 and rank 1 train the sharded model with FORGE and with torch.optim under the same plan;
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import relative_error
+
+from tests.helpers import relative_error
 
 WORLD = 2
 STEPS = 3
@@ -27,7 +29,7 @@ HPARAMS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
 def _tiny_llama():
-    from helpers import tiny_llama
+    from tests.helpers import tiny_llama
 
     torch.manual_seed(0)
     return tiny_llama(tie=False)
@@ -61,7 +63,7 @@ def _train(model, batches, opt=None):
 
 
 def _sharded(base, mesh, sequence_parallel=False):
-    from harness.tensor_parallel import parallelize
+    from harness.run.tensor_parallel import parallelize
 
     return parallelize(copy.deepcopy(base), mesh, sequence_parallel)
 
@@ -154,7 +156,7 @@ def _errors(mesh) -> dict[str, str]:
 
 def _worker(rank: int, tmp: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
-    import forge  # first: sets TRITON_INTERPRET=1 before any kernel exists  # noqa: F401
+    import forge
 
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -175,7 +177,7 @@ def _worker(rank: int, tmp: str) -> None:
         out["tp_forge"] = _full(tp_forge)
         out["checkpoint"] = _check_checkpoint(base, mesh, opt, f"{tmp}/dcp")
 
-        from harness.tensor_parallel import layout_groups
+        from harness.run.tensor_parallel import layout_groups
 
         tp_torch = _sharded(base, mesh)
         out["tp_torch_losses"] = _train(

@@ -1,4 +1,5 @@
-"""Every rule, fp32 weights and fp32 states: FORGE equals torch.optim (Lion: forge.baseline.Lion).
+"""`forge.rules`, end to end: with fp32 weights and fp32 states every rule equals torch.optim
+(Lion: forge.baseline.Lion).
 
 Through the public API on a small model whose Linear weights take the fused kernel and whose bias and
 LayerNorm take the element-wise kernel. Shapes are odd on purpose (not multiples of any tile), three
@@ -8,27 +9,9 @@ of dW over tokens inside the GEMM (about 1e-7 relative in fp32).
 
 import pytest
 import torch
-from helpers import relative_error, train_pair
 from torch import nn
 
-RULE_CASES = {
-    "adamw": dict(lr=1e-2, weight_decay=0.1),
-    "adamw-betas": dict(lr=3e-3, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05),
-    "nadam": dict(lr=1e-2, weight_decay=0.1),
-    "nadam-decoupled": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
-    "radam": dict(lr=1e-2, weight_decay=0.1),
-    "radam-decoupled-rectified": dict(
-        lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, betas=(0.9, 0.5)
-    ),
-    "lion": dict(lr=1e-3, weight_decay=0.1),
-    "rmsprop": dict(lr=1e-3, weight_decay=0.1),
-    "rmsprop-centered-momentum": dict(lr=1e-3, weight_decay=0.1, centered=True, momentum=0.9),
-    "rmsprop-momentum": dict(lr=1e-3, momentum=0.5),
-    "adagrad": dict(lr=1e-2, weight_decay=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
-    "sgd": dict(lr=1e-2, weight_decay=0.1),
-    "sgd-momentum-dampening": dict(lr=1e-2, weight_decay=0.1, momentum=0.9, dampening=0.1),
-    "sgd-nesterov": dict(lr=1e-2, weight_decay=0.1, momentum=0.9, nesterov=True),
-}
+from tests.helpers import RULE_CASES, relative_error, train_pair
 
 # (batch dims, in_features, out_features): single elements, odd sizes, a 3-D input.
 SHAPES = {"1x1": ((1,), 1, 1), "17x23": ((5,), 23, 17), "9x41x341": ((3, 3), 341, 41)}
