@@ -1,16 +1,22 @@
-"""forge-bench's sweep engine: run FORGE and its rivals point by point, measure, record.
+"""forge-bench's harness: measure FORGE and its rivals point by point, report, check for regressions.
 
-`python -m harness sweep +exp=NAME` expands the grid of `conf/exp/NAME.yaml`, validates every
-point's config, then runs each point in a fresh subprocess (`harness.worker`) and appends one
-JSONL record per point to `results/<sweep>.jsonl` (`harness.results`). Modules, one job each:
+`python -m harness VERB` (harness/__main__.py) is the command line. The packages follow the jobs:
 
-    config     typed Hydra configs (dataclasses), composition and validation
-    models     transformers models from architecture configs, random init
-    methods/   one module per training method (fused AdamW, FORGE, the baselines), one interface
-    measure    step timers, memory peaks (torch and NVML), the memory breakdown
-    runner     one point in this process: build, train a few steps, measure, check, make a record
-    worker     the subprocess entry point around runner
-    sweep      the grid or capacity search, isolation, resume, progress
-    env        versions, GPU and git commit stamped on every record
-    results    the record format, atomic appends, `load()` into pandas
+    run/        sweeps: configs, the grid, one fresh worker process per point, methods, models,
+                measuring; writes one JSONL record per point to results/<sweep>.jsonl
+    report/     results in, reports/ out: tables (Markdown, LaTeX), plots, reports/README.md
+    regress.py  one run against a baseline: step-time and memory regressions
+    kernels/    the kernel lab: the fused kernel's benchmark, its offline build and tuner
+
+and the modules they share, which read and write records:
+
+    results     the record format, atomic appends, `load()` into pandas
+    records     results files in, plain records out (the report's and regress's reader)
+    points      what identifies a point (its configuration key) and how to name it
+    stats       step-time statistics from a record's timed steps
+
+A sweep, start to end: `run.config` composes and validates the experiment, `run.sweep` expands
+its points and runs each in `python -m harness.run.worker`, whose `run.runner` builds the model
+(`run.models`) and the method (`run.methods`), times the steps (`run.measure`) and returns the
+record, which `results.append` writes. `report.report` reads it back through `records`.
 """

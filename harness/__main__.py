@@ -1,15 +1,13 @@
-"""The command line: `python -m harness SUBCOMMAND [ARGS]`.
+"""The command line: `python -m harness VERB [ARGS]`, one verb per job of the harness.
 
-    sweep [OVERRIDES]     run or resume a sweep: python -m harness sweep +exp=smoke
-    run [OVERRIDES]       one point, isolated, printed and kept in results/adhoc/
-    list                  methods, models, GPUs and experiments
-    report [ARGS]         tables and plots from results/        (harness.report)
-    regress BASE CUR      step-time and memory regressions      (harness.regress)
-    kernels [ARGS]        kernel micro-benchmarks               (harness.kernels)
+Each verb is a `Verb`: the line `python -m harness --help` shows for it, and the function that
+runs it with the rest of the command line. The verbs that take Hydra overrides (sweep, run) carry
+their own `--help` text, answered here before Hydra sees the arguments (Hydra would read `--help`
+as an override and fail); the others hand their arguments, `--help` included, to the module that
+does the job, whose argparse answers.
 
-OVERRIDES are Hydra overrides on conf/config.yaml (`method=forge_int8 batch_size=2`,
-`+exp=NAME`; `exp=NAME` is accepted too). Exit codes: 0 when the harness did its job (failed
-points are results, not failures), 2 for a bad config, 1 when the harness itself broke.
+Exit status: 0 when the harness did its job (a failed point is a result, not a failure), 2 for a
+bad command line or config, 1 when the harness itself broke, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -17,8 +15,70 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
-USAGE = __doc__.split("\n\n")[1]
+PROG = "python -m harness"
+DESCRIPTION = """\
+The FORGE benchmark harness: sweep FORGE and its rivals over models, batch sizes and GPUs (one
+fresh process per point), render the results into reports/, check a run for regressions against
+a baseline, and benchmark the fused kernel."""
+OVERRIDES = """\
+OVERRIDE is a Hydra override of conf/config.yaml: +exp=NAME picks an experiment (exp=NAME works
+too), GROUP=NAME a file of conf/GROUP/ (method=, model=, gpu=), KEY=VALUE any field
+(batch_size=2, seq_len=512, device=cpu, sweep.methods=[fused_adamw,forge_bf16]).
+`python -m harness list` says what each experiment, method, model and GPU is."""
+
+SWEEP_HELP = f"""\
+usage: {PROG} sweep [OVERRIDE ...]
+
+Run or resume a sweep. The experiment's grid (methods x models x batch sizes x sequence lengths)
+is expanded and every point's config validated first; then each point runs in a fresh
+subprocess and appends one record to results/<sweep>.jsonl. Points already recorded there are
+skipped, so the same command resumes a stopped sweep. It ends with a table of its points.
+
+{OVERRIDES}
+
+examples:
+  {PROG} sweep +exp=smoke                      # every CPU method on tiny models, minutes on a CPU
+  {PROG} sweep +exp=llama8b_h200               # Table 1: every method on Llama-3.1-8B, one GPU
+  {PROG} sweep +exp=smoke sweep.methods=[fused_adamw,forge_bf16] sweep.models=[tiny-llama]
+  {PROG} sweep +exp=capacity_a100_40gb sweep.max_batch_size=32
+"""
+
+RUN_HELP = f"""\
+usage: {PROG} run [OVERRIDE ...]
+
+Run one point in a fresh subprocess, print its record, and keep it in results/adhoc/ (scratch:
+not committed). The point is conf/config.yaml with the overrides applied.
+
+{OVERRIDES}
+
+examples:
+  {PROG} run model=tiny-llama gpu=cpu device=cpu seq_len=32 method=forge_bf16
+  {PROG} run method=forge_int8 model=qwen3-0.6b batch_size=2 seq_len=1024
+"""
+
+LIST_HELP = f"""\
+usage: {PROG} list [GROUP ...]
+
+Say what each experiment (conf/exp/), method (conf/method/), model (conf/model/) and GPU
+(conf/gpu/) is, one line each, and which method implementations a conf/method file can name.
+GROUP is one of: exp, method, model, gpu, implementation (default: all of them).
+
+examples:
+  {PROG} list
+  {PROG} list exp method
+"""
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One verb of the command line."""
+
+    summary: str  # its line in `python -m harness --help`
+    run: Callable[[list[str]], int]
+    help: str | None = None  # its --help text; None: the module it hands over to answers --help
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -26,70 +86,123 @@ def _overrides(argv: list[str]) -> list[str]:
 
 
 def cmd_sweep(argv: list[str]) -> int:
-    from harness import sweep
+    from harness.run import sweep
+    from harness.run.summary import summary_table
 
-    path = sweep.run_sweep(_overrides(argv))
-    print(f"results: {path}")
+    done = sweep.execute(_overrides(argv))
+    print(summary_table(done.records, done.path))
     return 0
 
 
 def cmd_run(argv: list[str]) -> int:
-    from harness import sweep
+    from harness import results
+    from harness.run import env, sweep
+    from harness.run.summary import summary_table
 
     overrides = ["results_dir=results/adhoc", "sweep.scratch=true", *_overrides(argv)]
     cfg = sweep.compose_config(overrides)
     point = sweep.make_point(overrides)
     path = sweep.results_path(cfg)
-    record = sweep.run_isolated(point, sweep.env.git_info())
-    sweep.results.append(path, record)
+    record = sweep.run_isolated(point, env.git_info())
+    results.append(path, record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "env", "losses")}, indent=1))
-    print(sweep.summary(record))
+    print(summary_table([record], path))
     return 0
+
+
+LIST_GROUPS = {"exp": "experiments", "method": "methods", "model": "models", "gpu": "GPUs"}
+LIST_HOW = {"exp": "+exp=NAME", "method": "method=NAME", "model": "model=NAME", "gpu": "gpu=NAME"}
+
+
+def _rows(entries: dict[str, str]) -> list[str]:
+    width = max(map(len, entries), default=0)
+    return [f"  {name:<{width}}  {text}" for name, text in entries.items()]
 
 
 def cmd_list(argv: list[str]) -> int:
-    from harness.config import group_choices
-    from harness.methods import REGISTRY
+    from harness.run.config import describe_choice, group_choices
 
-    print("method implementations:", ", ".join(REGISTRY))
-    for group in ("method", "model", "gpu", "exp"):
-        print(f"{group}:", ", ".join(group_choices(group)))
+    wanted = argv or [*LIST_GROUPS, "implementation"]
+    unknown = [g for g in wanted if g not in LIST_GROUPS and g != "implementation"]
+    if unknown:
+        print(f"{PROG} list: unknown group {unknown[0]!r}\n\n{LIST_HELP}", file=sys.stderr, end="")
+        return 2
+    blocks = []
+    for group in (g for g in LIST_GROUPS if g in wanted):
+        entries = {name: describe_choice(group, name) for name in group_choices(group)}
+        heading = f"{LIST_GROUPS[group]} (conf/{group}/, {LIST_HOW[group]}):"
+        blocks.append("\n".join([heading, *_rows(entries)]))
+    if "implementation" in wanted:
+        from harness.run.methods import SUMMARIES
+
+        heading = "method implementations (the `name:` of a conf/method file):"
+        blocks.append("\n".join([heading, *_rows(SUMMARIES)]))
+    print("\n\n".join(blocks))
     return 0
 
 
-def _delegate(module: str, issue: str):
+def _delegate(target: str) -> Callable[[list[str]], int]:
+    """A verb that hands its arguments to `module:function(argv)`."""
+    module, function = target.split(":")
+
     def run(argv: list[str]) -> int:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            print(f"{module} is not part of this checkout yet ({issue})", file=sys.stderr)
-            return 1
-        return mod.main(argv)
+        return getattr(importlib.import_module(module), function)(argv)
 
     return run
 
 
-COMMANDS = {
-    "sweep": cmd_sweep,
-    "run": cmd_run,
-    "list": cmd_list,
-    "report": _delegate("harness.report", "issue 5"),
-    "regress": _delegate("harness.regress", "issue 6"),
-    "kernels": _delegate("harness.kernels", "the kernel benchmark"),
+VERBS = {
+    "sweep": Verb("run or resume a sweep of points: sweep +exp=smoke", cmd_sweep, SWEEP_HELP),
+    "run": Verb("run one point, print its record, keep it in results/adhoc/", cmd_run, RUN_HELP),
+    "list": Verb("what each experiment, method, model and GPU config is", cmd_list, LIST_HELP),
+    "report": Verb(
+        "render results/ into reports/: tables, plots, README", _delegate("harness.report.report:main")
+    ),
+    "regress": Verb(
+        "compare a run with a baseline: step-time and memory regressions", _delegate("harness.regress:main")
+    ),
+    "kernels": Verb(
+        "benchmark the fused kernel against cuBLAS, or tune its launch configs",
+        _delegate("harness.kernels.bench:main"),
+    ),
+    "data": Verb(
+        "prepare the text corpora and tokenizers of the convergence runs", _delegate("harness.run.data:main")
+    ),
 }
 
 
+def usage() -> str:
+    """What `python -m harness --help` prints."""
+    width = max(map(len, VERBS))
+    verbs = "\n".join(f"  {name:<{width}}  {verb.summary}" for name, verb in VERBS.items())
+    return (
+        f"usage: {PROG} VERB [ARGS]\n\n{DESCRIPTION}\n\nverbs:\n{verbs}\n\n"
+        f"Run `{PROG} VERB --help` for a verb's arguments and examples."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help") or argv[0] not in COMMANDS:
-        print(USAGE, file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help", "help") else 2
-    from harness.config import ConfigError
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return 2
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help") or (name == "help" and not rest):
+        print(usage())
+        return 0
+    if name == "help":
+        name, rest = rest[0], ["--help"]
+    if name not in VERBS:
+        print(f"{PROG}: unknown verb {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    verb = VERBS[name]
+    if verb.help is not None and any(a in ("-h", "--help") for a in rest):
+        print(verb.help, end="")
+        return 0
+    from harness.run.errors import ConfigError
 
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        return verb.run(rest)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

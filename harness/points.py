@@ -1,6 +1,6 @@
 """What identifies a measured point, and how to name it for a reader.
 
-A results record (DESIGN.md, "Results record") is one point of a sweep. Two records describe the
+A results record (`harness.results`) is one point of a sweep. Two records describe the
 same point when their *configuration* is the same: method and its options, model, batch size,
 sequence length, GPU, activation checkpointing and memory cap. The report and the regression check
 both match records by this key, so it lives in one place.
@@ -45,6 +45,9 @@ REFERENCE_METHOD = "fused_adamw"
 # that lacks one is keyed as if it had it, so an old point and a new one of the same
 # configuration are the same point (the latest wins) rather than two rows of one method.
 OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64, "update_stream": False}}
+
+# Methods recorded under another name before they got their registry name: keyed as the new one.
+METHOD_ALIASES = {"harness.methods.torch_rule:TorchRule": "torch_rule"}
 
 METHOD_ORDER = (
     "fused_adamw",
@@ -145,7 +148,9 @@ def config_key(record: Mapping[str, Any]) -> tuple:
     """The configuration of a record as a tuple in CONFIG_FIELDS order."""
     key = []
     for field in CONFIG_FIELDS:
-        if field == "method_options":
+        if field == "method":
+            key.append(METHOD_ALIASES.get(str(record.get(field)), _plain(record.get(field))))
+        elif field == "method_options":
             added = OPTIONS_ADDED_LATER.get(str(record.get("method")), {})
             key.append(options_key({**added, **options_dict(record.get(field))}))
         elif field == "activation_checkpointing":

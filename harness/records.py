@@ -6,11 +6,11 @@ dicts, one per record, with pandas' NaN turned back into None and the file order
 expands directories into their `*.jsonl` files (recursively, sorted, so the order is the same on
 every machine), calls the loader, and splits the records in two kinds:
 
-- step records: one training-step measurement per point (DESIGN.md, "Results record");
+- step records: one training-step measurement per point (`harness.results.FIELDS`);
 - kernel records: one kernel timing per (shape, T, variant), recognised by their `variant` field
   (results/kernels/, written by `python -m harness kernels`).
 
-Among step records, convergence runs (issue 7) are told apart by `sweep_mode: convergence`, a
+Among step records, convergence runs (`+exp=convergence`) are told apart by `sweep_mode: convergence`, a
 sweep name starting with 'convergence', or a `loss_curve` field: every step record carries its
 per-step `losses`, but only convergence runs are meant to be compared curve against curve.
 
@@ -57,12 +57,19 @@ def _wanted(root: Path, file: Path, exclude_dirs: Sequence[str], skip_scratch: b
         return False
     if skip_scratch:
         for depth in range(len(folders) + 1):
-            if _is_scratch(root.joinpath(*folders[:depth])):
+            if is_scratch(root.joinpath(*folders[:depth])):
                 return False
     return True
 
 
-def _is_scratch(folder: Path) -> bool:
+def in_scratch(path: Path) -> bool:
+    """True when `path` is a scratch folder or lies inside one."""
+    path = Path(path).resolve()
+    return any(is_scratch(folder) for folder in (path, *path.parents))
+
+
+def is_scratch(folder: Path) -> bool:
+    """True for a folder the harness marked as scratch (its .gitignore ignores everything)."""
     marker = folder / ".gitignore"
     return marker.is_file() and "*" in marker.read_text().split()
 
@@ -80,7 +87,7 @@ def load_records(
 
 def split_kinds(records: Iterable[Record]) -> tuple[list[Record], list[Record]]:
     """(step records, kernel records). Offline tuning records (`variant: forge_tune`, from
-    `python -m harness kernels --tune`) are neither: docs/perf-notes.md summarizes them."""
+    `python -m harness kernels --tune`) are neither: `python -m harness.kernels.tuning` reads them."""
     steps, kernels = [], []
     for record in records:
         if record.get("variant") == "forge_tune":

@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_pct, to_markdown
 from harness.points import (
     REFERENCE_METHOD,
     describe,
@@ -47,8 +46,9 @@ from harness.points import (
     reference_key,
     sort_key,
 )
-from harness.readme import commit_of
 from harness.records import Record, load_records, split_kinds
+from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_pct, to_markdown
+from harness.report.readme import commit_of
 from harness.stats import StepStats, step_stats
 
 
@@ -320,10 +320,21 @@ def fraction(text: str) -> float:
     return value / 100 if text.strip().endswith("%") or value >= 1 else value
 
 
+REGRESS_EXAMPLES = """\
+examples:
+  python -m harness sweep +exp=regress_h200
+  python -m harness regress results/baselines/h200.jsonl results/regress_h200.jsonl
+  python -m harness regress BASE.jsonl CURRENT.jsonl --max-slowdown 3% --output regress.md
+"""
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m harness regress",
-        description="Compare step time and peak memory of CURRENT results against BASELINE.",
+        description="Compare step time and peak memory of CURRENT results against BASELINE. "
+        "Exit status 1 when a point regressed, 0 when none did, 2 when the inputs are unusable.",
+        epilog=REGRESS_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("baseline", help="baseline results file or directory (JSONL)")
     parser.add_argument("current", help="current results file or directory (JSONL)")

@@ -1,7 +1,7 @@
 """Results records: the JSONL row format, atomic appends and one-call loading.
 
 One sweep point gives one record, one JSON object on one line of `results/<sweep>.jsonl`. The
-field names in `FIELDS` are fixed (DESIGN.md, "Results record"; the report and the regression
+field names in `FIELDS` are fixed (docs/harness.md lists them; the report and the regression
 checker read them); a record may carry more fields, never fewer. Units are in the names: `_ms`
 is milliseconds, `_gib` is GiB (2**30 bytes). A figure that could not be measured is `None`
 (null), never a made-up zero.
@@ -35,7 +35,7 @@ SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "oom", "error", "diverged", "unavailable")
 
-# The fixed fields of DESIGN.md, in its order.
+# The fixed fields every record carries, in this order (other tools read them by these names).
 DESIGN_FIELDS = (
     "schema",
     "sweep",

@@ -1,0 +1,210 @@
+"""The expectation that opens each table: what the numbers should be before we look at them.
+
+A reader checks a measurement against a model of it. For every step table we print, from the
+records' own parameter counts and the methods present (`harness.report.expectations` has the model):
+
+- bytes per parameter each method holds (weights, gradient, optimizer states) and moves in its
+  update, with the static GiB this means for each model: FORGE's column shows the gradient's
+  2 B/param gone;
+- the floors of the step: the matrix work (6 FLOPs per parameter per token, 8 with activation
+  checkpointing) at the H200's measured bf16 matmul rate, and the update's traffic at its copy
+  bandwidth.
+
+Measured peaks sit above the static figure by the activations and the allocator's slack; measured
+step times sit above the matrix floor by attention, element-wise work and launch gaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.points import display_name, graphed, method_rank, options_dict, options_key
+from harness.records import Record
+from harness.report import expectations as ex
+from harness.report.markup import Table, fmt_float, fmt_gib, fmt_ms, to_markdown
+
+STEP_TEXT = (
+    "FORGE never writes the weight gradient to memory: it saves the gradient's 2 B/param (bf16) "
+    "outright, and its state dtype decides the rest (AdamW: 4 B/param in bf16 states, 2.0625 B/param "
+    "in int8 with one bf16 scale per 64). Expect FORGE's peak to sit about P x 2 B below fused "
+    "AdamW's with the same states where fused AdamW peaks at the end of backward (its gradients all "
+    "alive); where the activations are larger than the gradient, both peak at the end of the forward "
+    "pass, before any gradient exists, and alike (activation checkpointing moves the peak back). "
+    "Expect FORGE's step time near 'no optimizer' (the update hidden under the dW GEMM), and fused "
+    "AdamW's near 'no optimizer' plus its update floor."
+)
+
+
+def _variants(records: Sequence[Record]) -> list[Record]:
+    """One record per (method, options, master weights), in method order, a graphed step counted
+    as its eager twin (the same bytes per parameter) and named by it where both ran. A failed
+    point may not say its master weights: it stands for its method only where no point of it does."""
+    found: dict[tuple[str, str, str], Record] = {}
+    for r in sorted(records, key=lambda r: (r.get("master_weights") is None, graphed(r))):  # stable
+        method = (str(r.get("method")), _bytes_options(r))
+        if r.get("master_weights") is None and any(key[:2] == method for key in found):
+            continue
+        found.setdefault((*method, str(r.get("master_weights"))), r)
+    return [found[k] for k in sorted(found, key=lambda k: (method_rank(k[0]), k))]
+
+
+def _bytes_options(record: Record) -> str:
+    """The record's options that set its bytes per parameter: all but `cuda_graph`."""
+    options = options_dict(record.get("method_options"))
+    options.pop("cuda_graph", None)
+    return options_key(options)
+
+
+def model_sizes(records: Sequence[Record]) -> dict[str, float]:
+    """Parameters per model, from any record that counted them (failed points may not have)."""
+    sizes: dict[str, float] = {}
+    for record in records:
+        if record.get("n_params") is not None:
+            sizes.setdefault(str(record.get("model")), float(record["n_params"]))
+    return sizes
+
+
+def _models(records: Sequence[Record], known: dict[str, float] | None = None) -> list[tuple[str, float]]:
+    sizes = {**(known or {}), **model_sizes(records)}
+    present = {str(r.get("model")) for r in records}
+    return sorted(((m, n) for m, n in sizes.items() if m in present), key=lambda item: (item[1], item[0]))
+
+
+def bytes_table(
+    records: Sequence[Record], cap_gib: float | None = None, known: dict[str, float] | None = None
+) -> Table | None:
+    """Bytes per parameter per method, and the static GiB at each model's size (`known`: sizes
+    counted elsewhere, for models whose every record here failed before counting)."""
+    models = _models(records, known)
+    rows = []
+    for record in _variants(records):
+        fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
+        if fp is None:
+            continue
+        cells = [display_name(record)]
+        cells += [fmt_float(v, 3) for v in (fp.weights, fp.grads, fp.states, fp.total, fp.update_traffic)]
+        for _model, n in models:
+            static = ex.static_gib(fp, n)
+            cells.append(
+                fmt_gib(static) if cap_gib is None else f"{fmt_gib(static)} ({fmt_gib(cap_gib - static)})"
+            )
+        rows.append(cells)
+    if not rows:
+        return None
+    suffix = " (headroom under the cap)" if cap_gib is not None else ""
+    header = ["Method", "Weights B/param", "Gradient B/param", "States B/param", "Held B/param"]
+    header += ["Update traffic B/param"] + [f"Static GiB, {m}{suffix}" for m, _ in models]
+    return Table("expected_bytes", "Expected bytes per parameter", header, rows)
+
+
+def floors_table(records: Sequence[Record]) -> Table | None:
+    """Per (model, batch, seq, checkpointing): matrix floor and update floors of the step."""
+    points = set()
+    for r in records:
+        if r.get("n_params") is not None and r.get("batch_size") is not None and r.get("seq_len") is not None:
+            points.add(
+                (
+                    float(r["n_params"]),
+                    str(r.get("model")),
+                    int(r["batch_size"]),
+                    int(r["seq_len"]),
+                    bool(r.get("activation_checkpointing")),
+                )
+            )
+    rows = []
+    fused, forge = ex.footprint("fused_adamw"), ex.footprint("forge")
+    for n, model, batch, seq, ckpt in sorted(points):
+        tokens = batch * seq
+        rows.append(
+            [model, fmt_float(n / 1e9, 2), str(batch), str(seq), "on" if ckpt else "off", str(tokens)]
+            + [fmt_ms(ex.compute_floor_ms(n, tokens, ckpt))]
+            + [fmt_ms(ex.update_floor_ms(fused, n)), fmt_ms(ex.update_floor_ms(forge, n))]
+            + [fmt_gib(2.0 * n / ex.GIB)]
+        )
+    if not rows:
+        return None
+    header = ["Model", "Params (B)", "Batch", "Seq", "Act. ckpt", "Tokens", "Matrix floor ms"]
+    header += ["fused AdamW update floor ms", "FORGE update floor ms", "Gradient GiB (FORGE saves)"]
+    return Table("expected_floors", "Step floors", header, rows, align="lrrrlrrrrr")
+
+
+def step_preamble(records: Sequence[Record]) -> str:
+    """Expectation text and tables for a step table (T1, T2, T5, other points)."""
+    parts = [STEP_TEXT]
+    for table in (bytes_table(records), floors_table(records)):
+        if table is not None:
+            parts.append(to_markdown(table).rstrip())
+    parts.append(_ceilings_line())
+    return "\n\n".join(parts)
+
+
+def tensor_parallel_preamble(records: Sequence[Record]) -> str:
+    """Expectation for T6: the one-GPU bytes per parameter, divided over the ranks."""
+    worlds = sorted({int(r.get("gpu_count") or 1) for r in records})
+    return (
+        f"Tensor parallelism over {' or '.join(map(str, worlds))} GPUs (the Megatron layout of "
+        "`harness.run.tensor_parallel`: attention and MLP projections, embedding and LM head sharded; "
+        "norms replicated) gives each GPU 1/G of the weights, gradients and states, so the static "
+        "bytes per GPU are about T1's divided by G, and FORGE's saving per GPU is the gradient's "
+        "2 B/param / G. Where the peak is set at the end of the forward pass (activations held, no "
+        "gradient allocated yet), the two methods peak alike. Step time adds two all-reduces per "
+        "block in each direction and DTensor's dispatch on the host; at small batches the host "
+        "sets the pace."
+    )
+
+
+def capacity_preamble(records: Sequence[Record], known: dict[str, float] | None = None) -> str:
+    """Expectation for T3: what is left for activations under the cap."""
+    caps = sorted({float(r["memory_cap_gib"]) for r in records if r.get("memory_cap_gib") is not None})
+    text = (
+        "Under a memory cap, a method fits a micro-batch when its static bytes (weights, gradient, "
+        "states) plus that batch's activations fit. FORGE hands the gradient's 2 B/param to the "
+        "activations, so its largest micro-batch should grow by about P x 2 B over the activation "
+        "bytes of one sequence; throughput grows with the batch until the GPU is saturated."
+    )
+    parts = [text]
+    for cap in caps:
+        table = bytes_table([r for r in records if r.get("memory_cap_gib") == cap], cap_gib=cap, known=known)
+        if table is not None:
+            parts.append(f"Cap {fmt_gib(cap)} GiB:\n\n" + to_markdown(table).rstrip())
+    return "\n\n".join(parts)
+
+
+def kernel_preamble() -> str:
+    """Expectation for T4, with one worked example."""
+    t, n, k = 16384, 4096, 4096
+    flops_ms = 2 * t * n * k / ex.H200_MATMUL_FLOPS * 1e3
+    gemm_bytes = 2 * t * (n + k) + 2 * n * k
+    update_bytes = n * k * (2 + 2 + 2 * 4)
+    return (
+        "The dW GEMM does 2 x T x N x K FLOPs; FORGE adds the update, which reads and writes the weight "
+        "(2 + 2 B in bf16) and the states (2 x 4 B for AdamW in bf16), and never writes dW. The floor "
+        "of a point is the larger of its FLOP time at the measured matmul rate and its minimum bytes "
+        f"at the measured copy bandwidth. Example, T={t}, N=K={n}: {flops_ms:.3f} ms of matrix work "
+        f"at 800 TFLOP/s against {(gemm_bytes + update_bytes) / ex.H200_COPY_BYTES_PER_S * 1e3:.3f} ms "
+        "of traffic at 4.27 TB/s: compute-bound, so a FORGE kernel that hides its update costs what "
+        "the GEMM costs, and beats GEMM + fused AdamW by the whole optimizer pass "
+        f"({(update_bytes + 4 * n * k) / ex.H200_COPY_BYTES_PER_S * 1e3:.3f} ms of traffic at that shape)."
+    )
+
+
+def _ceilings_line() -> str:
+    return (
+        "Floors use the H200 ceilings measured in this workplace: 800 TFLOP/s bf16 matmul, 4.27 TB/s "
+        "device copy; the matrix floor counts 6 FLOPs per parameter per token (8 with activation "
+        "checkpointing) and leaves out attention."
+    )
+
+
+def convergence_preamble() -> str:
+    """Expectation for the convergence table."""
+    return (
+        "Every method trains from the same seed on the same data order, so loss curves compare step by "
+        "step. With fp32 weights and states FORGE equals torch.optim up to the GEMM's summation order "
+        "(mean |d| near 1e-4 nats or below) for as long as training does not amplify rounding: past the "
+        "warm-up, at peak learning rate, a 1-ulp difference can grow into a visible one, and the distance "
+        "between two torch AdamW implementations in fp32 (torch_adamw_fp32, when run) is that floor. "
+        "The paper puts bf16 with stochastic rounding and int8 states "
+        "within 0.001 nats; plain bf16 write-back without stochastic rounding stalls, so its distance "
+        "grows over the run (the last 10% tells more than the mean)."
+    )

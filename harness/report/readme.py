@@ -1,0 +1,176 @@
+"""reports/README.md: the report a reader opens, written from the built sections.
+
+For each section, in this order: the expectation (what the numbers should be, before them), the
+measured table inline with links to its Markdown and LaTeX files, the plots, and what produced
+the numbers: every (sweep, GPU, driver, CUDA, torch, triton, transformers, commit) behind the
+table with its point count, and the resolved config those points share (keys that differ from
+point to point are named). A section without data says which command produces it.
+
+The text depends only on the records and the input paths, never on the clock, so re-running the
+report on the same results rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.records import Record
+from harness.report.markup import GENERATED, NONE, Table, to_markdown
+from harness.report.tables import Selection
+
+ENV_COLUMNS = (
+    ("Driver", ("driver", "driver_version", "nvidia_driver")),
+    ("CUDA", ("cuda", "cuda_version")),
+    ("torch", ("torch", "torch_version")),
+    ("triton", ("triton", "triton_version")),
+    ("transformers", ("transformers", "transformers_version")),
+    ("Commit", ("commit", "git_commit")),
+)
+PER_POINT_KEYS = {"method", "method_options", "batch_size", "seq_len", "point", "memory_cap_gib"}
+
+
+@dataclass
+class Section:
+    """One heading of reports/README.md: expectation, tables, plots, and what produced them."""
+
+    anchor: str
+    heading: str
+    hint: str  # the command that produces this section's data
+    preamble: str = ""
+    selections: list[Selection] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for s in self.selections for r in s.records]
+
+
+def _env(record: Record) -> Mapping[str, Any]:
+    env = record.get("env")
+    return env if isinstance(env, Mapping) else {}
+
+
+def _first(env: Mapping[str, Any], names: Sequence[str]) -> str:
+    """The first of `names` that `env` has; a commit shortened, and marked when the tree was dirty."""
+    for name in names:
+        if env.get(name) not in (None, ""):
+            value = str(env[name])
+            if name not in ("commit", "git_commit"):
+                return value
+            return value[:12] + (" (dirty)" if env.get("git_dirty") else "")
+    return NONE
+
+
+def commit_of(record: Record) -> str:
+    """A record's git commit as the reports show it."""
+    return _first(_env(record), ("commit", "git_commit"))
+
+
+def _gpu(record: Record) -> str:
+    env = _env(record)
+    name = record.get("gpu_name") or env.get("gpu_name") or env.get("gpu") or NONE
+    count = record.get("gpu_count") or env.get("gpu_count")
+    return f"{count} x {name}" if count and int(count) > 1 else str(name)
+
+
+def sources_table(records: Sequence[Record]) -> Table | None:
+    """Who measured what: one row per (sweep, GPU, versions, commit) with its point count."""
+    counts: dict[tuple[str, ...], int] = {}
+    for record in records:
+        env = _env(record)
+        row = (str(record.get("sweep") or NONE), _gpu(record)) + tuple(
+            _first(env, names) for _, names in ENV_COLUMNS
+        )
+        counts[row] = counts.get(row, 0) + 1
+    if not counts:
+        return None
+    rows = [list(row) + [str(n)] for row, n in sorted(counts.items())]
+    header = ["Sweep", "GPU"] + [name for name, _ in ENV_COLUMNS] + ["Points"]
+    return Table("sources", "Sources", header, rows, align="ll" + "l" * len(ENV_COLUMNS) + "r")
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config as {'a.b': 'json value'}."""
+    if isinstance(config, Mapping):
+        out: dict[str, str] = {}
+        for key in sorted(config, key=str):
+            out.update(flatten(config[key], f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: json.dumps(config, sort_keys=True, default=str)} if prefix else {}
+
+
+def config_summary(records: Sequence[Record]) -> str:
+    """The config keys every record shares (with values), and the names of those that vary."""
+    configs = [flatten(r["config"]) for r in records if isinstance(r.get("config"), Mapping)]
+    if not configs:
+        return "No resolved config recorded."
+    keys = sorted(set().union(*configs))
+    shared = {k: configs[0].get(k) for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)}
+    varying = [k for k in keys if k not in shared]
+    lines = [
+        f"- `{k}`: `{v}`"
+        for k, v in shared.items()
+        if v is not None and k.split(".")[-1] not in PER_POINT_KEYS
+    ]
+    text = "Config shared by every point:\n\n" + ("\n".join(lines) if lines else "- (none)")
+    if varying:
+        text += "\n\nVaries between points: " + ", ".join(f"`{k}`" for k in varying)
+    return text
+
+
+def _provenance(records: Sequence[Record]) -> str:
+    parts = ["**Behind this table.**"]
+    table = sources_table(records)
+    if table is not None:
+        parts.append(to_markdown(table).rstrip())
+    parts.append(f"<details><summary>Config</summary>\n\n{config_summary(records)}\n\n</details>")
+    return "\n\n".join(parts)
+
+
+def _links(name: str) -> str:
+    return f"[Markdown](tables/{name}.md) · [LaTeX](tables/{name}.tex)"
+
+
+def section_markdown(section: Section, out: Path) -> str:
+    """One section of the README."""
+    parts = [f'<a id="{section.anchor}"></a>\n## {section.heading}']
+    if not section.selections:
+        parts.append(
+            f"No results yet. Produce them with `{section.hint}` on the GPU, then re-run the report."
+        )
+        return "\n\n".join(parts)
+    parts.append(f"**Expectation.** {section.preamble}")
+    for selection in section.selections:
+        table = selection.table
+        parts.append(f"**{table.title}** ({_links(table.name)})\n\n{to_markdown(table).rstrip()}")
+    for plot in section.plots:
+        rel = plot.relative_to(out).as_posix()
+        parts.append(f"![{plot.stem}]({rel})")
+    parts.append(_provenance(section.records))
+    return "\n\n".join(parts)
+
+
+def render(sections: Sequence[Section], inputs: Sequence[str], out: Path) -> str:
+    """The whole README."""
+    head = [
+        GENERATED,
+        "# FORGE benchmark reports",
+        (
+            "Regenerate with `python -m harness report` (reads "
+            + ", ".join(f"`{p}`" for p in inputs)
+            + "). Tables are in `tables/` as Markdown and LaTeX (booktabs), plots in `plots/` as PNG. "
+            "A point that did not run shows its status (OOM, error, unavailable, diverged) in every "
+            "measured cell, never a zero; '—' means not measured on that device or not applicable. "
+            "Ratios compare with fused AdamW measured in the same sweep at the same configuration."
+        ),
+        "Contents: " + " · ".join(f"[{s.heading}](#{s.anchor})" for s in sections),
+    ]
+    everything = list({id(r): r for s in sections for r in s.records}.values())
+    table = sources_table(everything)
+    if table is not None:
+        head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
+    return "\n\n".join(head + [section_markdown(s, out) for s in sections]) + "\n"

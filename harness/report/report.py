@@ -1,0 +1,350 @@
+"""`python -m harness report [RESULTS...]`: render results into reports/ (tables, plots, README).
+
+The procedure:
+1. read every results file under RESULTS (default: the committed results under results/: not
+   results/baselines/, which holds the regression baseline, nor the scratch folders the harness
+   marks as uncommitted, such as results/smoke/);
+2. build the sections (`readme.Section`): their tables (`tables`, `kernel_table`,
+   `convergence_table`), each a `Selection` of a table and the records behind it, and plots;
+3. write each table as Markdown and LaTeX (booktabs) under reports/tables/, the plots as PNG
+   under reports/plots/, and reports/README.md (`readme`), which opens every table with its
+   expectation (`preambles`), links the files, and names the hardware, versions, commit and
+   config behind it;
+4. remove files in reports/tables/ and reports/plots/ that this run did not write (so a table
+   whose data went away does not linger).
+
+`--out` picks another folder. Without it, results that all lie in scratch folders (`python -m
+harness report results/smoke`) are rendered beside them, into results/smoke/report/, never over
+the committed reports/.
+
+Re-running on the same results gives byte-identical tables and README: rows are sorted, numbers
+use fixed formats, nothing reads a clock. Sections without data say which sweep produces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.points import display_name, seed_of
+from harness.records import Record, in_scratch, load_records, split_kinds
+from harness.report import plots, preambles
+from harness.report.convergence_table import convergence, convergence_seeds
+from harness.report.kernel_table import SHAPE_ORDER, t4_kernels
+from harness.report.markup import GENERATED, Table, to_latex, to_markdown
+from harness.report.readme import Section, render
+from harness.report.tables import (
+    Selection,
+    largest_batches,
+    other_points,
+    t1_llama,
+    t2_scaling,
+    t3_capacity,
+    t5_checkpointing,
+    t6_capacity,
+    t6_tensor_parallel,
+)
+
+DEFAULT_RESULTS = "results"
+DEFAULT_OUT = "reports"
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path) -> list[Section]:
+    """Every section of the report, with tables built and plots drawn into out/plots."""
+    sections = [
+        _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
+        _step_section("t2", "T2: scaling over Qwen3 sizes", "qwen3_scaling_h200", t2_scaling(steps), out),
+        _capacity_section(t3_capacity(steps), preambles.model_sizes(steps), out),
+        _kernel_section(t4_kernels(kernels), out),
+        _step_section(
+            "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
+        ),
+        _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
+        _convergence_section(convergence(steps), convergence_seeds(steps), out),
+    ]
+    used = [r for s in sections for r in s.records]
+    rest = other_points(steps, used)
+    if rest is not None:
+        sections.append(_step_section("other", "Other measured points", "smoke", rest, out))
+    return sections
+
+
+def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, out: Path) -> Section:
+    section = Section(anchor, heading, _hint(exp))
+    if sel is None:
+        return section
+    section.selections = [sel]
+    section.preamble = preambles.step_preamble(sel.records)
+    if anchor == "t1":
+        section.plots = _per_point_plots(anchor, sel.records, out)
+    elif anchor == "t2":
+        section.plots = _scaling_plots(sel.records, out)
+    return section
+
+
+def _hint(exp: str) -> str:
+    return f"python -m harness sweep +exp={exp}"
+
+
+def _group(records: Sequence[Record], key: Callable[[Record], Any]) -> dict[Any, list[Record]]:
+    groups: dict[Any, list[Record]] = {}
+    for record in records:
+        groups.setdefault(key(record), []).append(record)
+    return groups
+
+
+def _per_point_plots(anchor: str, records: Sequence[Record], out: Path) -> list[Path]:
+    """Memory breakdown and step time for each (model, GPU, batch, seq) of the table."""
+    paths = []
+    groups = _group(
+        records,
+        lambda r: (str(r.get("model")), str(r.get("gpu_name")), r.get("batch_size"), r.get("seq_len")),
+    )
+    several_gpus = len({k[1] for k in groups}) > 1
+    for (model, gpu, batch, seq), members in groups.items():
+        stem = f"{anchor}_{slug(model)}_b{int(batch or 0)}_s{int(seq or 0)}" + (
+            f"_{slug(gpu)}" if several_gpus else ""
+        )
+        gpus = int(members[0].get("gpu_count") or 1)
+        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}"
+        where += f"\n{gpu} x {gpus}, tensor parallel (memory per GPU)" if gpus > 1 else f", {gpu}"
+        paths.append(
+            plots.memory_breakdown(members, f"Memory by pool: {where}", out / "plots" / f"{stem}_memory.png")
+        )
+        paths.append(plots.step_time(members, f"Step time: {where}", out / "plots" / f"{stem}_step_time.png"))
+    return paths
+
+
+def _scaling_plots(records: Sequence[Record], out: Path) -> list[Path]:
+    paths = []
+    for (batch, seq), members in _group(records, lambda r: (r.get("batch_size"), r.get("seq_len"))).items():
+        name = f"t2_memory_vs_size_b{int(batch or 0)}_s{int(seq or 0)}.png"
+        title = f"Peak memory vs model size (batch {int(batch or 0)}, seq {int(seq or 0)})"
+        paths.append(plots.memory_vs_size(members, title, out / "plots" / name))
+    return paths
+
+
+def _capacity_section(sel: Selection | None, sizes: dict[str, float], out: Path) -> Section:
+    section = Section("t3", "T3: capacity under a 40 GiB cap", _hint("capacity_a100_40gb"))
+    if sel is None:
+        return section
+    section.selections = [sel]
+    section.preamble = preambles.capacity_preamble(sel.records, sizes)
+    section.plots = _largest_batch_plots("t3", sel.records, out)
+    return section
+
+
+def _largest_batch_plots(anchor: str, records: Sequence[Record], out: Path) -> list[Path]:
+    paths = []
+    for (model, gpu, seq, cap, ckpt, allocator), entries in largest_batches(records).items():
+        # one plot per search: with and without checkpointing, under each allocator setting
+        ac = "_ac" if ckpt else ""
+        alloc = f"_{slug(allocator)}" if allocator else ""
+        name = f"{anchor}_largest_batch_{slug(str(model))}_s{seq}{ac}{alloc}_cap{slug(f'{cap:g}')}.png"
+        title = f"Largest micro-batch under {cap:g} GiB: {model}, seq {seq}"
+        title += "\nwith activation checkpointing" if ckpt else ""
+        title += f"\nallocator {allocator}" if allocator else ""
+        if anchor != "t3":
+            title += f"\n{gpu}, each GPU capped"
+        paths.append(plots.largest_batch(entries, title, out / "plots" / name))
+    return paths
+
+
+def _tensor_parallel_section(grid: Selection | None, capacity: Selection | None, out: Path) -> Section:
+    section = Section("t6", "T6: tensor parallelism over two GPUs", _hint("tp2_h200"))
+    section.selections = [sel for sel in (grid, capacity) if sel is not None]
+    if grid is not None:
+        section.preamble = preambles.tensor_parallel_preamble(grid.records)
+        section.plots = _per_point_plots("t6", grid.records, out)
+    if capacity is not None:
+        section.plots += _largest_batch_plots("t6", capacity.records, out)
+    return section
+
+
+def _kernel_section(sels: list[Selection], out: Path) -> Section:
+    section = Section("t4", "T4: the fused kernel against cuBLAS", "python -m harness kernels")
+    if not sels:
+        return section
+    section.selections = sels
+    section.preamble = preambles.kernel_preamble()
+    for model, series in kernel_series(sels[0].records).items():
+        name = f"t4_kernel_speed_{slug(model)}.png"
+        section.plots.append(
+            plots.kernel_speed(series, f"Kernel time relative to cuBLAS: {model}", out / "plots" / name)
+        )
+    return section
+
+
+def kernel_series(records: Sequence[Record]) -> dict[str, dict[str, dict[str, list[tuple[int, float]]]]]:
+    """model -> shape -> variant label -> [(T, time / cuBLAS GEMM time)], sorted by T."""
+    gemm = {
+        (r.get("model"), r.get("shape_name"), r.get("T")): float(r["time_ms"])
+        for r in records
+        if r.get("variant") == "cublas_gemm" and r.get("time_ms")
+    }
+    series: dict[str, dict[str, dict[str, list[tuple[int, float]]]]] = {}
+    for r in sorted(records, key=_kernel_order):
+        base = gemm.get((r.get("model"), r.get("shape_name"), r.get("T")))
+        if r.get("variant") == "cublas_gemm" or not base or not r.get("time_ms"):
+            continue
+        label = str(r.get("variant"))
+        if label == "forge":
+            label = f"forge {r.get('rule')} {r.get('state_dtype')}"
+        shapes = series.setdefault(str(r.get("model")), {})
+        shapes.setdefault(str(r.get("shape_name")), {}).setdefault(label, []).append(
+            (int(r["T"]), float(r["time_ms"]) / base)
+        )
+    return series
+
+
+def _kernel_order(record: Record) -> tuple:
+    shape = record.get("shape_name")
+    rank = SHAPE_ORDER.index(shape) if shape in SHAPE_ORDER else len(SHAPE_ORDER)
+    return (str(record.get("model")), rank, str(shape), int(record.get("T") or 0))
+
+
+def _convergence_section(sel: Selection | None, seeds: Selection | None, out: Path) -> Section:
+    section = Section("convergence", "Convergence", _hint("convergence"))
+    if sel is None:
+        return section
+    section.selections = [sel] + ([seeds] if seeds is not None else [])
+    section.preamble = preambles.convergence_preamble()
+    for (sweep, model, seed), members in _group(
+        sel.records, lambda r: (str(r.get("sweep")), str(r.get("model")), seed_of(r))
+    ).items():
+        members = sorted(members, key=display_name)
+        tag = f"_seed{seed}" if seed else ""
+        name = f"convergence_{slug(sweep)}_{slug(model)}{tag}.png"
+        title = f"Loss curves: {model} ({sweep}{f', seed {seed}' if seed else ''})"
+        section.plots.append(plots.convergence_curves(members, title, out / "plots" / name))
+    return section
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of `text`: lower case, runs of other characters as '-'."""
+    out, dash = [], False
+    for ch in text.lower():
+        if ch.isalnum() or ch == ".":
+            out.append(ch)
+            dash = False
+        elif not dash:
+            out.append("-")
+            dash = True
+    return "".join(out).strip("-") or "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_table(table: Table, out: Path) -> list[Path]:
+    """tables/NAME.md and tables/NAME.tex."""
+    folder = out / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    md, tex = folder / f"{table.name}.md", folder / f"{table.name}.tex"
+    md.write_text(f"{GENERATED}\n\n**{table.title}**\n\n{to_markdown(table)}")
+    tex.write_text(to_latex(table))
+    return [md, tex]
+
+
+def prune(out: Path, keep: Sequence[Path]) -> list[Path]:
+    """Delete generated files in tables/ and plots/ that this run did not write."""
+    kept = {p.resolve() for p in keep}
+    removed = []
+    for folder, patterns in (("tables", ("*.md", "*.tex")), ("plots", ("*.png",))):
+        for pattern in patterns:
+            for path in sorted((out / folder).glob(pattern)):
+                if path.resolve() not in kept:
+                    path.unlink()
+                    removed.append(path)
+    return removed
+
+
+def write_report(records: Sequence[Record], out: Path, inputs: Sequence[str]) -> list[Path]:
+    """Build every section from `records` and write tables, plots and README under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    steps, kernels = split_kinds(records)
+    sections = build_sections(steps, kernels, out)
+    written = [p for s in sections for p in s.plots]
+    for section in sections:
+        for selection in section.selections:
+            written += write_table(selection.table, out)
+    readme = out / "README.md"
+    readme.write_text(render(sections, inputs, out))
+    prune(out, written)
+    return written + [readme]
+
+
+def _read(inputs: Sequence[str], default: bool) -> list[Record]:
+    """Records to report. The default input is the committed results: no baselines, no scratch."""
+    if default:
+        if not Path(inputs[0]).is_dir():
+            return []
+        return load_records(inputs, exclude_dirs=("baselines",), skip_scratch=True)
+    return load_records(inputs)
+
+
+REPORT_EXAMPLES = """\
+examples:
+  python -m harness report                           # results/ into reports/
+  python -m harness report results/smoke             # a scratch sweep: into results/smoke/report/
+  python -m harness report results/llama8b_h200.jsonl --out /tmp/t1
+"""
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness report",
+        description="Render results (JSONL) into reports/: tables (Markdown, LaTeX), plots (PNG), README.",
+        epilog=REPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "results",
+        nargs="*",
+        help=f"results files or directories (default: {DEFAULT_RESULTS}/, less its baselines/ folder)",
+    )
+    parser.add_argument(
+        "--out",
+        help=f"output directory (default: {DEFAULT_OUT}/; for results that are all scratch, such as "
+        "results/smoke/, a report/ folder inside the first of them, so reports/ keeps the committed report)",
+    )
+    return parser.parse_args(list(argv))
+
+
+def default_out(inputs: Sequence[str], default: bool) -> Path:
+    """reports/, except for scratch results: their report goes beside them, into FOLDER/report/
+    (scratch too), so that rendering a smoke run never replaces the committed report."""
+    folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in inputs]
+    if not default and all(in_scratch(folder) for folder in folders):
+        return folders[0] / "report"
+    return Path(DEFAULT_OUT)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m harness report`; returns the exit status."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    inputs = args.results or [f"{DEFAULT_RESULTS}/"]
+    default = not args.results
+    try:
+        records = _read(inputs, default)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else default_out(inputs, default)
+    written = write_report(records, out, inputs)
+    tables = sum(1 for p in written if p.suffix == ".md" and p.name != "README.md")
+    plots_n = sum(1 for p in written if p.suffix == ".png")
+    print(f"report: {len(records)} records -> {tables} tables, {plots_n} plots, {out / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Typed configs: the dataclass schema behind conf/, composition, and validation before any work.
+
+`conf/config.yaml` starts from `base_config`, the `Config` dataclass registered in Hydra's
+ConfigStore, and fills its groups from `conf/model/`, `conf/method/`, `conf/gpu/` (and
+`conf/exp/` when asked with `+exp=NAME`). Because the schema is a dataclass, OmegaConf rejects a
+key that is not in it and a value of the wrong type while composing. `validate` then checks what
+types cannot say (choices, ranges, method options against each method's own `Options`
+dataclass). Every error is a `ConfigError` that names the bad key or value and the valid choices,
+raised before any model is built or any GPU time spent.
+
+We use Hydra's compose API rather than `@hydra.main`: the CLI has subcommands, runs no Hydra
+multirun, and writes no `outputs/` directory. A point's resolved config travels to its worker
+subprocess as plain JSON (`to_dict`) and is re-validated there (`from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.run.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+DTYPES = ("bf16", "fp32")
+AUTOCAST_DTYPES = ("bf16",)
+DEVICES = ("auto", "cuda", "cpu")
+FAMILIES = ("llama", "qwen3")
+SWEEP_MODES = ("grid", "capacity")
+
+
+@dataclass
+class ModelConfig:
+    """A transformers decoder built from its architecture numbers (random init, no download)."""
+
+    name: str = MISSING
+    family: str = MISSING  # one of FAMILIES
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_hidden_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    vocab_size: int = MISSING
+    head_dim: int | None = None
+    max_position_embeddings: int = 8192
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    path: str | None = None  # a local checkpoint directory: load its weights instead of random init
+
+
+@dataclass
+class MethodConfig:
+    """One training method: `name` picks the implementation, `options` are its own settings."""
+
+    name: str = MISSING  # a key of harness.run.methods.REGISTRY, or "package.module:Class"
+    label: str = MISSING  # unique within a sweep; by convention the conf/method file name
+    lr: float = 1e-4
+    options: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None  # weight dtype for this method (one of DTYPES); None: the top-level dtype
+    # "bf16": forward and loss under torch.autocast to bf16 (mixed precision over the method's
+    # weights, normally fp32: the usual fp32-master-weights recipe); None: plain, in the weight dtype
+    autocast: str | None = None
+    # true: capture the whole step (forward, backward, update) once in a CUDA graph and replay it
+    # every step, so Python launches nothing per step (harness.run.graphs); one GPU, capturable methods
+    cuda_graph: bool = False
+
+
+@dataclass
+class GpuConfig:
+    """The card a point is measured as: the real one, or a smaller one emulated by a memory cap."""
+
+    name: str = MISSING
+    memory_cap_gib: float | None = None  # cap via torch.cuda.set_per_process_memory_fraction
+    # PYTORCH_CUDA_ALLOC_CONF of each point's process, e.g. "expandable_segments:True" (segments
+    # that grow in place instead of new blocks: less fragmentation under a cap); None: torch's default
+    allocator: str | None = None
+    peak_tflops: float | None = None  # dense bf16 peak for MFU; None: look up the detected GPU
+
+
+@dataclass
+class SweepConfig:
+    """Which points a sweep runs. Empty lists mean "just the value composed at the top level"."""
+
+    name: str = "adhoc"
+    mode: str = "grid"  # grid: every combination; capacity: largest batch that fits, by bisection
+    methods: list[str] = field(default_factory=list)  # conf/method names
+    models: list[str] = field(default_factory=list)  # conf/model names
+    batch_sizes: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    activation_checkpointing: list[bool] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)  # fnmatch patterns on point ids to leave out
+    max_batch_size: int = 64  # capacity mode: stop doubling here
+    scratch: bool = False  # results_dir is throwaway: the harness puts a .gitignore in it
+    # Points run at once on one GPU. Sharing the GPU falsifies step times and the device's memory
+    # peak, so more than 1 is allowed only for convergence sweeps, which claim losses, not speed.
+    concurrent_points: int = 1
+
+
+@dataclass
+class PhaseConfig:
+    """One phase of a convergence run: `steps` steps on one corpus (harness.run.data.CORPORA)."""
+
+    name: str = MISSING  # e.g. "pretrain", "cpt"
+    corpus: str = MISSING  # a key of harness.run.data.CORPORA
+    steps: int = MISSING
+    lr_scale: float = 1.0  # peak lr of this phase = method.lr * lr_scale
+    warmup_steps: int = 0  # linear warm-up, then cosine decay to min_lr_ratio * peak
+
+
+@dataclass
+class ConvergenceConfig:
+    """Train on real text and record every step's loss (harness.run.convergence).
+
+    Off by default: a point then measures step time on a fixed random batch (harness.run.runner)."""
+
+    enabled: bool = False
+    phases: list[PhaseConfig] = field(default_factory=list)
+    eval_every: int = 100  # held-out loss every N steps (and at each phase's start and end)
+    eval_batches: int = 4  # held-out batches of batch_size x seq_len tokens
+    min_lr_ratio: float = 0.1
+    reference: str | None = None  # method label whose curve the others are compared with
+    data_dir: str = ".cache/convergence"  # prepared corpora and tokenizers (relative: to the repo)
+
+
+@dataclass
+class Config:
+    """One point (and, through `sweep`, the grid it belongs to)."""
+
+    model: ModelConfig = MISSING
+    method: MethodConfig = MISSING
+    gpu: GpuConfig = MISSING
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    batch_size: int = 1
+    seq_len: int = 1024
+    steps: int = 20  # warm-up included
+    warmup_steps: int = 5
+    activation_checkpointing: bool = False
+    dtype: str = "bf16"  # weight dtype, one of DTYPES
+    device: str = "auto"  # one of DEVICES
+    seed: int = 0
+    gpus: int = 1  # >1: tensor parallel over this many GPUs, one torchrun process each (harness.run.launch)
+    timeout_s: float = 1800.0  # per point, then status=error
+    check_training: bool = True  # require that parameters moved and the loss fell
+    results_dir: str = "results"
+    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def group_choices(group: str) -> list[str]:
+    """The names available in one conf/ group, e.g. group_choices("method")."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def describe_choice(group: str, name: str) -> str:
+    """What conf/GROUP/NAME.yaml is, in one line: the first line of its leading comment."""
+    for line in (CONF_DIR / group / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text and not text.startswith("@package"):
+            return text
+    return "(no description: start the file with a one-line comment)"
+
+
+def _valid_keys_hint(message: str) -> str:
+    """For "Key 'x' not in ..." errors, list the keys valid at that level of the schema."""
+    match = re.search(r"full_key: ([\w.]+)", message)
+    if not match or "not in" not in message:
+        return ""
+    *parents, key = match.group(1).split(".")
+    schema: Any = Config
+    for part in parents:
+        schema = typing.get_type_hints(schema).get(part) if dataclasses.is_dataclass(schema) else None
+    if not dataclasses.is_dataclass(schema):
+        return ""
+    keys = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f"\nValid keys here: {', '.join(keys)}"
+    return hint + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def _chain(e: BaseException) -> str:
+    """The message of an exception and of its causes (Hydra keeps the useful part in the cause)."""
+    parts = []
+    while e is not None:
+        if str(e) and str(e) not in parts:
+            parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts)
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose conf/config.yaml with Hydra overrides, then validate. Raises ConfigError."""
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        message = _chain(e)
+        raise ConfigError(message + _valid_keys_hint(message)) from None
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def _positive(key: str, value: int | float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{key}={value} must be positive")
+
+
+def _validate_sweep(sweep: Any, convergence: bool) -> None:
+    _choice("sweep.mode", sweep.mode, SWEEP_MODES)  # method and model names: Hydra checks them
+    _positive("sweep.concurrent_points", sweep.concurrent_points)
+    if sweep.concurrent_points > 1 and not convergence:
+        raise ConfigError(
+            f"sweep.concurrent_points={sweep.concurrent_points}: points that share a GPU time and "
+            "measure memory wrongly; run more than one at a time only with convergence.enabled=true"
+        )
+    for b in sweep.batch_sizes:
+        _positive("sweep.batch_sizes entry", b)
+    for s in sweep.seq_lens:
+        _positive("sweep.seq_lens entry", s)
+
+
+def _validate_convergence(conv: Any) -> None:
+    from harness.run.data import CORPORA  # light: no tokenizer or torch import
+
+    if not conv.enabled:
+        return
+    if not conv.phases:
+        raise ConfigError("convergence.enabled=true needs at least one entry in convergence.phases")
+    for i, phase in enumerate(conv.phases):
+        _choice(f"convergence.phases[{i}].corpus", phase.corpus, sorted(CORPORA))
+        _positive(f"convergence.phases[{i}].steps", phase.steps)
+        _positive(f"convergence.phases[{i}].lr_scale", phase.lr_scale)
+    for key in ("eval_every", "eval_batches"):
+        _positive(f"convergence.{key}", conv[key])
+
+
+def _validate_cuda_graph(cfg: DictConfig) -> None:
+    """What a captured step cannot do here (a method or device that cannot capture is a record:
+    `unavailable`, from `methods.unavailable_reason`)."""
+    if not cfg.method.cuda_graph:
+        return
+    if cfg.gpus > 1:
+        raise ConfigError(
+            f"method.cuda_graph=true with gpus={cfg.gpus}: CUDA graphs are single-GPU here (tensor "
+            "parallelism's collectives are not captured); set gpus=1 or method.cuda_graph=false"
+        )
+    if cfg.convergence.enabled:
+        raise ConfigError(
+            "method.cuda_graph=true with convergence.enabled=true: a convergence run changes the "
+            "learning rate every step, which fused AdamW's captured step would freeze (a float lr "
+            "is baked into its graph); set method.cuda_graph=false"
+        )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the types cannot: choices, ranges, the method and its options. Raises ConfigError."""
+    from harness.run import methods
+
+    _choice("dtype", cfg.dtype, DTYPES)
+    _choice("device", cfg.device, DEVICES)
+    _choice("model.family", cfg.model.family, FAMILIES)
+    for key in ("batch_size", "seq_len", "steps", "timeout_s", "gpus"):
+        _positive(key, cfg[key])
+    _positive("gpu.memory_cap_gib", cfg.gpu.memory_cap_gib)
+    allocator = cfg.gpu.allocator
+    if allocator is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", str(allocator)):
+        raise ConfigError(
+            f"gpu.allocator={allocator!r} is not a PYTORCH_CUDA_ALLOC_CONF value; "
+            "write option:value pairs separated by commas, e.g. gpu.allocator=expandable_segments:True"
+        )
+    if not 0 <= cfg.warmup_steps < cfg.steps:
+        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be >= 0 and < steps={cfg.steps}")
+    if cfg.method.dtype is not None:
+        _choice("method.dtype", cfg.method.dtype, DTYPES)
+    if cfg.method.autocast is not None:
+        _choice("method.autocast", cfg.method.autocast, AUTOCAST_DTYPES)
+    _validate_sweep(cfg.sweep, cfg.convergence.enabled)
+    _validate_convergence(cfg.convergence)
+    methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
+    _validate_cuda_graph(cfg)
+    if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
+        raise ConfigError(
+            f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "
+            + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
+        )
+
+
+def weight_dtype(cfg: DictConfig) -> str:
+    """The dtype the point's weights are built in: the method's own, else the top-level one."""
+    return cfg.method.dtype or cfg.dtype
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain JSON-able data (what a record stores and a worker receives)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def from_dict(data: dict[str, Any]) -> DictConfig:
+    """Rebuild and re-validate a config from `to_dict`'s output (in the worker subprocess)."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), data)
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(e)) from None
+    validate(cfg)  # type: ignore[arg-type]
+    return cfg  # type: ignore[return-value]

@@ -1,0 +1,103 @@
+"""What reproduces a record: GPU, driver, CUDA and library versions, git commit.
+
+GPU facts come from NVML, so the sweep's parent process can stamp them without creating a CUDA
+context. The git commit is read once by the parent at the start of a sweep, before any result is
+written (the results file is tracked, so reading it later would always say "dirty").
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARIES = (
+    "torch",
+    "triton",
+    "transformers",
+    "numpy",
+    "hydra-core",
+    "bitsandbytes",
+    "torchao",
+    "lomo-optim",
+    "flashoptim",
+)
+
+
+STAMP_VARIABLE = "FORGE_BENCH_COMMIT_STAMP"  # set by scripts/device_setup.sh on the GPU machine
+
+
+def git_info(repo: Path = REPO) -> dict[str, Any]:
+    """Commit hash and whether tracked files differ from it (None outside a git checkout).
+
+    On the GPU machine the stamp written by `scripts/stamp_commit.sh` wins: the copy of the tree
+    sent there may hold a .git of another commit (seen: an older commit, marked dirty)."""
+    if os.environ.get(STAMP_VARIABLE):
+        return _stamped_commit(Path(os.environ[STAMP_VARIABLE]))
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return _stamped_commit(repo / ".device-commit")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _stamped_commit(stamp: Path) -> dict[str, Any]:
+    """`scripts/stamp_commit.sh` writes the commit sent to the GPU machine (and whether tracked
+    files differed from it) into .device-commit, carried with the run."""
+    if not stamp.is_file():
+        return {"git_commit": None, "git_dirty": None}
+    commit, _, dirty = stamp.read_text().strip().partition(" ")
+    return {
+        "git_commit": commit or None,
+        "git_dirty": dirty == "dirty",
+        "git_commit_source": ".device-commit",
+    }
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU name, count and driver from NVML; None values on a machine without NVIDIA GPUs."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if count else None
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        decode = lambda s: s.decode() if isinstance(s, bytes) else s
+        return {"gpu_name": decode(name), "gpu_count": count, "driver": decode(driver)}
+    except Exception:
+        return {"gpu_name": None, "gpu_count": 0, "driver": None}
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that shape the numbers, plus Python and CUDA."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+    except ImportError:
+        out["cuda"] = None
+    return out
+
+
+def collect(git: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `env` field of a record: GPU, driver, versions, git (pass the sweep's git info)."""
+    return {**gpu_info(), **versions(), **(git if git is not None else git_info())}

@@ -1,0 +1,92 @@
+"""FORGE: `forge.attach(model, rule, ...)`, the update fused into each linear layer's dW GEMM.
+
+Each backward is the optimizer step: the weight gradient of an nn.Linear lives only in registers,
+tile by tile, and never in memory; every other parameter (embeddings, norms) is updated from a
+post-accumulate-grad hook, one gradient at a time. `opt.step()` and `zero_grad()` are no-ops, so
+this method's `update()` is empty. Options pick the rule (adamw nadam radam lion rmsprop adagrad
+sgd), the state dtype (fp32, bf16, int8 with one absmax scale per `int8_group` = 64 or 128
+elements) and stochastic rounding of bf16 weights; `hparams` go to the rule as torch.optim names
+them (betas, eps, weight_decay...). On a CPU the kernels run in the Triton interpreter: slow (its
+times mean nothing for speed), so keep CPU points tiny.
+
+Under `method.cuda_graph` (harness.run.graphs) FORGE is attached `capturable=True`: its kernels
+read each step's coefficients and seed from a row of device memory, and `before_replay` calls
+`opt.prepare_replay()`, which advances the step of every parameter the graph updates and uploads
+their rows, before each replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.run.methods.base import Method, check_choice, largest_param_bytes, state_tensors_of
+
+RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
+STATE_DTYPES = ("fp32", "bf16", "int8")
+INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
+
+
+@dataclass
+class ForgeOptions:
+    rule: str = "adamw"
+    state_dtype: str = "bf16"
+    stochastic_rounding: bool = True
+    int8_group: int = 64
+    update_stream: bool = False  # fused updates on a second CUDA stream (forge.streams)
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("rule", self.rule, RULES)
+        check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
+        check_choice("int8_group", self.int8_group, INT8_GROUPS)
+
+
+class Forge(Method):
+    name = "forge"
+    tensor_parallel = True
+    graph_capturable = True
+    triton_kernels = True
+    Options = ForgeOptions
+    requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
+
+    def setup(self) -> None:
+        import forge
+
+        self.fused_ids = _fused_weight_ids(self.model)  # before attach swaps the modules
+        o = self.options
+        hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in o.hparams.items()}
+        self.opt = forge.attach(
+            self.model,
+            o.rule,
+            lr=self.lr,
+            state_dtype=o.state_dtype,
+            stochastic_rounding=o.stochastic_rounding,
+            int8_group=o.int8_group,
+            capturable=self.cuda_graph,
+            update_stream=o.update_stream,
+            **hparams,
+        )
+
+    def before_replay(self) -> None:
+        self.opt.prepare_replay()
+
+    def optimizer_state_tensors(self):
+        return state_tensors_of(self.opt)
+
+    def gradient_bytes(self) -> int:
+        return largest_param_bytes(p for p in self.params() if id(p) not in self.fused_ids)
+
+    def master_weights(self) -> str:
+        base = super().master_weights()
+        return f"{base}+sr" if base == "bf16" and self.options.stochastic_rounding else base
+
+
+def _fused_weight_ids(model: torch.nn.Module) -> set[int]:
+    """Ids of the weights whose gradient FORGE never materializes: nn.Linear weights not tied to
+    an embedding (a tied weight also gets the embedding's gradient, through a hook)."""
+    embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return linear - embedding

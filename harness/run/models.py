@@ -1,0 +1,124 @@
+"""Models: transformers decoders built from their real architecture numbers, random init.
+
+`conf/model/*.yaml` holds each architecture's numbers (Llama-3.1-8B, Qwen3 0.6B to 14B, and tiny
+variants for CPU tests); `build` makes the transformers config from them and instantiates the
+model directly on the target device in the target dtype, so an 8B model never passes through
+host memory and nothing is downloaded. A `path` loads real weights from a local checkpoint
+instead. Attention is SDPA. Activation checkpointing uses transformers' non-reentrant checkpoint
+around each decoder layer.
+
+Batches are random token ids, the same batch every step: a benchmark measures speed and memory,
+and a fixed batch makes "the loss fell" a reliable check that the method trained at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
+
+from harness.run.config import ModelConfig
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def hf_config(cfg: ModelConfig) -> PretrainedConfig:
+    """The transformers config for an architecture entry of conf/model/."""
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[cfg.family]
+    kwargs = dict(
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        use_cache=False,
+    )
+    if cfg.head_dim is not None:
+        kwargs["head_dim"] = cfg.head_dim
+    return cls(**kwargs)
+
+
+def build(
+    cfg: ModelConfig, dtype: str, device: str, activation_checkpointing: bool = False, seed: int = 0
+) -> torch.nn.Module:
+    """Instantiate the model on `device` in `dtype`, in training mode."""
+    torch.manual_seed(seed)
+    torch_dtype = TORCH_DTYPES[dtype]
+    if cfg.path:
+        # No device_map: that needs accelerate. Load on the host, then move.
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=torch_dtype, attn_implementation="sdpa")
+        model = model.to(device)
+    else:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                hf_config(cfg), dtype=torch_dtype, attn_implementation="sdpa"
+            )
+    if activation_checkpointing:
+        enable_activation_checkpointing(model)
+    model.config.use_cache = False
+    _shard_if_distributed(model, device)
+    return model.train()
+
+
+def _shard_if_distributed(model: torch.nn.Module, device: str) -> None:
+    """Under torchrun (gpus > 1), shard the whole model just built with the TP plan of
+    `harness.run.tensor_parallel` and free the unsharded copies before anything is measured."""
+    from harness.run import tensor_parallel
+
+    mesh = tensor_parallel.current_mesh()
+    if mesh is None:
+        return
+    tensor_parallel.parallelize(model, mesh)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant checkpoint around every decoder layer. transformers renamed the call (5.2x:
+    activation_checkpointing_enable; gradient_checkpointing_enable before): use what is there."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    """Parameter count, tied weights once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def n_params_of(cfg: ModelConfig) -> int | None:
+    """The parameter count of an architecture entry without allocating it (built on the meta
+    device, under a second): a point that ran out of memory still says how large its model was.
+    None for a pretrained checkpoint (`path`), which would have to be read."""
+    if cfg.path:
+        return None
+    with torch.device("meta"):
+        return n_params(AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.bfloat16))
+
+
+def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per parameter that does a matmul (not the input embedding's
+    lookup, unless tied to the lm_head) plus attention's 12*L*H*S (PaLM's appendix B;
+    recomputation under activation checkpointing is not counted)."""
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is model.get_input_embeddings().weight:
+        embedding = 0  # tied: the parameter is counted once and does the lm_head's matmul
+    attention = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * _head_dim(cfg) * seq_len
+    return 6 * (n_params(model) - embedding) + attention
+
+
+def _head_dim(cfg: ModelConfig) -> int:
+    return cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+
+
+def random_batch(vocab_size: int, batch_size: int, seq_len: int, device: str, seed: int = 0) -> torch.Tensor:
+    """Token ids [batch_size, seq_len], reproducible from the seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch_size, seq_len), generator=g).to(device)

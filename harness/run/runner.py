@@ -1,0 +1,285 @@
+"""One sweep point, in this process: build, train a few steps, measure, check, make a record.
+
+    record = run_point(cfg, point="fused_adamw/llama3.1-8b/b1/s1024/h200")
+
+The procedure: resolve the device (and the memory cap of an emulated card), stamp the
+environment, stop early with `unavailable` if the method cannot run here, build the model and the
+method, then time `cfg.steps` whole steps from a fixed batch, with the allocator and NVML peaks
+around them. A method that trains must have moved its parameters and lowered the loss; if not,
+the point is an `error` however fast it was. OOM is a result (`oom`), a NaN or inf loss is
+`diverged`, any other exception is `error` with its message. The worker subprocess
+(`harness.run.worker`) wraps this so that nothing carries from one point to the next.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import traceback
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from harness import results
+from harness.run import config as config_mod
+from harness.run import env, measure, methods, models
+from harness.run.measure import GIB, gib
+
+# Dense bf16 tensor-core peaks (TFLOP/s) for MFU, by a substring of the GPU's name.
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+SNAPSHOT_ELEMENTS = 4096  # per parameter, to check that it moved
+
+
+class Unavailable(Exception):
+    """The method cannot run on this machine (raised from setup; recorded as `unavailable`)."""
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def peak_tflops(cfg: DictConfig, gpu_name: str | None) -> float | None:
+    """The dense bf16 peak of all the GPUs a point uses (`gpus` of them under tensor parallelism)."""
+    if cfg.gpu.peak_tflops is not None:
+        return float(cfg.gpu.peak_tflops) * cfg.gpus
+    one = next((v for k, v in PEAK_TFLOPS.items() if gpu_name and k in gpu_name), None)
+    return None if one is None else one * cfg.gpus
+
+
+def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
+    """The fields known before anything runs."""
+    r = results.empty_record()
+    r.update(
+        sweep=cfg.sweep.name,
+        point=point,
+        sweep_mode=cfg.sweep.mode,
+        concurrent_points=cfg.sweep.concurrent_points,
+        time=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        method=cfg.method.name,
+        method_label=cfg.method.label,
+        method_options=methods.resolved_options(
+            cfg.method.name, config_mod.to_dict(cfg.method.options), cfg.method.lr
+        ),
+        model=cfg.model.name,
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len,
+        activation_checkpointing=cfg.activation_checkpointing,
+        gpu=cfg.gpu.name,
+        device=device,
+        memory_cap_gib=cfg.gpu.memory_cap_gib,
+        emulated=cfg.gpu.memory_cap_gib is not None,
+        # the CUDA allocator's settings the point ran under (the worker inherits them from the sweep)
+        cuda_alloc_conf=cfg.gpu.allocator or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps,
+        dtype=config_mod.weight_dtype(cfg),
+        notes=[],
+        config=config_mod.to_dict(cfg),
+    )
+    if cfg.method.autocast is not None:  # mixed precision: the same weights, another configuration
+        r["method_options"]["autocast"] = cfg.method.autocast
+    if cfg.method.cuda_graph:  # the same method, its step captured once and replayed: recorded only when on
+        r["method_options"]["cuda_graph"] = True
+    if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
+        r["method_options"]["weights"] = r["dtype"]
+        r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
+    return r
+
+
+def stamp_env(record: dict[str, Any], device: str, git: dict[str, Any] | None) -> dict[str, Any]:
+    """Add env metadata and the GPU fields, the same for every record of a point, whatever its
+    status (the report and the regression check match points on gpu_name)."""
+    record["env"] = env.collect(git)
+    record["gpu_name"] = record["env"]["gpu_name"] if device == "cuda" else None
+    record["gpu_count"] = 1 if device == "cuda" else 0  # GPUs this point used (env: all visible)
+    return record
+
+
+def apply_memory_cap(cap_gib: float | None, device: str) -> str | None:
+    """Cap this process's CUDA allocator to emulate a smaller card; returns a note if it cannot."""
+    if cap_gib is None:
+        return None
+    if device != "cuda":
+        return f"memory cap {cap_gib} GiB not enforced without CUDA"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    return None
+
+
+def _head(p: torch.Tensor) -> torch.Tensor:
+    """The first elements of this process's part of p (a tensor-parallel shard: its local shard)."""
+    p = p.detach()
+    p = p.to_local() if hasattr(p, "to_local") else p
+    return p.reshape(-1)[:SNAPSHOT_ELEMENTS]
+
+
+def _snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [_head(p).clone() for p in params]
+
+
+def _moved_fraction(before: list[torch.Tensor], params: list[torch.Tensor]) -> float:
+    moved = [not torch.equal(b, _head(p)) for b, p in zip(before, params)]
+    return sum(moved) / max(1, len(moved))
+
+
+def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods.Method]:
+    """The point's model (from its seed, in its weight dtype) and its method, set up."""
+    model = models.build(
+        cfg.model, config_mod.weight_dtype(cfg), device, cfg.activation_checkpointing, cfg.seed
+    )
+    options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
+    method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
+    method.autocast = cfg.method.autocast
+    method.cuda_graph = cfg.method.cuda_graph
+    try:
+        method.setup()
+    except ImportError as e:
+        raise Unavailable(f"{cfg.method.name} cannot be imported here: {type(e).__name__}: {e}") from e
+    return model, method
+
+
+def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+    """Build, time the steps, collect memory: the measured fields of the record."""
+    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
+    model, method = build_method(cfg, device)
+    params = method.params()
+    before = _snapshot(params)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    sampler.start()
+    compiles: list[int] = []
+    with measure.ForwardEndMemory(model, device) as forward_end:
+        losses, times = measure.timed_steps(lambda: method.step(batch), cfg.steps, device, compiles)
+    nvml_peak = sampler.stop()
+    late = {i: c for i, c in enumerate(compiles) if c and i >= cfg.warmup_steps}
+    if late:
+        method.notes.append(
+            f"Triton compiled {sum(late.values())} kernel(s) during timed steps "
+            f"{sorted(late)} (0-based, warm-up included): those steps' times include compiling"
+        )
+    peaks = measure.cuda_peaks(device)
+    weights = measure.nbytes(params)
+    out = {
+        "n_params": models.n_params(model),
+        "master_weights": method.master_weights(),
+        "losses": losses,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "step_times_ms": times[cfg.warmup_steps :],
+        "params_moved_frac": _moved_fraction(before, params),
+        "peak_alloc_gib": gib(peaks["peak_alloc"]),
+        "peak_reserved_gib": gib(peaks["peak_reserved"]),
+        "peak_nvml_gib": gib(nvml_peak),
+        "forward_end_alloc_gib": gib(forward_end.bytes),
+        "notes": list(method.notes),
+        "_trains": method.trains,
+        "_flops_per_token": models.flops_per_token(model, cfg.model, cfg.seq_len),
+    }
+    out.update(measure.time_stats(out["step_times_ms"]))
+    out.update(
+        measure.breakdown(
+            weights,
+            method.gradient_bytes(),
+            measure.nbytes(method.optimizer_state_tensors()),
+            peaks["peak_alloc"],
+        )
+    )
+    return out
+
+
+def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+    """A convergence point (harness.run.convergence): real text, every step's loss, held-out losses."""
+    from harness.run import convergence
+
+    model, method = build_method(cfg, device)
+    params = method.params()
+    before = _snapshot(params)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    out = convergence.train(cfg, method)
+    peaks = measure.cuda_peaks(device)
+    out.update(
+        n_params=models.n_params(model),
+        master_weights=method.master_weights(),
+        params_moved_frac=_moved_fraction(before, params),
+        peak_alloc_gib=gib(peaks["peak_alloc"]),
+        peak_reserved_gib=gib(peaks["peak_reserved"]),
+        notes=list(method.notes),
+        _trains=method.trains,
+        _flops_per_token=models.flops_per_token(model, cfg.model, cfg.seq_len),
+    )
+    out.update(measure.time_stats(out["step_times_ms"]))
+    return out
+
+
+def throughput(record: dict[str, Any], flops_per_token: float) -> None:
+    """tokens_per_s and mfu from the median step time (mfu only where the GPU's peak is known)."""
+    median = record["step_time_ms_median"]
+    if not median:
+        return
+    record["tokens_per_s"] = record["batch_size"] * record["seq_len"] * 1e3 / median
+    if record["peak_tflops"]:
+        record["mfu"] = flops_per_token * record["tokens_per_s"] / (record["peak_tflops"] * 1e12)
+
+
+def verdict(record: dict[str, Any], trains: bool, check_training: bool) -> tuple[str, str | None]:
+    """ok, or diverged / error with the reason, from the losses and the parameter check."""
+    losses = record["losses"]
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    if bad is not None:
+        return "diverged", f"loss became {losses[bad]} at step {bad + 1}"
+    if not (trains and check_training):
+        return "ok", None
+    if record["params_moved_frac"] < 0.5:
+        return "error", f"did not train: only {record['params_moved_frac']:.0%} of parameter tensors changed"
+    if len(losses) > 1 and not losses[-1] < losses[0]:
+        return "error", f"did not train: loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"
+    return "ok", None
+
+
+def _failure(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, torch.OutOfMemoryError):
+        return "oom", str(e).strip().splitlines()[0][:500] if str(e).strip() else "out of memory"
+    tail = "".join(traceback.format_exception(e)[-3:]).strip()
+    return "error", f"{type(e).__name__}: {e}"[:1000] + f"\n{tail[-1500:]}"
+
+
+def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one point in this process and return its record (never raises for a point's failure)."""
+    device = resolve_device(cfg.device)
+    sampler = measure.NvmlSampler()  # before CUDA is touched: its baseline excludes our context
+    record = stamp_env(base_record(cfg, point, device), device, git)
+    record["nvml_baseline_gib"] = gib(sampler.baseline_bytes) if device == "cuda" else None
+    record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
+    reason = methods.unavailable_reason(
+        cfg.method.name, config_mod.to_dict(cfg.method.options), device, cfg.method.cuda_graph
+    )
+    if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():
+        reason = "device=cuda but no CUDA device is visible"
+    if reason:
+        record.update(status="unavailable", error=reason)
+        return record
+    try:
+        note = apply_memory_cap(cfg.gpu.memory_cap_gib, device)
+        measured = (train_on_text if cfg.convergence.enabled else train_and_measure)(cfg, device, sampler)
+    except Unavailable as e:
+        sampler.stop()
+        record.update(status="unavailable", error=str(e))
+        return record
+    except Exception as e:
+        sampler.stop()
+        record["status"], record["error"] = _failure(e)
+        record["n_params"] = models.n_params_of(cfg.model)  # the tables size models by it
+        return record
+    trains, flops = measured.pop("_trains"), measured.pop("_flops_per_token")
+    record.update(measured)
+    record["notes"] += [note] if note else []
+    throughput(record, flops)
+    record["status"], record["error"] = verdict(record, trains, cfg.check_training)
+    return record

@@ -1,0 +1,140 @@
+"""Convergence runs: the data pipeline, the training loop's pieces, and the CPU smoke run.
+
+The smoke run is the real thing in miniature: `python -m harness sweep +exp=convergence_smoke`
+trains a one-layer Llama with torch.optim's AdamW and with FORGE (fp32 weights and states, its
+kernels in the Triton interpreter) on the same batches of real text, and FORGE must stay within
+1e-4 nats of torch at every step while both curves fall (about 1.5 minutes on 2 cores, with the
+corpus prepared on first use).
+"""
+
+import json
+
+import pytest
+import torch
+
+from harness import results
+from harness.report.convergence_table import mean_abs_delta
+from harness.run import convergence, data, sweep
+from harness.run.config import ConfigError, compose_config
+
+SMOKE_TOLERANCE_NATS = 1e-4  # fp32: equal to torch.optim up to the GEMM's summation order
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_corpora(monkeypatch):
+    """Two tiny texts in place of the stdlib ones: the pipeline's logic in a second."""
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "code", "runs"]
+    code = [
+        (f"code/m{i}.py", f"def f{i}(x):\n    return x * {i}  # {words[i % 12]}\n" * 20) for i in range(60)
+    ]
+    docs = [(f"doc/m{i}", " ".join(words[i % 5 :] + words[: i % 5]) * 10) for i in range(60)]
+    monkeypatch.setattr(data, "CORPORA", {"stdlib_code": lambda: code, "stdlib_docs": lambda: docs})
+
+
+def test_prepare_writes_tokenizer_corpora_and_manifest(small_corpora, tmp_path):
+    folder = data.prepare(300, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["vocab_size"] == 300 and set(manifest["corpora"]) == {"stdlib_code", "stdlib_docs"}
+    corpus = data.load("stdlib_code", 300, tmp_path)
+    assert corpus.train.dtype.name == "uint16" and 0 < corpus.heldout.size < corpus.train.size
+    assert int(corpus.train.max()) < 300
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    data.prepare(300, tmp_path)  # cached: nothing is rebuilt
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_tokenizer_round_trips_any_text(small_corpora, tmp_path):
+    from tokenizers import Tokenizer
+
+    folder = data.prepare(300, tmp_path)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    text = "def naïve(x):\n\treturn x → ∞  # 日本"
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+
+
+def test_heldout_split_is_stable_and_small():
+    names = [f"code/module_{i}.py" for i in range(2000)]
+    held = [n for n in names if data.is_heldout(n)]
+    assert held == [n for n in names if data.is_heldout(n)]
+    assert 0.02 < len(held) / len(names) < 0.08
+
+
+def test_stdlib_code_has_no_docstrings():
+    docs = dict(data.stdlib_code())
+    source = docs["code/json/__init__.py"]
+    assert "import" in source and "JSON (JavaScript Object Notation)" not in source
+    assert "JSON (JavaScript Object Notation)" in dict(data.stdlib_docs())["doc/json/__init__.py"]
+
+
+def test_vocabulary_below_bytes_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="257"):
+        data.prepare(256, tmp_path)
+
+
+# --- the loop's pieces ----------------------------------------------------------------------------
+
+
+def test_lr_warms_up_then_decays_to_the_floor():
+    lrs = [convergence.lr_at(s, 100, 1.0, 10, 0.1) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_batches_are_the_same_for_the_same_seed():
+    a = convergence.batch_offsets(10_000, 4, 32, 5, seed=7)
+    assert torch.equal(a, convergence.batch_offsets(10_000, 4, 32, 5, seed=7))
+    assert not torch.equal(a, convergence.batch_offsets(10_000, 4, 32, 5, seed=8))
+    tokens = torch.arange(10_000)
+    batch = convergence.windows(tokens, a[0], 32)
+    assert batch.shape == (4, 32) and torch.equal(batch[:, 1] - batch[:, 0], torch.ones(4, dtype=torch.long))
+
+
+def test_heldout_windows_do_not_overlap():
+    w = convergence.heldout_windows(torch.arange(1000), 64, 50)
+    assert w.shape == (15, 64) and len(set(w.flatten().tolist())) == w.numel()
+
+
+def test_unknown_corpus_fails_at_composition():
+    with pytest.raises(ConfigError, match="stdlib_code"):
+        compose_config(["+exp=convergence_smoke", "convergence.phases=[{name: x, corpus: nope, steps: 3}]"])
+
+
+def test_convergence_points_record_their_weight_dtype():
+    cfg = compose_config(["+exp=convergence"])
+    points = {p.id.split("/")[0]: p.cfg for p in sweep.expand(cfg, ["+exp=convergence"])}
+    assert points["fused_adamw_fp32"].method.dtype == "fp32" and points["fused_adamw"].method.dtype is None
+    assert sum(p.convergence.phases[i].steps for p in [cfg] for i in range(2)) == cfg.steps
+
+
+# --- the smoke run --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("convergence")
+    # the two points side by side (convergence sweeps may share a machine: their claim is the loss)
+    path = sweep.run_sweep(["+exp=convergence_smoke", f"results_dir={out}", "sweep.concurrent_points=2"])
+    return {r["method_label"]: r for r in results.read(path)}
+
+
+def test_smoke_forge_fp32_tracks_torch_adamw(smoke_records):
+    ref, forge = smoke_records["fused_adamw_fp32"], smoke_records["forge_fp32_exact"]
+    assert ref["status"] == forge["status"] == "ok", (ref["error"], forge["error"])
+    assert len(forge["losses"]) == len(ref["losses"]) == 150
+    assert mean_abs_delta(forge["losses"], ref["losses"]) < SMOKE_TOLERANCE_NATS
+    assert max(abs(a - b) for a, b in zip(forge["losses"], ref["losses"])) < 10 * SMOKE_TOLERANCE_NATS
+    assert mean_abs_delta(forge["heldout_losses"], ref["heldout_losses"]) < SMOKE_TOLERANCE_NATS
+
+
+@pytest.mark.parametrize("label", ["fused_adamw_fp32", "forge_fp32_exact"])
+def test_smoke_curves_fall(smoke_records, label):
+    record = smoke_records[label]
+    losses = record["losses"]
+    assert sum(losses[-20:]) / 20 < sum(losses[:10]) / 10 - 0.5
+    for corpus, curve in record["heldout_by_corpus"].items():
+        assert curve["losses"][-1] < curve["losses"][0], corpus
+    assert [p["first_step"] for p in record["phases"]] == [0, 100]
+    assert record["convergence_reference"] == (label == "fused_adamw_fp32")
