@@ -310,8 +310,21 @@ def tune(
             print(f"tune {name:5s} T={T:5d} {state_dtype:4s} {cfg} -> {ms}", flush=True)
 
 
+EXAMPLES = """examples (on a CUDA GPU):
+  python -m harness kernels                                    # every shape and T, both models
+  python -m harness kernels --quick                            # Llama q, gate, down at T = 2048, 8192
+  python -m harness kernels --models qwen3-14b --tokens 1024 4096
+  python -m harness kernels --tune --groups pointers --state-dtypes bf16
+"""
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness kernels", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness kernels",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES,
+    )
     parser.add_argument(
         "--out",
         help="folder for the JSONL records (default results/kernels, with --tune results/tuning)",
