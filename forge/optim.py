@@ -109,7 +109,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         options = {k: v for k, v in param_group.items() if k != "params"}
-        resolve_hparams(self.rule, options)  # reject unknown or unsupported options early
+        # Reject unknown, unsupported or out-of-range options, and parameters FORGE cannot update,
+        # before the group is added: a refused group leaves the optimizer as it was. The options are
+        # checked with this optimizer's defaults filled in, as torch.optim fills them.
+        defaults = {k: v for k, v in self.defaults.items() if k in self.rule.defaults}
+        resolve_hparams(self.rule, {**defaults, **options})
+        params = param_group["params"]
+        if not isinstance(params, set):  # torch.optim refuses sets itself, with its message
+            params = [params] if isinstance(params, torch.Tensor) else list(params)
+            param_group = {**param_group, "params": params}
+            for p in params:
+                if isinstance(p, torch.Tensor):
+                    self._check_param(p)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         group.update(resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
