@@ -103,7 +103,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._update_stream = UpdateStream() if update_stream else None
         # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
         self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
+        # Wiring (see `_wire`): forge.attach sets `_owner` (a weak reference to the model) before
+        # __init__ and fuses or hooks the first groups itself; built directly, the optimizer hooks
+        # every parameter itself. Either way a later add_param_group wires its parameters too.
+        self._owner = getattr(self, "_owner", None)
+        self._hooks: list = []
+        self._wired = False
         super().__init__(params, resolve_hparams(self.rule, hparams))
+        self._wired = True
+        if self._owner is None:
+            self._wire([p for g in self.param_groups for p in g["params"]])
 
     # ------------------------------------------------------------------ groups and states
 
@@ -121,6 +130,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             for p in params:
                 if isinstance(p, torch.Tensor):
                     self._check_param(p)
+        if self._wired:
+            self._wirable()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         group.update(resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
@@ -130,6 +141,22 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._group_of[p] = group
             self._version[p] = 0
             self._init_state(p, group)
+        if self._wired:  # added after construction: its parameters train from the next backward on
+            self._wire(group["params"])
+
+    def _wirable(self) -> None:
+        """Refuse a new group that could not be trained (the model FORGE was attached to is gone)."""
+        from forge.attach import attached_model  # forge.attach imports this module
+
+        if self._owner is not None:
+            attached_model(self)
+
+    def _wire(self, params: list) -> None:
+        """Make `params` train: fused into the kernel of their nn.Linear where the model is known,
+        updated from a post-accumulate-grad hook otherwise (see `forge.attach`)."""
+        from forge.attach import wire  # forge.attach imports this module
+
+        wire(self, params)
 
     def _check_param(self, p: torch.Tensor) -> None:
         name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
