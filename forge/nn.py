@@ -56,6 +56,8 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.name = name
         ctx.version = optimizer.version(weight)
         ctx.has_bias = bias is not None
+        if not torch.compiler.is_compiling():
+            optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
         return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 
     @staticmethod
@@ -84,6 +86,7 @@ class ForgeLinearFunction(torch.autograd.Function):
             _fused_step_outside_graph(optimizer, weight, dy2, x2)
         else:  # eager: skip the disable wrapper (4% of a profiled ForgeLinear step on the GPU machine)
             optimizer.update_linear(weight, dy2, x2)
+        optimizer.release_use(ctx)
         return dx, None, db, None, None, None
 
 

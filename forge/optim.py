@@ -44,6 +44,7 @@ docs/int8-states.md).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -53,7 +54,7 @@ from forge.kernels import interpreting, quant
 from forge.kernels.elementwise_update import elementwise_update
 from forge.kernels.update_tile import STEP_ROW
 from forge.kernels.wgrad_update import wgrad_update
-from forge.rules import NUM_COEFFICIENTS, get_rule, resolve_hparams
+from forge.rules import NUM_COEFFICIENTS, check_hparams, get_rule, resolve_hparams
 from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
@@ -109,6 +110,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._owner = getattr(self, "_owner", None)
         self._hooks: list = []
         self._wired = False
+        self._checked_task = -1  # the last backward (autograd graph task) whose groups were checked
         super().__init__(params, resolve_hparams(self.rule, hparams))
         self._wired = True
         if self._owner is None:
@@ -220,6 +222,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """(group, coefficients, seed, step row) of p's next update; advances its step. The row is
         None unless capturable; inside a CUDA-graph capture nothing advances (the replays will)."""
         group = self._group_of[p]
+        if torch._C._current_graph_task_id() != self._checked_task:
+            self._check_backward()
         if not self.capturable:
             return (group, *self._advance(p, group), None)
         row = self._step_row(p)
@@ -229,6 +233,29 @@ class ForgeOptimizer(torch.optim.Optimizer):
         coefficients, seed = self._advance(p, group)
         row.copy_(_step_values([coefficients], [seed])[0], non_blocking=True)
         return group, coefficients, seed, row
+
+    def _check_backward(self) -> None:
+        """At this optimizer's first update in a backward, before it touches anything: every group's
+        hyperparameters (a scheduler or a user may have changed them since construction) and every
+        fused nn.Linear this backward will reach (each used once, from a forward at its current
+        step). A refusal here leaves every weight, state and step count as it was."""
+        task = torch._C._current_graph_task_id()
+        if task >= 0:  # else a direct call, outside any backward
+            for group in self.param_groups:
+                check_hparams(self.rule.name, group)
+            _check_linear_uses(task)
+        self._checked_task = task  # only once passed: a refused backward is refused at every update
+
+    def record_use(self, node) -> None:
+        """ForgeLinearFunction's forward: `node` (its ctx, the graph's backward node) may run a fused
+        update of `node.weight` in a later backward."""
+        _LINEAR_USES.add(node)
+
+    def release_use(self, node) -> None:
+        """ForgeLinearFunction's backward, after the update: its graph is freed, so `node` cannot run
+        again, unless the backward retains the graph (then a second backward is refused)."""
+        if not _keep_graph():
+            _LINEAR_USES.discard(node)
 
     def _advance(self, p: torch.Tensor, group: dict) -> tuple[tuple, int]:
         """Count one more step of p; return its coefficients and seed for that step."""
@@ -371,6 +398,48 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
+
+
+# Fused-linear uses (ForgeLinearFunction nodes) whose backward may still run, over every optimizer:
+# one weight used twice in a graph, or a retained graph run again, is refused at the first FORGE
+# update of that backward, before any parameter of any model has been updated.
+_LINEAR_USES: weakref.WeakSet = weakref.WeakSet()
+_checked_uses_task = [-1]
+
+
+def _keep_graph() -> bool:
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep is None else bool(keep())
+
+
+def _check_linear_uses(task: int) -> None:
+    if _checked_uses_task[0] == task:
+        return
+    seen = {}
+    for node in list(_LINEAR_USES):
+        try:
+            if not torch._C._will_engine_execute_node(node):
+                continue
+        except RuntimeError:  # not the eager autograd engine (compiled autograd): the backward's own guard
+            return
+        weight, optimizer = node.weight, node.optimizer
+        untouched = "; nothing has been updated by this backward (weights, states and steps are as they were)"
+        if optimizer.version(weight) != node.version:
+            raise RuntimeError(
+                f"FORGE: {node.name} was already updated since this forward pass: a second backward through "
+                "the same graph (retain_graph=True) would apply the optimizer step twice, and compute the "
+                f"input gradient from the updated weight. FORGE needs one backward per forward{untouched}."
+            )
+        if id(weight) in seen:
+            raise RuntimeError(
+                f"FORGE: {node.name} is used twice in this graph (one nn.Linear called twice in a forward, "
+                "or two forwards through it before one backward). Its fused update consumes the gradient of "
+                "one use, and dx of the other would come from the updated weight. Leave this parameter out "
+                "of forge.attach(params=...) to give it an ordinary gradient, or call the module once per "
+                f"forward{untouched}."
+            )
+        seen[id(weight)] = node
+    _checked_uses_task[0] = task
 
 
 _NO_COEFFICIENTS = (0.0,) * NUM_COEFFICIENTS  # a captured launch reads its values from its step row

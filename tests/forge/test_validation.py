@@ -167,6 +167,29 @@ def test_maximize_and_amsgrad_are_refused():
             forge.attach(_model(), "adamw", **{flag: True})
 
 
+def test_a_group_changed_after_attach_is_refused_before_any_update():
+    """A hyperparameter set out of range after attach (by hand, or a scheduler gone wrong) is
+    refused at the first update of the next backward: the LayerNorm's hooked update, which runs
+    before any fused one, has not happened either. Before: ZeroDivisionError in mid-backward, with
+    the LayerNorm already stepped."""
+    model = _model()
+    opt = forge.attach(model, "adamw", lr=1e-2, state_dtype="fp32")
+    x = torch.randn(6, 5)
+    model(x).square().mean().backward()
+    before = _snapshot(model)
+    states = [{k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)} for p in opt.state]
+    opt.param_groups[0]["betas"] = (1.0, 0.999)
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 0: 1.0"):
+        model(x).square().mean().backward()
+    for p, q, saved in zip(model.parameters(), before, states):
+        assert torch.equal(p, q)
+        assert opt.state[p]["step"] == 1
+        assert all(torch.equal(opt.state[p][k], v) for k, v in saved.items())
+    opt.param_groups[0]["betas"] = (0.9, 0.999)
+    model(x).square().mean().backward()  # and training goes on
+    assert all(opt.state[p]["step"] == 2 for p in model.parameters())
+
+
 def _escape(message: str) -> str:
     import re
 
