@@ -10,6 +10,7 @@ every trainable parameter, one group), then:
   post-accumulate-grad hook that updates it with the element-wise kernel and frees its gradient.
 
 Parameters left out of `params` are not touched: they keep ordinary gradients for another optimizer.
+Parameters added later with `optimizer.add_param_group` are fused or hooked the same way (`wire`).
 `detach(model)` restores plain `nn.Linear` classes and removes the hooks; the weights stay as trained.
 
 Tensor parallelism (DTensor weights from `parallelize_module`'s colwise and rowwise plans, sequence

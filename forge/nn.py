@@ -26,7 +26,9 @@ Guards. A raw Triton write does not bump a tensor's autograd version counter, so
 notice a weight updated twice. The forward records how many updates the weight had; the backward
 refuses to run if that number moved (a second backward through a retained graph, or one weight used
 twice in a graph): applying the step twice, or computing dx from an already-updated weight, would
-silently train something else. Activation checkpointing re-runs only the forward, which has no side
+silently train something else. The forward also records its node, and the first FORGE update of
+each backward refuses such a graph before any parameter is updated (`forge.optim`), so a refusal
+never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
 effects here, so it composes. Under torch.compile the launcher runs outside the graph
 (`torch.compiler.disable`), since compiled autograd does not expect inputs mutated in backward.
 """

@@ -35,6 +35,12 @@ What users must know: each backward IS an optimizer step, so there is no gradien
 micro-batches and no global gradient-norm clipping; a second backward through the same graph
 (`retain_graph=True`) is refused rather than applied twice.
 
+Built directly, `ForgeOptimizer(model.parameters(), rule)` trains every parameter from a
+post-accumulate-grad hook (element-wise kernel, the gradient materialized one parameter at a time);
+only `forge.attach(model, ...)` knows the modules, and fuses nn.Linear weights into their dW kernel.
+Hyperparameters are checked as torch.optim checks them, for the defaults and every group, at
+construction and again at the first update of each backward (before anything is updated there).
+
 States per parameter, named as torch.optim names them (`exp_avg`, `exp_avg_sq`, `momentum_buffer`,
 `square_avg`, `grad_avg`, `sum`), are allocated when the optimizer is built, in `state_dtype`:
 fp32, bf16, or int8 codes plus `<name>_absmax` scales (one per `int8_group` elements along the
