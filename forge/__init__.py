@@ -10,21 +10,24 @@ the weight gradient lives only in fp32 registers and is never written to GPU mem
     forge.detach(model)      # back to plain nn.Linear, weights kept
 
 Without a CUDA device the same Triton kernels run in Triton's CPU interpreter (slow; for tests).
+
+`import forge` is light: it imports neither Triton nor the kernels, and changes nothing in the
+environment. The kernels load at the first `forge.attach` (or `ForgeOptimizer`), where
+`forge.backend` decides whether they run compiled or interpreted.
 """
 
-import os as _os
-
-import torch as _torch
-
-if not _torch.cuda.is_available():
-    # Must happen before any @triton.jit function is created, i.e. before the kernels are imported.
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from forge.attach import attach, detach  # noqa: E402
-from forge.baseline import Lion, torch_optimizer  # noqa: E402
-from forge.nn import ForgeLinear  # noqa: E402
-from forge.optim import ForgeOptimizer  # noqa: E402
-from forge.rules import RULES  # noqa: E402
+from forge.attach import attach, detach
+from forge.baseline import Lion, torch_optimizer
+from forge.nn import ForgeLinear
+from forge.optim import ForgeOptimizer
 
 __all__ = ["attach", "detach", "ForgeOptimizer", "ForgeLinear", "Lion", "torch_optimizer", "RULES"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "RULES":  # the rules hold Triton code: imported on first use
+        from forge.rules import RULES
+
+        return RULES
+    raise AttributeError(f"module 'forge' has no attribute {name!r}")

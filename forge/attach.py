@@ -89,7 +89,7 @@ def detach(model: nn.Module) -> None:
     for handle in optimizer._hooks:
         handle.remove()
     optimizer._hooks = []
-    delattr(model, _ATTR)
+    model.__dict__.pop(_ATTR, None)  # already gone where the model is itself a fused nn.Linear
 
 
 def attached_model(optimizer: ForgeOptimizer) -> nn.Module:

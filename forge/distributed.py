@@ -11,7 +11,7 @@ turns each planned nn.Linear's weight into a DTensor sharded over a 1-D mesh of 
              dW_r = dy^T x_r is COMPLETE on the rank and dx_r = dy W_r is the local slice of dx.
 
 Either way the fused kernel can run on the local shard, from local tensors only, and its update
-is the update a single GPU would apply to those rows or columns. `tp_linear_forward` is the
+is the update a single GPU would apply to those rows or columns. `forge.nn.tp_linear_forward` is the
 ForgeLinear forward for such a weight: it takes the layer's input as a DTensor (the plan's input
 hook made it one), redistributes it to the layout the shard needs, runs `forge_linear` on
 `.to_local()` tensors, and hands back a DTensor with the output's placement (Shard on the last dim
@@ -32,21 +32,21 @@ before the update), and a parameter that is itself Partial.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
-
-try:
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-except ImportError:  # torch built without distributed: nothing here can be a DTensor
-    DTensor = None  # type: ignore[assignment,misc]
 
 COLWISE, ROWWISE = "colwise", "rowwise"
 
 
 def is_dtensor(t: Any) -> bool:
-    """True for a DTensor (or a Parameter wrapping one)."""
-    return DTensor is not None and isinstance(t, DTensor)
+    """True for a DTensor (or a Parameter wrapping one). Asked of every tensor FORGE touches, without
+    importing torch.distributed.tensor (a second of import): no DTensor exists before that module is
+    imported, by whoever made one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -61,6 +61,8 @@ def like_param(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     the shape DTensor infers from equal shards."""
     if not is_dtensor(p):
         return t
+    from torch.distributed.tensor import DTensor
+
     if t.shape == local(p).shape:
         mesh, placements = p.device_mesh, p.placements
         return DTensor.from_local(t, mesh, placements, run_check=False, shape=p.shape, stride=p.stride())
@@ -104,46 +106,6 @@ def local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     if tuple(grad.placements) != tuple(p.placements):
         grad = grad.redistribute(p.device_mesh, p.placements)
     return grad.to_local()
-
-
-def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides of a tensor of `shape`."""
-    stride, acc = [], 1
-    for size in reversed(shape):
-        stride.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(stride))
-
-
-def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """ForgeLinear's forward when its weight is sharded colwise (Shard(0)) or rowwise (Shard(1))."""
-    from forge.nn import forge_linear
-
-    weight, bias, name = module.weight, module.bias, module._forge_name
-    if not is_dtensor(x):
-        raise RuntimeError(
-            f"FORGE: {name} has a sharded DTensor weight but received a plain tensor. Parallelize the layer "
-            "with ColwiseParallel/RowwiseParallel (their input hooks hand it a DTensor) so that FORGE knows "
-            "the input's layout."
-        )
-    mesh, layout = weight.device_mesh, linear_layout(name, weight)
-    last = x.ndim - 1
-    out_shape = (*x.shape[:-1], weight.shape[0])
-    if layout == COLWISE:
-        # x replicated; dx = sum_r dy_r W_r is a partial sum on each rank: DTensor all-reduces it.
-        x_local = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-        y_local = forge_linear(x_local, weight, local(bias), module._forge_optimizer, name)
-        return DTensor.from_local(
-            y_local, mesh, [Shard(last)], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
-        )
-    # ROWWISE: x sharded on its last dim; y is a partial sum (DTensor reduces it in the output hook);
-    # its gradient comes back replicated (DTensor's rule for Partial), so dW_r = dy^T x_r is complete.
-    x_local = x.redistribute(mesh, [Shard(last)]).to_local(grad_placements=[Shard(last)])
-    y_local = forge_linear(x_local, weight, None, module._forge_optimizer, name)
-    y = DTensor.from_local(
-        y_local, mesh, [Partial()], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
-    )
-    return y if bias is None else y + bias  # a replicated bias: added once, by DTensor's rules
 
 
 def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

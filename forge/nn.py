@@ -35,11 +35,13 @@ effects here, so it composes. Under torch.compile the launcher runs outside the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forge.distributed import is_dtensor, local, tp_linear_forward
+from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 
 
 class ForgeLinearFunction(torch.autograd.Function):
@@ -120,9 +122,16 @@ def forge_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return ForgeLinearFunction.apply(x, weight, bias, optimizer, name, saved_ahead)
 
 
-@torch.compiler.disable
 def _fused_step_outside_graph(optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
-    optimizer.update_linear(weight, dy, x)
+    """The fused step while torch.compile traces the backward: outside its graph."""
+    _outside_graph()(optimizer, weight, dy, x)
+
+
+@functools.cache
+def _outside_graph():
+    """`update_linear` under `torch.compiler.disable`, built on first use: the decorator imports
+    torch._dynamo (a second of import), which eager training never needs."""
+    return torch.compiler.disable(lambda optimizer, weight, dy, x: optimizer.update_linear(weight, dy, x))
 
 
 class ForgeLinear(nn.Linear):
@@ -139,6 +148,47 @@ class ForgeLinear(nn.Linear):
         if is_dtensor(self.weight):
             return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
         return forge_linear(_autocast_input(x), self.weight, self.bias, opt, self._forge_name)
+
+
+def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of a tensor of `shape`."""
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """ForgeLinear's forward when its weight is sharded colwise (Shard(0)) or rowwise (Shard(1)), on
+    the local shards (`forge.distributed` says why that is exact)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    weight, bias, name = module.weight, module.bias, module._forge_name
+    if not is_dtensor(x):
+        raise RuntimeError(
+            f"FORGE: {name} has a sharded DTensor weight but received a plain tensor. Parallelize the layer "
+            "with ColwiseParallel/RowwiseParallel (their input hooks hand it a DTensor) so that FORGE knows "
+            "the input's layout."
+        )
+    mesh, layout = weight.device_mesh, linear_layout(name, weight)
+    last = x.ndim - 1
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    if layout == COLWISE:
+        # x replicated; dx = sum_r dy_r W_r is a partial sum on each rank: DTensor all-reduces it.
+        x_local = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+        y_local = forge_linear(x_local, weight, local(bias), module._forge_optimizer, name)
+        return DTensor.from_local(
+            y_local, mesh, [Shard(last)], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
+        )
+    # ROWWISE: x sharded on its last dim; y is a partial sum (DTensor reduces it in the output hook);
+    # its gradient comes back replicated (DTensor's rule for Partial), so dW_r = dy^T x_r is complete.
+    x_local = x.redistribute(mesh, [Shard(last)]).to_local(grad_placements=[Shard(last)])
+    y_local = forge_linear(x_local, weight, None, module._forge_optimizer, name)
+    y = DTensor.from_local(
+        y_local, mesh, [Partial()], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
+    )
+    return y if bias is None else y + bias  # a replicated bias: added once, by DTensor's rules
 
 
 def _autocast_input(x: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ States per parameter, named as torch.optim names them (`exp_avg`, `exp_avg_sq`, 
 `square_avg`, `grad_avg`, `sum`), are allocated when the optimizer is built, in `state_dtype`:
 fp32, bf16, or int8 codes plus `<name>_absmax` scales (one per `int8_group` elements along the
 last dim: 64 by default, or 128 for half the scales' memory at ~20% more quantization error,
-docs/int8-states.md).
+docs/design.md).
 """
 
 from __future__ import annotations
@@ -55,16 +55,13 @@ from collections.abc import Iterable
 
 import torch
 
+from forge.backend import interpreting
 from forge.distributed import check_param, like_param, local, local_grad
-from forge.kernels import interpreting, quant
-from forge.kernels.elementwise_update import elementwise_update
-from forge.kernels.update_tile import STEP_ROW
-from forge.kernels.wgrad_update import wgrad_update
-from forge.rules import NUM_COEFFICIENTS, check_hparams, get_rule, resolve_hparams
 from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+INT8_GROUPS = (64, 128)  # elements per int8 scale (forge.kernels.quant)
 
 
 class ForgeOptimizer(torch.optim.Optimizer):
@@ -78,19 +75,26 @@ class ForgeOptimizer(torch.optim.Optimizer):
         state_dtype: str = "bf16",
         stochastic_rounding: bool = True,
         seed: int = 0,
-        int8_group: int = quant.GROUP,
+        int8_group: int = 64,
         capturable: bool = False,
         update_stream: bool = False,
         **hparams,
     ):
+        # FORGE's first use of Triton: its kernels load here (`forge.backend` decides, as they do,
+        # whether they run compiled or in Triton's CPU interpreter), never at `import forge`.
+        from forge import kernels
+        from forge.rules import get_rule, resolve_hparams
+
+        self._kernels = kernels
+        self._resolve_hparams = resolve_hparams
         self.rule = get_rule(rule)
         if state_dtype not in STATE_DTYPES:
             raise ValueError(
                 f"state_dtype={state_dtype!r} is not supported; choose one of {list(STATE_DTYPES)}"
             )
-        if int8_group not in quant.GROUPS:
+        if int8_group not in INT8_GROUPS:
             raise ValueError(
-                f"int8_group={int8_group!r} is not supported; choose one of {list(quant.GROUPS)} "
+                f"int8_group={int8_group!r} is not supported; choose one of {list(INT8_GROUPS)} "
                 "(elements per int8 scale)"
             )
         self.state_dtype = state_dtype
@@ -130,7 +134,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # before the group is added: a refused group leaves the optimizer as it was. The options are
         # checked with this optimizer's defaults filled in, as torch.optim fills them.
         defaults = {k: v for k, v in self.defaults.items() if k in self.rule.defaults}
-        resolve_hparams(self.rule, {**defaults, **options})
+        self._resolve_hparams(self.rule, {**defaults, **options})
         params = param_group["params"]
         if not isinstance(params, set):  # torch.optim refuses sets itself, with its message
             params = [params] if isinstance(params, torch.Tensor) else list(params)
@@ -142,7 +146,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._wirable()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        group.update(resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
+        group.update(self._resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
         for p in group["params"]:
             self._check_param(p)
             self._index[p] = len(self._index)
@@ -181,7 +185,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         if p.device.type == "cpu" and not interpreting():
             raise RuntimeError(
                 f"{name} is on the CPU but Triton's interpreter is off. Move the model to a CUDA device, "
-                "or set TRITON_INTERPRET=1 before importing forge to run the kernels on the CPU (slow)."
+                "or set TRITON_INTERPRET=1 before FORGE's first use to run the kernels on the CPU (slow)."
             )
         if p.device.type not in ("cuda", "cpu"):
             raise RuntimeError(
@@ -202,7 +206,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
             if self.state_dtype == "int8":
                 values = torch.full_like(shard, init, dtype=torch.float32)
-                codes, scale = quant.quantize(values, slot.signed, self.int8_group)
+                codes, scale = self._kernels.quant.quantize(values, slot.signed, self.int8_group)
                 state[slot.name] = like_param(p, codes)
                 state[slot.name + "_absmax"] = like_param(p, scale)
             else:
@@ -235,9 +239,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         row = self._step_row(p)
         if _capturing(p):
             self._captured[p] = None
-            return group, _NO_COEFFICIENTS, 0, row
+            return group, self._no_coefficients(), 0, row
         coefficients, seed = self._advance(p, group)
-        row.copy_(_step_values([coefficients], [seed])[0], non_blocking=True)
+        row.copy_(_step_values([coefficients], [seed], row.shape[0])[0], non_blocking=True)
         return group, coefficients, seed, row
 
     def _check_backward(self) -> None:
@@ -247,6 +251,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         step). A refusal here leaves every weight, state and step count as it was."""
         task = torch._C._current_graph_task_id()
         if task >= 0:  # else a direct call, outside any backward
+            from forge.rules import check_hparams
+
             for group in self.param_groups:
                 check_hparams(self.rule.name, group)
             _check_linear_uses(task)
@@ -287,7 +293,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     "FORGE: capturable=True needs every parameter on one CUDA device, found "
                     f"{sorted(map(str, devices))}"
                 )
-            rows = torch.zeros((len(self._index), STEP_ROW), dtype=torch.int32, device=device)
+            rows = torch.zeros((len(self._index), self._kernels.STEP_ROW), dtype=torch.int32, device=device)
             self._step_rows = rows
         return rows[self._index[p]]
 
@@ -304,12 +310,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 "under torch.cuda.graph with this optimizer attached, then call it before each replay."
             )
         rows = self._step_rows
-        coefficient_rows = [_NO_COEFFICIENTS] * rows.shape[0]  # rows the graph does not read stay zero
+        coefficient_rows = [self._no_coefficients()] * rows.shape[0]  # rows the graph does not read stay zero
         seeds = [0] * rows.shape[0]
         for p in self._captured:
             i = self._index[p]
             coefficient_rows[i], seeds[i] = self._advance(p, self._group_of[p])
-        rows.copy_(_step_values(coefficient_rows, seeds), non_blocking=True)
+        rows.copy_(_step_values(coefficient_rows, seeds, rows.shape[1]), non_blocking=True)
+
+    def _no_coefficients(self) -> tuple:
+        """The coefficients a captured launch is given: zeros (it reads its own from its step row)."""
+        from forge.rules import NUM_COEFFICIENTS
+
+        return (0.0,) * NUM_COEFFICIENTS
 
     def _seed_for(self, p: torch.Tensor, step: int) -> int:
         """A per-step, per-tensor Philox seed: fixed seed -> reproducible bits."""
@@ -327,23 +339,28 @@ class ForgeOptimizer(torch.optim.Optimizer):
             int8_group=self.int8_group,
         )
 
-    def update_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
-        """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused.
+    def update_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, *, config=None) -> None:
+        """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused: what
+        a ForgeLinear's backward runs. Advances the weight's step as a backward does. `config`: a
+        `forge.kernels.KernelConfig` to launch under (benchmarks, the offline tuner); by default the
+        shipped table's choice.
 
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
         if self._update_stream is not None and dy.is_cuda:
             with self._update_stream.fork(dy, x):
-                self._fused_update(weight, dy, x)
+                self._fused_update(weight, dy, x, config)
         else:
-            self._fused_update(weight, dy, x)
+            self._fused_update(weight, dy, x, config)
 
-    def _fused_update(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
+    def _fused_update(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, config=None) -> None:
         group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        options = dict(self._kernel_options(group), step_values=row)
-        wgrad_update(local(weight), states, scales, signed, dy, x, coefficients, seed, **options)
+        options = dict(self._kernel_options(group), step_values=row, config=config)
+        self._kernels.wgrad_update(
+            local(weight), states, scales, signed, dy, x, coefficients, seed, **options
+        )
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
@@ -352,7 +369,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
         options = dict(self._kernel_options(group), step_values=row)
-        elementwise_update(local(p), grad, states, scales, signed, coefficients, seed, **options)
+        self._kernels.elementwise_update(
+            local(p), grad, states, scales, signed, coefficients, seed, **options
+        )
 
     def version(self, p: torch.Tensor) -> int:
         """How many updates `p` has received from this optimizer (guards double backward)."""
@@ -456,11 +475,12 @@ def _capturing(p: torch.Tensor) -> bool:
     return p.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _step_values(coefficient_rows: list, seeds: list) -> torch.Tensor:
-    """Step rows in host memory, pinned where CUDA exists: words 0-8 the coefficients as fp32 bits
-    (rounded from Python's floats as a launch argument is), word 9 the seed. A fresh tensor each
-    call: the pinned-memory allocator keeps it until the copy that reads it has run."""
-    values = torch.zeros((len(seeds), STEP_ROW), dtype=torch.int32)
-    values[:, :NUM_COEFFICIENTS] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
-    values[:, NUM_COEFFICIENTS] = torch.tensor(seeds, dtype=torch.int32)
+def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tensor:
+    """Step rows of `words` int32 in host memory, pinned where CUDA exists: the coefficients as fp32
+    bits first (words 0-8, rounded from Python's floats as a launch argument is), then the seed. A
+    fresh tensor each call: the pinned-memory allocator keeps it until the copy that reads it has run."""
+    n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
+    values = torch.zeros((len(seeds), words), dtype=torch.int32)
+    values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
+    values[:, n] = torch.tensor(seeds, dtype=torch.int32)
     return values.pin_memory() if torch.cuda.is_available() else values

@@ -31,8 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
+
+from forge.backend import prepare
+
+prepare()  # compiled kernels or Triton's interpreter, decided before Triton is first imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Device half: one @triton.jit function per rule, on fp32 tiles. Arguments after the tensors are
@@ -64,10 +69,9 @@ def _div(a, b, FAST: tl.constexpr):
 # default contraction (read from their source, not from their SASS): `x.add_(y, alpha=a)` as
 # fma(a, y, x); `x.addcmul_(y, z, value=a)` fma(a * y, z, x); `x.addcdiv_(y, z, value=a)`
 # fma(a, y / z, x); `x.lerp_(y, a)` with a < 0.5 fma(a, y - x, x); a product feeding an fma's
-# addend is rounded on its own. Left to the compiler,
-# which products fuse differed between two builds of one kernel (SGD momentum, eleventh session;
-# AdamW's fp32 states between the Triton and warp-specialized kernels, 22% of the elements one ulp
-# apart, twelfth session).
+# addend is rounded on its own. Left to the compiler, which products fuse differed between two
+# builds of one kernel (SGD momentum; AdamW's fp32 states between the Triton and warp-specialized
+# kernels, 22% of the elements one ulp apart).
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 In a linear layer's backward FORGE first computes dX (a cuBLAS GEMM the layers below wait for),
 then launches the fused dW GEMM + update, whose result nothing in this backward reads: only the
 next forward uses the new weight. On one stream the update still sits on the critical path, and
-at small token counts its epilogue is memory-bound (docs/perf-notes.md): the tensor cores idle
+at small token counts its epilogue is memory-bound (docs/performance.md): the tensor cores idle
 while it streams the weight and states. On a second stream the update of layer i can run while
 the dX GEMMs of the layers below it do, the way FSDP overlaps its post-backward work.
 

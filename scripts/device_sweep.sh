@@ -1,35 +1,39 @@
 #!/usr/bin/env bash
-# Run (or resume) sweeps on the GPU machine inside one device command's time limit, and hand back
-# the results files they wrote. From the repository root, with .whl (and, for convergence sweeps,
-# .cache/convergence/v8192) carried:
+# Run steps of measurement on a GPU machine that reaches no package index, inside one time budget,
+# and hand back what they wrote. From the repository root, after `scripts/device_wheels.sh` and
+# `scripts/stamp_commit.sh` on a connected machine, with .whl/ and .device-commit copied along
+# (and, for convergence sweeps, the prepared corpora under .cache/convergence/):
 #
 #   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
-#
-# Each argument is one step, run in order: `tests` runs tests/test_gpu.py and tests/test_gpu_graphs.py;
-# `tune [GROUPS]` times the fused kernel's candidate launch configs (`python -m harness kernels
-# --tune`, results/kernels/tuning-*; GROUPS: names from harness.kernel_build.candidate_groups,
-# e.g. 'tune wide', default all; or the tuner's own options, e.g.
-# 'tune --groups narrow --points k qwen_k');
-# `profile OVERRIDES` profiles one point (scripts/gpu_profile_step.py: GPU busy time, top kernels,
-# host time per autograd node; its JSON goes to $OUT), e.g.
-# 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048 activation_checkpointing=true';
-# `launch` times the fused update's launch path layer by layer (scripts/measure_launch_breakdown.py
-# on two shapes, then scripts/measure_launch_host.py; JSON to $OUT);
-# anything else is the overrides of one `python -m harness sweep` (split on spaces, never
-# glob-expanded). Parts joined
-# by ' | ' inside one step run at the same time (`tests` among them too): only for convergence
-# sweeps and tests, which claim losses and correctness, not step times. The step ends when all
-# its parts have, e.g.
-#
 #   bash scripts/device_sweep.sh 'tests | +exp=convergence sweep.methods=[torch_adamw_fp32]'
-
+#
+# Each argument is one step, run in order:
+#   tests                the GPU tests (`pytest -m gpu tests`)
+#   kernels [ARGS]       the kernel benchmark (`python -m harness kernels ARGS`, e.g. 'kernels --quick')
+#   tune [GROUPS]        times candidate launch configs (`python -m harness kernels --tune`; GROUPS
+#                        from harness.kernels.build.candidate_groups, e.g. 'tune wide', default all;
+#                        or the tuner's options, e.g. 'tune --groups narrow --points k qwen_k')
+#   profile OVERRIDES    where one point's step time goes (`python -m harness.kernels.profile`; JSON
+#                        to $OUT), e.g. 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048';
+#                        with gpus=N (N > 1) under torchrun, one process per GPU
+#   launch               the host cost of a FORGE layer, layer by layer (harness.kernels.launch_breakdown
+#                        on Llama-3.1-8B's k_proj and Qwen3-0.6B's q_proj; JSON to $OUT)
+#   elementwise          the element-wise update at other block shapes (harness.kernels.elementwise)
+#   tp-exactness         tensor-parallel FORGE == torch.optim at a real size (2 GPUs, torchrun)
+#   anything else        the overrides of one `python -m harness sweep` (split on spaces, never
+#                        glob-expanded)
+# Parts joined by ' | ' inside one step run at the same time (`tests` among them too): only for
+# convergence sweeps and tests, which claim losses and correctness, not step times. The step ends
+# when all its parts have.
 #
 # All steps share SWEEP_BUDGET_S seconds (default 540); at the deadline a running sweep gets a
 # Ctrl-C (its running points' workers are killed; every finished point is already on disk) and
-# the steps not started are listed. The JSONL files written during this call and the log go to
-# $OUT; put the JSONL back under results/ here, and the same command resumes where it stopped
-# (on a machine still warm it resumes even before that: .device-results/, below).
+# the steps not started are listed. The JSONL files written here and the log go to $OUT (default
+# results/out); put the JSONL back under results/ and the same command resumes where it stopped.
+# A copy of every results file written is also kept in .device-results/ (ignored by git): where the
+# machine keeps its disk between runs but the results/ tree is replaced by each copy of the
+# checkout, its records come back before the steps start, so a resumed sweep skips them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_setup.sh || exit 1
@@ -38,13 +42,30 @@ out=${OUT:-results/out}
 mkdir -p "$out"
 log="$out/device_sweep.log"
 marker=$(mktemp)
-# Each call replaces results/ with the sender's tree; .device-results/ (ignored by git) outlives
-# the call on a warm machine, so an earlier call's records come back here even if they were not
-# copied home in between (a resumed sweep would otherwise run its finished points again).
 kept=.device-results
-python3 scripts/merge_device_results.py "$kept/results" results | tee -a "$log"
+python3 - "$kept/results" results <<'PY' | tee -a "$log"
+import sys
+from pathlib import Path
+
+from harness.results import merge_missing_records
+
+kept, results = sys.argv[1:]
+if Path(kept).is_dir():
+    for name, count in merge_missing_records(kept, results).items():
+        print(f"device_sweep: {count} records kept from an earlier run back in {results}/{name}")
+PY
 deadline=$(($(date +%s) + ${SWEEP_BUDGET_S:-540}))
 rc=0
+
+# The number N of gpus=N among the overrides of a step (1 without one).
+gpus_of() {
+  local word
+  for word in "$@"; do
+    case "$word" in gpus=*) echo "${word#gpus=}"; return ;; esac
+  done
+  echo 1
+}
+
 for step in "$@"; do
   left=$((deadline - $(date +%s)))
   if [ "$left" -lt 20 ]; then
@@ -54,42 +75,72 @@ for step in "$@"; do
   fi
   echo "device_sweep: [$step] with ${left} s left" | tee -a "$log"
   start=$(($(wc -l <"$log") + 1))
-  if [ "${step%% *}" = tune ]; then
-    options=${step#tune}
-    options=${options# }
-    case "$options" in
-      "" | --*) ;;                       # nothing, or the tuner's own options
-      *) options="--groups $options" ;;  # candidate group names
-    esac
-    # shellcheck disable=SC2086  # one option or name per word
-    timeout -k 10 "$left" python3 -m harness kernels --tune $options >>"$log" 2>&1 || rc=$?
-    tail -n +"$start" "$log" | tail -n 25
-    continue
-  fi
-  if [ "$step" = launch ]; then
-    for shape in "1024 1024 4096" "1024 2048 1024"; do  # Llama-3.1-8B's k_proj, Qwen3-0.6B's q_proj
-      # shellcheck disable=SC2086  # three words: T N K
-      OUT="$out" timeout -k 10 "$left" python3 scripts/measure_launch_breakdown.py --shape $shape >>"$log" 2>&1 || rc=$?
-      mv "$out/launch_breakdown.json" "$out/launch_breakdown_${shape// /x}.json" 2>/dev/null
-    done
-    timeout -k 10 "$left" python3 scripts/measure_launch_host.py >>"$log" 2>&1 || rc=$?
-    tail -n +"$start" "$log" | tail -n 20
-    continue
-  fi
-  if [ "${step%% *}" = profile ]; then
-    # shellcheck disable=SC2086  # one override per word
-    OUT="$out" timeout -k 10 "$left" python3 scripts/gpu_profile_step.py ${step#profile} >>"$log" 2>&1 || rc=$?
-    tail -n +"$start" "$log" | grep -E '"(point|step_ms|gpu_busy_ms|idle_frac)"' | head -n 8
-    continue
-  fi
+  first=${step%% *}
+  rest=${step#"$first"}
+  rest=${rest# }
+  case "$first" in
+    kernels)
+      # shellcheck disable=SC2086  # one option per word
+      timeout -k 10 "$left" python3 -m harness kernels $rest >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | tail -n 40
+      continue
+      ;;
+    tune)
+      case "$rest" in
+        "" | --*) ;;                 # nothing, or the tuner's own options
+        *) rest="--groups $rest" ;;  # candidate group names
+      esac
+      # shellcheck disable=SC2086  # one option or name per word
+      timeout -k 10 "$left" python3 -m harness kernels --tune $rest >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | tail -n 25
+      continue
+      ;;
+    profile)
+      # shellcheck disable=SC2086  # one override per word
+      gpus=$(gpus_of $rest)
+      if [ "$gpus" -gt 1 ]; then
+        # shellcheck disable=SC2086
+        OUT="$out" timeout -k 10 "$left" torchrun --standalone --nproc-per-node="$gpus" \
+          -m harness.kernels.profile $rest >>"$log" 2>&1 || rc=$?
+      else
+        # shellcheck disable=SC2086
+        OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.profile $rest >>"$log" 2>&1 || rc=$?
+      fi
+      tail -n +"$start" "$log" | grep -E '"(point|step_ms|gpu_busy_ms|idle_frac)"' | head -n 8
+      continue
+      ;;
+    launch)
+      for shape in "1024 1024 4096" "1024 2048 1024"; do  # Llama-3.1-8B's k_proj, Qwen3-0.6B's q_proj
+        # shellcheck disable=SC2086  # three words: T N K
+        OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.launch_breakdown --shape $shape \
+          >>"$log" 2>&1 || rc=$?
+        mv "$out/launch_breakdown.json" "$out/launch_breakdown_${shape// /x}.json" 2>/dev/null
+      done
+      tail -n +"$start" "$log" | grep -E '^(T=|path|mm|wgrad|update|nn\.|Forge|elementwise)' | head -n 30
+      continue
+      ;;
+    elementwise)
+      OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.elementwise >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | tail -n 8
+      continue
+      ;;
+    tp-exactness)
+      limit=$((left < 180 ? left : 180))
+      timeout -k 10 "$limit" torchrun --standalone --nproc-per-node=2 -m harness.kernels.tp_exactness \
+        >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | grep -E "^(hidden|TP |losses|       |DCP|PASS|FAIL)"
+      continue
+      ;;
+  esac
   IFS='|' read -ra parts <<<"$step"
   pids=()
   tests_log=
   for overrides in "${parts[@]}"; do
+    # shellcheck disable=SC2086  # trims the part's spaces
     if [ "$(echo $overrides)" = tests ]; then
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$log"
       tests_log=$(mktemp)
-      timeout -k 10 "$left" python3 -m pytest tests/test_gpu.py tests/test_gpu_graphs.py -q -p no:cacheprovider >"$tests_log" 2>&1 &
+      timeout -k 10 "$left" python3 -m pytest -m gpu tests -q -p no:cacheprovider >"$tests_log" 2>&1 &
     else
       # shellcheck disable=SC2086  # word splitting is the point: one override per word
       timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &

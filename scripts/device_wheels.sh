@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Download the wheels the GPU machine lacks into .whl/ (Python 3.12, manylinux x86_64), for
-# `scripts/device_setup.sh` to install there. The GPU machine reaches no package index, so the
-# harness's own dependencies (Hydra) and the rival methods travel with the working tree.
+# Download the wheels a GPU machine without a package index lacks into .whl/ (Python 3.12,
+# manylinux x86_64), for scripts/device_setup.sh to install there: the part of the `harness` extra
+# its image does not have (hydra-core, omegaconf and antlr4-python3-runtime, built here from its
+# sdist) and the rival methods of the `baselines` extra.
 #
-#   bash scripts/device_wheels.sh            # then carry .whl in the device command
+#   bash scripts/device_wheels.sh            # once; then copy .whl/ along with the tree
 #
-# Already on the GPU image (not fetched): torch, triton, transformers, numpy, pandas, PyYAML,
-# packaging, tqdm, nvidia-ml-py. bitsandbytes ships one CUDA library per CUDA version (43 MB);
-# we keep only the CPU, CUDA 13.0 and 13.2 libraries (the image's torch is cu130) so the
-# bundle stays far under the device's 64 MiB transfer limit.
+# Expected on the GPU image (not fetched): torch, triton, numpy (the core), transformers,
+# tokenizers, pandas, matplotlib, nvidia-ml-py (the rest of the `harness` extra), PyYAML,
+# packaging, tqdm. bitsandbytes ships one CUDA library per CUDA version (43 MB); only the CPU,
+# CUDA 13.0 and 13.2 libraries are kept (the image's torch is cu130), so the bundle stays far
+# under a 64 MiB transfer limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

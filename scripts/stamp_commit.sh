@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Before a device run: record the commit being sent (the device's copy of the tree has no .git),
-# so every results record there carries it. Carry the file with the run:
-#   bash scripts/stamp_commit.sh && device run ... carry=[".whl", ".device-commit"]
+# Record the commit of this checkout in .device-commit (and whether tracked files differ from it),
+# before copying the tree to a GPU machine without .git: every results record written there then
+# carries this commit (scripts/device_setup.sh points harness.run.env at the file).
+#
+#   bash scripts/stamp_commit.sh            # then copy .device-commit along with the tree
 set -euo pipefail
 cd "$(dirname "$0")/.."
 state=clean

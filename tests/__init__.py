@@ -1,0 +1,1 @@
+"""forge-bench tests: tests/forge mirrors forge/, tests/harness mirrors harness/."""

@@ -8,15 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-# The harness tests name misbehaving methods as "tests.harness_fakes:Class" and run them in worker
-# subprocesses: the repository root must be importable here and in every child, whatever way the
-# package was installed (an editable install maps only forge and harness).
+# Tests import shared code as `tests.helpers`, and the harness tests name misbehaving methods as
+# "tests.harness.fakes:Class" and run them in worker subprocesses: the repository root must be
+# importable here and in every child, whatever way the package was installed (an editable install
+# maps only forge and harness).
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
-import forge  # noqa: E402, F401  (sets TRITON_INTERPRET=1 without a GPU, before kernels compile)
+# Without a GPU, FORGE's kernels run in Triton's interpreter: forge decides so itself at their first
+# use, but saying it here, before any test imports Triton, holds for this process and every child
+# a test starts (harness workers, tensor-parallel ranks) alike.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

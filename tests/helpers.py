@@ -1,4 +1,5 @@
-"""Small builders shared by the tests: models, training loops, distances."""
+"""What the tests share: the rule cases, models, training loops against the torch.optim oracle
+(`forge.torch_optimizer`, the harness's "torch" baselines too), distances."""
 
 import copy
 
@@ -6,6 +7,26 @@ import torch
 from torch import nn
 
 import forge
+
+# One case per rule and per option that changes its arithmetic (hyperparameters as torch.optim names them).
+RULE_CASES = {
+    "adamw": dict(lr=1e-2, weight_decay=0.1),
+    "adamw-betas": dict(lr=3e-3, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05),
+    "nadam": dict(lr=1e-2, weight_decay=0.1),
+    "nadam-decoupled": dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
+    "radam": dict(lr=1e-2, weight_decay=0.1),
+    "radam-decoupled-rectified": dict(
+        lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True, betas=(0.9, 0.5)
+    ),
+    "lion": dict(lr=1e-3, weight_decay=0.1),
+    "rmsprop": dict(lr=1e-3, weight_decay=0.1),
+    "rmsprop-centered-momentum": dict(lr=1e-3, weight_decay=0.1, centered=True, momentum=0.9),
+    "rmsprop-momentum": dict(lr=1e-3, momentum=0.5),
+    "adagrad": dict(lr=1e-2, weight_decay=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
+    "sgd": dict(lr=1e-2, weight_decay=0.1),
+    "sgd-momentum-dampening": dict(lr=1e-2, weight_decay=0.1, momentum=0.9, dampening=0.1),
+    "sgd-nesterov": dict(lr=1e-2, weight_decay=0.1, momentum=0.9, nesterov=True),
+}
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -17,6 +38,24 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def mlp() -> nn.Module:
+    """Two Linear layers (fused) around a LayerNorm (element-wise), odd sizes."""
+    return nn.Sequential(nn.Linear(24, 40), nn.LayerNorm(40), nn.GELU(), nn.Linear(40, 5))
+
+
+def regression_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n (input, target) batches for `mlp`."""
+    return [(torch.randn(6, 24), torch.randn(6, 5)) for _ in range(n)]
+
+
+def regression_step(model: nn.Module, batch) -> torch.Tensor:
+    """Forward and backward of the squared error: under FORGE, one optimizer step."""
+    x, y = batch
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    return loss
 
 
 def train_pair(model: nn.Module, rule: str, steps: int, make_batch, loss_fn, forge_kwargs=None, **hparams):

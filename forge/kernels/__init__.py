@@ -1,28 +1,53 @@
-"""FORGE's Triton kernels.
+"""FORGE's Triton kernels, and what a tool needs to launch, build or time them.
 
-- `wgrad_update`: the fused weight-gradient GEMM + optimizer update of one nn.Linear weight.
+- `wgrad_update`: the fused weight-gradient GEMM + optimizer update of one nn.Linear weight (the
+  Triton kernel and its launcher), which hands Hopper launches to `wgrad_update_ws`, its
+  warp-specialized Gluon twin, where `configs` says so.
+- `configs`: `KernelConfig`, the launch configs measured offline, and the plan of a launch.
 - `elementwise_update`: the same update for any other parameter, from its gradient.
-- `quant`: int8 block quantization of optimizer states (one scale per 64 elements).
-- `rounding`: fp32 -> bf16 rounding, stochastic for weights, nearest-even (also on the interpreter).
+- `update_tile`: the tile update both kernels end in; `quant` (int8 states, one scale per 64 or
+  128 elements) and `rounding` (fp32 -> bf16, stochastic for weights) beneath it.
 - `launch`: launches of a compiled kernel that skip Triton's per-call dispatch (host time).
 
-On a machine without CUDA, `forge` sets TRITON_INTERPRET=1 before these modules are imported and
-the same kernels run in Triton's interpreter on CPU tensors (slowly: test at small shapes).
+Importing this package is FORGE's first use of Triton: `forge.backend.prepare` decides here,
+before Triton is imported, whether the kernels run compiled or in Triton's CPU interpreter (on a
+machine without CUDA: the same kernels on CPU tensors, slowly; test at small shapes). A tool that
+wants compiled kernels on a CPU machine sets TRITON_INTERPRET=0 before importing it.
+
+The names below are the public ones: `forge.kernels.wgrad_update` is the launcher function, not its
+module.
 """
 
-import os
+from forge.backend import interpreting, prepare
 
+prepare()  # before the first import of Triton below
 
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from forge.kernels.configs import WARP_SPECIALIZED_DEFAULTS, KernelConfig, pick_config  # noqa: E402
+from forge.kernels.elementwise_update import elementwise_update, elementwise_update_kernel  # noqa: E402
+from forge.kernels.elementwise_update import num_warps as elementwise_num_warps  # noqa: E402
+from forge.kernels.update_tile import STEP_ROW, epilogue_constexprs, slot_arguments, step_arguments  # noqa: E402
+from forge.kernels.wgrad_update import wgrad_update, wgrad_update_kernel  # noqa: E402
 
+try:  # Gluon (Triton >= 3.5): the warp-specialized kernel for Hopper
+    from forge.kernels.wgrad_update_ws import max_registers as ws_max_registers
+    from forge.kernels.wgrad_update_ws import wgrad_update_ws_kernel
+except ImportError:  # pragma: no cover - an older Triton
+    wgrad_update_ws_kernel = ws_max_registers = None
 
-# Host-side integer helpers: triton.cdiv is a @jit function, and calling it from Python costs
-# microseconds per call on the launch path (measured: 10 us of 27 us host overhead per launch).
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+__all__ = [
+    "STEP_ROW",
+    "WARP_SPECIALIZED_DEFAULTS",
+    "KernelConfig",
+    "elementwise_num_warps",
+    "elementwise_update",
+    "elementwise_update_kernel",
+    "epilogue_constexprs",
+    "interpreting",
+    "pick_config",
+    "slot_arguments",
+    "step_arguments",
+    "wgrad_update",
+    "wgrad_update_kernel",
+    "wgrad_update_ws_kernel",
+    "ws_max_registers",
+]

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from forge.kernels import _cdiv, _next_power_of_2, interpreting
-from forge.kernels.launch import DirectLauncher, tensor_facts
+from forge.backend import interpreting
+from forge.kernels.launch import DirectLauncher, cdiv, next_power_of_2, tensor_facts
 from forge.kernels.update_tile import (
     epilogue_constexprs,
     load_step_values,
@@ -27,7 +27,7 @@ from forge.kernels.update_tile import (
 # `seed` changes every step: specializing on its value (== 1, divisible by 16) would compile a new
 # variant whenever a step's seed first falls in another class, in the middle of training.
 @triton.jit(do_not_specialize=["seed"])
-def _elementwise_update_kernel(
+def elementwise_update_kernel(
     w_ptr,  # (R, C) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (R, C) state slots, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (R, NUM_GROUPS) bf16 int8 block scales, updated in place
@@ -57,13 +57,13 @@ def _elementwise_update_kernel(
                 STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
 
 
-_launch = DirectLauncher(_elementwise_update_kernel)
+_launch = DirectLauncher(elementwise_update_kernel)
 
 
 def num_warps(block_c: int) -> int:
     """Warps of a program: 8 for the 512-column blocks of parameters wider than 1024 (measured on
-    the H200 at Llama-3.1-8B's embedding, `scripts/probe_elementwise.py`: 8 x 512 blocks moved 4.09
-    TB/s with 8 warps against 3.66 with 4 for bf16 states, 1.97 against 1.55 for int8), 4 below."""
+    the H200 at Llama-3.1-8B's embedding: 8 x 512 blocks moved 4.09 TB/s with 8 warps against 3.66
+    with 4 for bf16 states, 1.97 against 1.55 for int8), 4 below."""
     return 8 if block_c >= 512 else 4
 
 
@@ -94,16 +94,16 @@ def elementwise_update(
     assert param.is_contiguous(), "FORGE updates parameters in place and needs them contiguous"
     grad = grad.contiguous()
     rows, cols = as_rows(param)
-    if interpreting():
-        block_c = 64 if cols <= 64 else 128
+    if interpreting():  # the interpreter's cost is per program: wide rows (vectors) in long blocks
+        block_c = 64 if cols <= 64 else 128 if cols <= 1024 else 1024
     else:
         block_c = 64 if cols <= 64 else 256 if cols <= 1024 else 512
     if state_dtype == "int8":
         block_c = max(block_c, int8_group)  # a tile spans whole int8 groups
-    block_r = max(1, min(_next_power_of_2(rows), 4096 // block_c))
-    grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
+    block_r = max(1, min(next_power_of_2(rows), 4096 // block_c))
+    grid = (cdiv(rows, block_r), cdiv(cols, block_c))
     slots = slot_arguments(param, states, scales)
-    args = (param, *slots, grad, rows, cols, _cdiv(cols, int8_group),
+    args = (param, *slots, grad, rows, cols, cdiv(cols, int8_group),
             *step_arguments(param, coefficients, seed, step_values))
     constexprs = dict(
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,

@@ -4,8 +4,8 @@
 (dtype and 16-byte alignment of a tensor, divisibility of an integer by 16) to find the compiled
 specialization, a cache key is hashed, launch metadata and hooks are prepared, and only then the C
 launcher packs the arguments and calls the driver. On the H200 machine's host that Python costs
-17-24 us of a 32-47 us launch (docs/perf-notes.md, eighth session), and a Llama-3.1-8B step
-launches the fused kernel 225 times, on the host's critical path at batch 1.
+17-24 us of a 32-47 us launch (docs/performance.md), and a Llama-3.1-8B step launches the fused
+kernel 225 times, on the host's critical path at batch 1.
 
 `DirectLauncher` remembers, per device and per key the caller computes, the CompiledKernel Triton
 returned the first time, and afterwards calls its C launcher directly. The key must determine the
@@ -21,12 +21,24 @@ from __future__ import annotations
 import torch
 from triton.runtime import driver
 
-from forge.kernels import interpreting
+from forge.backend import interpreting
 
 try:
     from triton import knobs  # Triton 3.4 and newer, where these launches were checked (3.6, 3.9)
 except ImportError:
     knobs = None
+
+
+# Host-side integer helpers: triton.cdiv is a @jit function, and calling it from Python costs
+# microseconds per call on the launch path (measured: 10 us of 27 us host overhead per launch).
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive integers."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 that is >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def tensor_facts(*tensors: torch.Tensor) -> tuple:

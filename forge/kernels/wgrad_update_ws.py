@@ -3,7 +3,7 @@
 The Triton kernel (`forge.kernels.wgrad_update`) runs each tile's GEMM main loop and then its
 update (the epilogue) in the same warps, so the update's memory traffic waits for the tensor cores
 and the tensor cores wait for it: measured on the H200, its time is the GEMM's plus the update's
-bytes at ~3.4 TB/s (`scripts/probe_epilogue_bytes.py`). Here one program per multiprocessor runs
+bytes at ~3.4 TB/s. Here one program per multiprocessor runs
 three groups of warps at once (Gluon's `warp_specialize`), handing tiles along through shared
 memory and mbarriers:
 
@@ -21,7 +21,8 @@ epilogue warps update the tile before.
 
 Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, any state dtype.
 FORGE launches it unasked on grids of at least one tile per multiprocessor (four for fp32 states;
-`wgrad_update._HOPPER_WS_DEFAULTS`). Its epilogue warps bound it at small T: their code issues
+`forge.kernels.configs.WARP_SPECIALIZED_DEFAULTS`); `forge.kernels.wgrad_update` hands it the launch
+and `launch` below runs it. Its epilogue warps bound it at small T: their code issues
 ~2.2x the instructions of a plain AdamW epilogue (IEEE sqrt and division, Philox, integer bf16
 rounding), and `fast_epilogue`, the bf16 and int8 states' default, drops the first and the last of
 those. int8 states quantize each group of 64 or 128 codes in a (rows, groups, group) view of the
@@ -41,6 +42,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from forge.kernels.launch import DirectLauncher
 from forge.kernels.update_tile import finish_tile_at, load_step_values, load_tile_at, offsets_of
 
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -286,3 +288,19 @@ def max_registers(epilogue_warps: int, block_n: int = 128) -> int:
     epilogue what is left."""
     warps = epilogue_warps + mma_warps(block_n) + 4
     return min(255, 65536 // (warps * 32)) // 8 * 8
+
+
+_launch = DirectLauncher(wgrad_update_ws_kernel)
+
+
+def launch(key, plan, weight, slots, dy, x, step: tuple) -> None:
+    """Run `plan` (a "gluon" `forge.kernels.configs.Plan`) for the problem `key`: `slots` as
+    `update_tile.slot_arguments`, `step` as `update_tile.step_arguments` return them. dy and x get
+    descriptors of the plan's block shapes (built on every launch: they hold the tensors' addresses)."""
+    cfg = plan.config
+    T, N = dy.shape
+    K = x.shape[1]
+    dy_desc = descriptor(dy, (cfg.block_t, cfg.block_n))
+    x_desc = descriptor(x, (cfg.block_t, cfg.block_k))
+    args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups, *step)
+    _launch(key, plan.grid, args, plan.constexprs, plan.options)

@@ -1,0 +1,247 @@
+"""Launch configurations of the fused kernel, and which kernel a launch takes.
+
+`wgrad_update` (the launcher) asks `plan` once per problem: which kernel (the Triton kernel of
+`forge.kernels.wgrad_update`, or its warp-specialized Gluon twin, `forge.kernels.wgrad_update_ws`),
+under which `KernelConfig`, how the main loop reads dy and x, the grid, and every compile-time
+argument. The launcher caches the answer under a key of every fact it depends on.
+
+The kernels update W and the states in place, so they are never autotuned at run time (each trial
+would apply another optimizer step): the configs below were measured offline, on an H200 with
+`python -m harness kernels --tune` (records under results/tuning/ and results/kernels/, reasoning
+in docs/performance.md), and are picked by shape:
+
+* The Triton kernel (`pick_config`): 128 x 128 tiles, registers capped at 128 so that two programs
+  share a multiprocessor and one's memory-bound epilogue runs beside the other's tensor-core main
+  loop; three stages keep both within shared memory. The epilogue updates a tile in row slices:
+  16-row slices (no spills) for fp32 and int8 states and for bf16 states at T <= 2048, 32-row ones
+  for bf16 states above. int8 states at T <= 2048 take 64-row tiles (no spills, 15-29% faster on
+  the Llama-3.1-8B gate and q shapes) whose next slice loads before the one above is stored.
+* Below `_HOST_BOUND_FLOPS` the GEMM is shorter than its launch: the kernel reads dy and x by
+  masked pointers, 5-9 us more GPU time and 27-47 us less host time per launch than encoding two
+  TMA descriptors.
+* The warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`) runs where it measured faster, on
+  Hopper with bf16 operands and a grid of at least `_WS_MIN_TILES_PER_SM` tiles per
+  multiprocessor: 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
+  and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
+  layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
+  `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
+  Triton kernel.
+
+On Triton's CPU interpreter every problem takes the Triton kernel with small tiles (the
+interpreter's cost is per program and per operation) and pointer loads.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from forge.backend import interpreting
+from forge.kernels.launch import cdiv
+from forge.kernels.update_tile import epilogue_constexprs
+
+try:  # Gluon (Triton >= 3.5): the warp-specialized kernel for Hopper
+    from forge.kernels import wgrad_update_ws
+except ImportError:  # pragma: no cover - an older Triton: the Triton kernel everywhere
+    wgrad_update_ws = None
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape of the fused kernel (chosen per problem shape, never by re-running it)."""
+
+    block_n: int
+    block_k: int
+    block_t: int
+    group_n: int = 8  # tiles of N walked together, for L2 reuse of x
+    epilogue_split: int = 1  # the Triton kernel updates a tile in this many row slices (1, 2, 4, 8)
+    num_warps: int = 8
+    num_stages: int = 3
+    maxnreg: int | None = None  # a register cap lets two programs share a multiprocessor
+    # How the Triton kernel's main loop reads dy and x on Hopper: "host", bulk tensor copies (TMA)
+    # through descriptors built on the host, which Triton's launcher encodes on every call (~35 us
+    # of host); "none", masked pointer loads (a slower main loop, a cheaper launch).
+    tma: str = "host"
+    # Load each epilogue slice's W and states before the slice above it is updated and stored (two
+    # slices' loads in flight instead of one; a few more registers). In the warp-specialized kernel
+    # a tile's first slice is also loaded before its gradient is ready.
+    overlap_slices: bool = False
+    # The warp-specialized kernel (Hopper, bf16 operands, every state dtype): `num_warps` epilogue
+    # warps beside 4 MMA warps and a loader, a ring of `num_stages` dy and x tiles, the update
+    # `epilogue_rows` rows at a time. Tile shape as above; one program per multiprocessor.
+    warp_specialized: bool = False
+    epilogue_rows: int = 32
+    # Warp-specialized only: approximate sqrt and division (a few fp32 ulps) and the hardware's
+    # round-to-nearest for bf16 stores. For bf16 and int8 states, whose own rounding is ~2^14 times
+    # coarser or more (their default on Hopper); off, the epilogue matches torch.optim's arithmetic.
+    fast_epilogue: bool = False
+
+
+# The Triton kernel on Hopper (results/tuning/tuning-20261129-153506.jsonl, -034728.jsonl,
+# -034119.jsonl): 16-row slices unless named otherwise below; in 32-row ones the fp32 and int8
+# epilogues spill (triton 3.6) and ran slower on 23 of 24 tuned points above T = 2048.
+_HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=8, num_warps=8,
+                       num_stages=3, maxnreg=128)
+_HOPPER_SMALL_T = {"int8": replace(_HOPPER, block_n=64, epilogue_split=4, overlap_slices=True)}  # T <= 2048
+_HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # T > 2048: spill-free for bf16 states
+_HOST_BOUND_FLOPS = 2e10  # 2 T N K below this: pointer loads (Llama's k and v at T <= 2048)
+
+# The warp-specialized kernel on Hopper (results/tuning/tuning-20261130-040116.jsonl,
+# results/kernels/kernels-20261130-061909.jsonl against -054537.jsonl). int8 states take bf16's
+# config: their codes step by ~1/254 of a group's maximum, so the fast epilogue's few fp32 ulps move
+# a code only on a rounding boundary, and it builds without spills.
+_HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
+                          epilogue_rows=32, overlap_slices=True)
+WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
+    "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
+    "bf16": replace(_HOPPER_WS, fast_epilogue=True),
+    "int8": replace(_HOPPER_WS, fast_epilogue=True),
+}
+# Smaller grids keep the Triton kernel. bf16 and int8 states gain from one tile per multiprocessor
+# (results/kernels/tuning-20261130-073825.jsonl, -080010.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
+# Llama-3.1-8B's k, 256 tiles, 0.76-1.05x); fp32 states were not timed there.
+_WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
+
+
+@functools.lru_cache(maxsize=256)  # asked on every first launch of a problem; a few shapes per model
+def pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool, int8_group: int = 64) -> KernelConfig:
+    """The Triton kernel's config for a (T, N, K) problem: the Hopper table above, or on the
+    interpreter a few small programs whose tiles span whole int8 groups."""
+    if on_interpreter:
+        block_n = 16 if N <= 16 else 32
+        block_k = int8_group if state_dtype == "int8" else 64
+        return KernelConfig(block_n=block_n, block_k=block_k, block_t=32 if T > 16 else 16, group_n=4, num_warps=4)
+    cfg = (_HOPPER_SMALL_T if T <= 2048 else _HOPPER_LARGE_T).get(state_dtype, _HOPPER)
+    if 2 * T * N * K < _HOST_BOUND_FLOPS:
+        cfg = replace(cfg, tma="none")
+    return cfg
+
+
+def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch.Tensor, x: torch.Tensor,
+                             on_interpreter: bool) -> KernelConfig | None:
+    """The warp-specialized config where FORGE launches that kernel unasked, else None."""
+    if (on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
+            or not _can_run_warp_specialized(state_dtype, dy, x) or 2 * T * N * K < _HOST_BOUND_FLOPS):
+        return None
+    config = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
+    if tiles < _WS_MIN_TILES_PER_SM[state_dtype] * _multiprocessors(dy.device):
+        return None
+    return config
+
+
+def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tensor) -> bool:
+    """Gluon installed, a Hopper GPU, bf16 dy and x that TMA can read, states the kernel knows."""
+    return (wgrad_update_ws is not None and state_dtype in WARP_SPECIALIZED_DEFAULTS
+            and dy.dtype == torch.bfloat16 and x.dtype == torch.bfloat16
+            and _can_use_tma(dy) and _can_use_tma(x) and _is_hopper(dy.device))
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    """sm_90 exactly: wgmma, which the warp-specialized kernel is written with, is Hopper's alone."""
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of the device."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """Hopper or newer (asked once per device: the query costs microseconds on every launch)."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _can_use_tma(t: torch.Tensor) -> bool:
+    """A CUDA tensor that a Hopper (or newer) GPU can read by bulk tensor copies: 2-D, 16-bit, unit
+    last stride, 16-byte aligned rows and base."""
+    return (
+        t.is_cuda
+        and t.dtype in (torch.bfloat16, torch.float16)
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and _has_tma(t.device)
+    )
+
+
+def _tma_mode(requested: str, dy: torch.Tensor, x: torch.Tensor, exact: bool) -> str:
+    """The config's `tma` where the operands allow it, else "none". Exact fp32 products always read
+    by pointers, and so does the interpreter (its tensors are on the CPU)."""
+    if requested == "none" or exact or dy.dtype != x.dtype:
+        return "none"
+    return requested if _can_use_tma(dy) and _can_use_tma(x) else "none"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a launch of one problem needs besides its tensors and this step's scalars."""
+
+    kernel: str  # "triton" (forge.kernels.wgrad_update) or "gluon" (forge.kernels.wgrad_update_ws)
+    config: KernelConfig
+    tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
+    grid: tuple
+    num_groups: int  # int8 scales per row of W
+    constexprs: dict
+    options: dict
+
+
+def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config,
+         steps_in_memory) -> Plan:
+    """Kernel, config, operand path, grid and compile-time arguments of a launch. `config` None:
+    FORGE's choice (the warp-specialized kernel where it wins, else `pick_config`)."""
+    T, N = dy.shape
+    K = x.shape[1]
+    assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
+    on_interpreter = interpreting()
+    if config is None:
+        config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
+    elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
+        raise ValueError(
+            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "
+            f"can read, and {'/'.join(WARP_SPECIALIZED_DEFAULTS)} states (got {state_dtype} states, dy {dy.dtype} "
+            f"on {dy.device}); leave config=None to let FORGE choose the kernel"
+        )
+    if config is not None and config.fast_epilogue and not config.warp_specialized:
+        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
+    epilogue = epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group)
+    if config is not None and config.warp_specialized:
+        return _warp_specialized_plan(config, T, N, K, dy.device, epilogue, int8_group, steps_in_memory)
+    cfg = config or pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
+    if state_dtype == "int8" and cfg.block_k % int8_group:
+        raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
+    exact = dy.dtype == torch.float32 or x.dtype == torch.float32
+    tma = _tma_mode(cfg.tma, dy, x, exact)
+    constexprs = dict(
+        **epilogue,
+        STEPS_IN_MEMORY=steps_in_memory, TMA=tma,
+        UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
+        EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices,
+    )
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and not on_interpreter:
+        options["maxnreg"] = cfg.maxnreg
+    tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)
+    return Plan("triton", cfg, tma, (tiles,), cdiv(K, int8_group), constexprs, options)
+
+
+def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: torch.device, epilogue: dict,
+                           int8_group: int, steps_in_memory: bool) -> Plan:
+    """A `wgrad_update_ws` launch: one program per multiprocessor (fewer for few tiles)."""
+    constexprs = dict(
+        **epilogue,
+        STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
+        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
+    )
+    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
+    tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)
+    grid = (min(tiles, _multiprocessors(device)),)
+    return Plan("gluon", cfg, "host", grid, cdiv(K, int8_group), constexprs, options)

@@ -1,0 +1,386 @@
+"""Kernel benchmark: the fused FORGE kernel against what a plain backward and optimizer pay.
+
+    python -m harness kernels                       # every shape and T, records to results/kernels/
+    python -m harness kernels --quick               # a few points, to try a change
+    python -m harness kernels --tune                # time candidate launch configs (offline tuning)
+
+For each linear shape of Llama-3.1-8B and Qwen3-14B (q, k, v, o, gate, up, down, lm_head) and each
+token count T, side by side in one process on one GPU, timed with
+`triton.testing.do_bench(..., return_mode="median")` on fresh random inputs (never zeros):
+
+  (a) cublas_gemm            torch.mm(dy.t(), x), bf16 out: the weight-gradient GEMM alone;
+  (b) gemm_plus_fused_adamw  (a) into .grad, then torch.optim.AdamW(fused=True) on bf16 weights
+                             with bf16 states: what the baseline really pays;
+      gemm_plus_fused_adamw_graph
+                             (b) captured in a CUDA graph (capturable=True) and replayed: its GPU
+                             work alone, without the host's launches, which on small layers can
+                             move (b) by 2x from one run to the next; a stricter baseline than (b),
+                             as FORGE stays eager;
+  (c) forge                  the fused kernel, per rule (adamw, lion, sgd-momentum) and state dtype.
+
+The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
+bandwidth), both ceilings measured at the start of the same run. The minimum bytes of the fused
+kernel: dy and x read once, W read and written once, each state read and written once (int8: codes
+plus one bf16 scale per 64). Each record carries the run's metadata (`harness.run.env`).
+
+Timing re-runs the in-place kernel on scratch tensors: states drift over the repetitions but stay
+finite (the rules are bounded), which is fine for a timing and never done on a model's weights.
+
+`--tune` times the candidate launch configs of `harness.kernels.build.candidate_groups` instead,
+through `ForgeOptimizer.update_linear(..., config=...)`, one record per (point, config);
+`python -m harness.kernels.tuning FILE` reads the winners out of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import itertools
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from harness import results
+from harness.run import env
+
+LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
+QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
+MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
+STATE_DTYPES = ("fp32", "bf16", "int8")
+STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 2.0 / 64}
+
+
+def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
+    """(N, K) = (out_features, in_features) of each linear layer of a decoder block, and lm_head."""
+    h, i = cfg["hidden"], cfg["intermediate"]
+    q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
+    return {
+        "q": (q, h),
+        "k": (kv, h),
+        "v": (kv, h),
+        "o": (h, q),
+        "gate": (i, h),
+        "up": (i, h),
+        "down": (h, i),
+        "lm_head": (cfg["vocab"], h),
+    }
+
+
+def measure_ceilings() -> dict[str, float]:
+    """bf16 matmul TFLOP/s (8192^3, random data) and device copy bandwidth in TB/s (bytes read + written)."""
+    from triton.testing import do_bench
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: torch.mm(a, b), return_mode="median")
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return {"matmul_tflops": 2 * 8192**3 / ms / 1e9, "copy_tbps": 2 * src.numel() * 2 / copy_ms / 1e9}
+
+
+def forge_min_bytes(T: int, N: int, K: int, rule: str, state_dtype: str) -> float:
+    n_states = {"adamw": 2, "lion": 1, "sgd": 1}[rule]
+    return 2 * T * (N + K) + N * K * (2 * 2 + 2 * n_states * STATE_BYTES[state_dtype])
+
+
+def baseline_min_bytes(T: int, N: int, K: int) -> float:
+    """GEMM reading dy, x and writing dW (bf16), then AdamW reading dW, W, m, v and writing W, m, v."""
+    return 2 * T * (N + K) + 2 * N * K + N * K * (2 + 3 * 2 + 3 * 2)
+
+
+def _forge_layer(N: int, K: int, rule: str, state_dtype: str):
+    import forge
+
+    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    opt = forge.attach(layer, rule, state_dtype=state_dtype, **RULES[rule])
+    return layer, opt
+
+
+def time_forge(dy, x, N, K, rule, state_dtype, config=None) -> float:
+    from triton.testing import do_bench
+
+    layer, opt = _forge_layer(N, K, rule, state_dtype)
+    w = layer.weight
+    ms = do_bench(lambda: opt.update_linear(w, dy, x, config=config), return_mode="median")
+    assert torch.isfinite(w).all(), "weights became non-finite during timing"
+    return ms
+
+
+def _release() -> None:
+    """Free the last layer's states now: the optimizer and its ForgeLinear reference each other."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _baseline_weight(N: int, K: int, capturable: bool = False):
+    """A bf16 (N, K) weight and the baseline's torch fused AdamW over it (bf16 states), the same
+    for the eager and the graphed baseline."""
+    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    return p, torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True, capturable=capturable)
+
+
+def time_baselines(dy, x, N, K) -> tuple[float, float]:
+    from triton.testing import do_bench
+
+    gemm = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+    p, opt = _baseline_weight(N, K)
+
+    def step():
+        p.grad = torch.mm(dy.t(), x)
+        opt.step()
+
+    step()  # allocate states
+    both = do_bench(step, return_mode="median")
+    return gemm, both
+
+
+def time_graphed_baseline(dy, x, N, K) -> float:
+    """(b) captured once in a CUDA graph and replayed: the GEMM into a fixed .grad, then one
+    capturable fused AdamW step (warmed up on a side stream first, as graph capture asks)."""
+    from triton.testing import do_bench
+
+    p, opt = _baseline_weight(N, K, capturable=True)
+    p.grad = torch.empty_like(p)
+
+    def step():
+        torch.mm(dy.t(), x, out=p.grad)
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = do_bench(graph.replay, return_mode="median")
+    assert torch.isfinite(p).all(), "weights became non-finite during timing"
+    return ms
+
+
+def _record(base: dict, **fields) -> dict:
+    rec = results.empty_record() | base
+    rec.update(fields)
+    return rec
+
+
+def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path) -> None:
+    dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    base = dict(
+        meta,
+        model=model,
+        shape_name=shape_name,
+        T=T,
+        N=N,
+        K=K,
+        status="ok",
+        **{f"ceiling_{k}": v for k, v in ceilings.items()},
+    )
+    gemm_ms, gemm_adamw_ms = time_baselines(dy, x, N, K)
+    flop_ms = 2 * T * N * K / (ceilings["matmul_tflops"] * 1e9)
+    bw = ceilings["copy_tbps"] * 1e9
+    baseline_floor = max(flop_ms, baseline_min_bytes(T, N, K) / bw)
+    rows = [
+        ("cublas_gemm", None, None, gemm_ms, max(flop_ms, 2 * (T * (N + K) + N * K) / bw)),
+        ("gemm_plus_fused_adamw", "adamw", "bf16", gemm_adamw_ms, baseline_floor),
+    ]
+    try:
+        graphed_ms = time_graphed_baseline(dy, x, N, K)
+        rows.append(("gemm_plus_fused_adamw_graph", "adamw", "bf16", graphed_ms, baseline_floor))
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # recorded; the point goes on without it
+        graphed_ms = None
+        results.append(
+            out,
+            _record(
+                base,
+                variant="gemm_plus_fused_adamw_graph",
+                rule="adamw",
+                state_dtype="bf16",
+                status="error",
+                error=f"{type(e).__name__}: {str(e)[:300]}",
+            ),
+        )
+    _release()
+    for rule, state_dtype in variants:
+        try:
+            ms = time_forge(dy, x, N, K, rule, state_dtype)
+            _release()
+        except torch.OutOfMemoryError as e:
+            _release()
+            results.append(
+                out,
+                _record(
+                    base,
+                    variant="forge",
+                    rule=rule,
+                    state_dtype=state_dtype,
+                    status="oom",
+                    error=str(e)[:300],
+                ),
+            )
+            continue
+        rows.append(
+            ("forge", rule, state_dtype, ms, max(flop_ms, forge_min_bytes(T, N, K, rule, state_dtype) / bw))
+        )
+    for variant, rule, state_dtype, ms, floor in rows:
+        rec = _record(
+            base,
+            variant=variant,
+            rule=rule,
+            state_dtype=state_dtype,
+            time_ms=ms,
+            tflops=2 * T * N * K / ms / 1e9,
+            ratio_to_gemm=ms / gemm_ms,
+            ratio_to_gemm_adamw=ms / gemm_adamw_ms,
+            ratio_to_gemm_adamw_graph=ms / graphed_ms if graphed_ms else None,
+            floor_ms=floor,
+            fraction_of_floor=floor / ms,
+        )
+        results.append(out, rec)
+        tag = f"{variant}" + (f"[{rule},{state_dtype}]" if variant == "forge" else "")
+        print(
+            f"{model:12s} {shape_name:8s} T={T:6d} {tag:28s} {ms:8.3f} ms  x{ms / gemm_ms:5.2f} gemm  "
+            f"x{ms / gemm_adamw_ms:5.2f} gemm+adamw  {floor / ms:5.2f} of floor",
+            flush=True,
+        )
+    del dy, x
+    torch.cuda.empty_cache()
+
+
+# The shapes (N, K) the tuner times candidates on: Llama-3.1-8B's gate, q and k, and Qwen3-14B's k
+# (320 tiles of 128 x 128: 2.4 per multiprocessor, its worst points in the kernel table).
+TUNE_POINTS = {"gate": (14336, 4096), "q": (4096, 4096), "k": (1024, 4096), "qwen_k": (1024, 5120)}
+TUNE_DEFAULT_POINTS = ("gate", "q", "k")
+
+
+def tune(
+    out: Path,
+    meta: dict,
+    groups: list[str] | None = None,
+    state_dtypes=("bf16", "int8"),
+    points=TUNE_DEFAULT_POINTS,
+) -> None:
+    """Time candidate launch configs of the fused kernel (AdamW; bf16 and int8 states unless asked)
+    offline: the named groups of `harness.kernels.build.candidate_groups` (default all; the shipped
+    configs always, as the reference) on the named `TUNE_POINTS`."""
+    from forge.kernels import KernelConfig
+    from harness.kernels.build import candidates as candidate_fields
+
+    candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
+    shapes = [(name, *TUNE_POINTS[name]) for name in points]
+    tokens = (1024, 2048, 8192, 16384)
+    for (name, N, K), T, state_dtype in itertools.product(shapes, tokens, state_dtypes):
+        dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+        x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+        for cfg in candidates:
+            try:
+                ms = time_forge(dy, x, N, K, "adamw", state_dtype, config=cfg)
+                status, err = "ok", None
+                _release()
+            except Exception as e:  # a config that does not compile or fit is a result here
+                ms, status, err = None, "error", f"{type(e).__name__}: {str(e)[:200]}"
+            results.append(
+                out,
+                _record(
+                    meta,
+                    variant="forge_tune",
+                    shape_name=name,
+                    T=T,
+                    N=N,
+                    K=K,
+                    rule="adamw",
+                    state_dtype=state_dtype,
+                    config=dataclasses.asdict(cfg),
+                    time_ms=ms,
+                    status=status,
+                    error=err,
+                    tflops=(2 * T * N * K / ms / 1e9) if ms else None,
+                ),
+            )
+            print(f"tune {name:5s} T={T:5d} {state_dtype:4s} {cfg} -> {ms}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness kernels", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out",
+        help="folder for the JSONL records (default results/kernels, with --tune results/tuning)",
+    )
+    parser.add_argument("--quick", action="store_true", help="Llama q/gate/down at T=2048 and 8192 only")
+    parser.add_argument("--tune", action="store_true", help="time candidate launch configs instead")
+    parser.add_argument(
+        "--groups",
+        nargs="*",
+        help="with --tune: candidate groups to time (harness.kernels.build), default all",
+    )
+    parser.add_argument(
+        "--state-dtypes",
+        nargs="*",
+        default=["bf16", "int8"],
+        choices=list(STATE_DTYPES),
+        help="with --tune: optimizer state dtypes to time the candidates with",
+    )
+    parser.add_argument(
+        "--points",
+        nargs="*",
+        default=list(TUNE_DEFAULT_POINTS),
+        choices=list(TUNE_POINTS),
+        help="with --tune: the shapes to time the candidates on",
+    )
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "python -m harness kernels needs a CUDA GPU: it times kernels (the CPU interpreter is for tests)"
+        )
+        return 2
+    git = env.git_info()
+    meta = dict(
+        sweep="kernels",
+        env=env.collect(git),
+        gpu_name=torch.cuda.get_device_name(),
+        gpu_count=1,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        method="kernel",
+    )
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{(git.get('git_commit') or 'nogit')[:7]}"
+    if args.tune:
+        name = "-".join(args.groups or ["all"])
+        out = Path(args.out or "results/tuning") / f"tuning-{name}-{stamp}.jsonl"
+        tune(out, meta, args.groups, args.state_dtypes, args.points)
+        print(f"results: {out} (python -m harness.kernels.tuning {out})")
+        return 0
+    ceilings = measure_ceilings()
+    print(
+        f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, "
+        f"{ceilings['copy_tbps']:.2f} TB/s copy"
+    )
+    out = Path(args.out or "results/kernels") / f"kernels-{stamp}.jsonl"
+    variants = list(itertools.product(("adamw", "lion", "sgd"), STATE_DTYPES))
+    for model in args.models:
+        shapes = linear_shapes(MODELS[model])
+        tokens = args.tokens
+        if args.quick:
+            shapes = {k: v for k, v in shapes.items() if k in ("q", "gate", "down")}
+            tokens = [2048, 8192]
+        for (name, (N, K)), T in itertools.product(shapes.items(), tokens):
+            bench_point(model, name, T, N, K, ceilings, meta, variants, out)
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,181 @@
+"""`forge.optim.ForgeOptimizer`, the torch.optim face of FORGE: schedulers, state_dict resume,
+param groups, seeds, `update_linear`, and clear errors for what it refuses."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import forge
+from tests.helpers import mlp, regression_batches, regression_step, relative_error
+
+
+def test_lr_scheduler_takes_effect():
+    base, batches = mlp(), regression_batches(4)
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    opt_f = forge.attach(a, "adamw", lr=1e-2, state_dtype="fp32")
+    opt_t = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    sched_f = torch.optim.lr_scheduler.CosineAnnealingLR(opt_f, T_max=3)
+    sched_t = torch.optim.lr_scheduler.CosineAnnealingLR(opt_t, T_max=3)
+    for batch in batches:
+        regression_step(a, batch)
+        opt_f.step()
+        sched_f.step()
+        opt_t.zero_grad()
+        regression_step(b, batch)
+        opt_t.step()
+        sched_t.step()
+    assert opt_f.param_groups[0]["lr"] == pytest.approx(opt_t.param_groups[0]["lr"])
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert relative_error(pa, pb) <= 1e-5
+
+
+@pytest.mark.parametrize("state_dtype,int8_group", [("fp32", 64), ("bf16", 64), ("int8", 64), ("int8", 128)])
+def test_state_dict_resumes_bit_exactly(state_dtype, int8_group, tmp_path):
+    base, batches = mlp().bfloat16(), regression_batches(6)
+    batches = [(x.bfloat16(), y.bfloat16()) for x, y in batches]
+    kwargs = dict(lr=1e-2, state_dtype=state_dtype, stochastic_rounding=True, seed=11, int8_group=int8_group)
+
+    straight = copy.deepcopy(base)
+    forge.attach(straight, "adamw", **kwargs)
+    for batch in batches:
+        regression_step(straight, batch)
+
+    first = copy.deepcopy(base)
+    opt = forge.attach(first, "adamw", **kwargs)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
+    for batch in batches[:3]:
+        regression_step(first, batch)
+    torch.save(
+        {"model": first.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()},
+        tmp_path / "ckpt.pt",
+    )
+
+    resumed = copy.deepcopy(base)
+    opt2 = forge.attach(resumed, "adamw", **kwargs)
+    ckpt = torch.load(tmp_path / "ckpt.pt")
+    resumed.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    for batch in batches[3:]:
+        regression_step(resumed, batch)
+    for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), f"{name} differs after resuming"
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        for key, value in straight._forge_optimizer.state[p].items():
+            other = opt2.state[q][key]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+
+
+def test_state_dict_with_a_different_state_dtype_is_refused():
+    a, b = mlp(), mlp()
+    opt_a = forge.attach(a, "adamw", state_dtype="fp32")
+    opt_b = forge.attach(b, "adamw", state_dtype="int8")
+    with pytest.raises(ValueError, match="same rule, options, state_dtype and int8_group"):
+        opt_b.load_state_dict(opt_a.state_dict())
+
+
+def test_int8_group_sets_the_scales_and_a_mismatch_is_refused():
+    a, b = nn.Linear(200, 8), nn.Linear(200, 8)  # 200 columns: 4 groups of 64, 2 of 128
+    opt_a = forge.attach(a, "adamw", state_dtype="int8")
+    opt_b = forge.attach(b, "adamw", state_dtype="int8", int8_group=128)
+    assert opt_a.state[a.weight]["exp_avg_absmax"].shape == (8, 4)
+    assert opt_b.state[b.weight]["exp_avg_absmax"].shape == (8, 2)
+    with pytest.raises(ValueError, match="int8_group"):
+        opt_b.load_state_dict(opt_a.state_dict())
+    with pytest.raises(ValueError, match=r"int8_group=96 is not supported; choose one of \[64, 128\]"):
+        forge.attach(mlp(), "adamw", state_dtype="int8", int8_group=96)
+
+
+def test_param_groups_per_group_options():
+    base, batches = mlp(), regression_batches(3)
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+
+    def groups(m):
+        no_decay = [p for n, p in m.named_parameters() if p.dim() == 1]
+        decay = [p for n, p in m.named_parameters() if p.dim() > 1]
+        return [{"params": decay, "weight_decay": 0.5}, {"params": no_decay, "weight_decay": 0.0, "lr": 5e-3}]
+
+    forge.attach(a, "adamw", params=groups(a), lr=1e-2, state_dtype="fp32")
+    opt_t = torch.optim.AdamW(groups(b), lr=1e-2)
+    for batch in batches:
+        regression_step(a, batch)
+        opt_t.zero_grad()
+        regression_step(b, batch)
+        opt_t.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert relative_error(pa, pb) <= 1e-5
+
+
+def test_step_and_zero_grad_are_harmless():
+    base, batch = mlp(), regression_batches(1)[0]
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    opt_a = forge.attach(a, "adamw", state_dtype="fp32")
+    forge.attach(b, "adamw", state_dtype="fp32")
+    regression_step(a, batch)
+    opt_a.step()
+    opt_a.zero_grad()
+    opt_a.step()
+    regression_step(b, batch)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_same_seed_reproduces_bits():
+    base, batches = mlp().bfloat16(), [(x.bfloat16(), y.bfloat16()) for x, y in regression_batches(3)]
+    runs = []
+    for _ in range(2):
+        model = copy.deepcopy(base)
+        forge.attach(model, "adamw", lr=1e-2, state_dtype="int8", seed=5)
+        for batch in batches:
+            regression_step(model, batch)
+        runs.append(model)
+    for p, q in zip(runs[0].parameters(), runs[1].parameters()):
+        assert torch.equal(p, q)
+
+
+def test_unknown_rule_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="adamw, nadam, radam, lion, rmsprop, adagrad, sgd"):
+        forge.attach(mlp(), "adam8")
+
+
+def test_unsupported_dtype_says_what_to_do():
+    with pytest.raises(TypeError, match=r"fp32 and bf16 weights only.*model.to\(torch.bfloat16\)"):
+        forge.attach(mlp().half(), "adamw")
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(state_dtype="fp8"), "state_dtype='fp8' is not supported"),
+        (dict(amsgrad=True), "amsgrad=True is not supported"),
+        (dict(momentum=0.9), "unexpected hyperparameter"),
+    ],
+)
+def test_bad_options_are_refused(bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        forge.attach(mlp(), "adamw", **bad)
+
+
+def test_update_linear_applies_the_step_a_backward_applies():
+    """`update_linear(weight, dy, x)` is the fused step a ForgeLinear's backward runs, and under an
+    explicit `KernelConfig` (what benchmarks and the tuner pass) the same step again."""
+    from forge.kernels import KernelConfig
+
+    base = nn.Linear(24, 40, bias=False)
+    x = torch.randn(6, 24)
+    dy = torch.randn(6, 40)
+    results = []
+    for how in ("backward", "update_linear", "config"):
+        layer = copy.deepcopy(base)
+        opt = forge.attach(layer, "adamw", lr=1e-2, state_dtype="fp32")
+        if how == "backward":
+            layer(x).backward(dy)
+        else:
+            small = KernelConfig(block_n=16, block_k=64, block_t=16, num_warps=4)
+            config = small if how == "config" else None
+            opt.update_linear(layer.weight, dy, x, config=config)
+        assert opt.state[layer.weight]["step"] == 1
+        results.append(layer.weight.detach())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(results[2], results[0], rtol=1e-6, atol=1e-7)

@@ -1,0 +1,1 @@
+"""Tests of the kernel lab (harness/kernels/)."""

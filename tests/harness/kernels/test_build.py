@@ -1,0 +1,247 @@
+"""The fused kernel still builds for Hopper on a machine without a GPU (`harness.kernels.build`).
+
+Triton compiles to a cubin with the toolchain it ships; `cuobjdump` reads its registers, stack and
+shared memory. This catches a kernel change that breaks the GPU build (the interpreter runs the
+same source without compiling it) before any device time is spent. A build process takes seconds
+to start, so each state dtype's configs are built together, once (`built`).
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from forge.kernels import WARP_SPECIALIZED_DEFAULTS, KernelConfig, pick_config, ws_max_registers
+from harness.kernels import build as kernel_build
+
+
+def _shipped(T: int, state_dtype: str) -> dict:
+    """The config `pick_config` ships on Hopper for Llama-3.1-8B's gate at T tokens."""
+    return dataclasses.asdict(pick_config(T, 14336, 4096, state_dtype, on_interpreter=False))
+
+
+def _warp_specialized(state_dtype: str) -> list[dict]:
+    """The warp-specialized configs built per state dtype: every candidate for bf16 states; the
+    shipped one for fp32; for int8 also the exact and the fast epilogue in plain slice order."""
+    groups = kernel_build.candidate_groups()
+    if state_dtype == "bf16":
+        return groups["warp_specialized"] + groups["narrow"][1:]  # narrow[0] is a warp_specialized one
+    shipped = [dataclasses.asdict(WARP_SPECIALIZED_DEFAULTS[state_dtype])]
+    return shipped if state_dtype == "fp32" else groups["warp_specialized"][:2] + shipped
+
+
+def _planned(state_dtype: str) -> list[dict]:
+    """Every config the tests below build with `state_dtype`."""
+    groups = kernel_build.candidate_groups()
+    configs = [_shipped(T, state_dtype) for T in (1024, 8192)]
+    if state_dtype == "int8":
+        configs.append(dict(_shipped(1024, "int8"), int8_group=128))
+    if state_dtype in ("bf16", "int8"):
+        overlapped = groups["shipped"][2]
+        configs += [dict(overlapped, overlap_slices=False), overlapped]
+    if state_dtype == "bf16":
+        configs += [groups["pointers"][1], kernel_build.ELEMENTWISE]
+    return configs + _warp_specialized(state_dtype)
+
+
+def _key(config: dict, state_dtype: str) -> tuple[str, str]:
+    """The same build whichever KernelConfig defaults a config spells out."""
+    if "kernel" not in config:
+        fields = {k: v for k, v in config.items() if k != "int8_group"}
+        config = dict(config, **dataclasses.asdict(KernelConfig(**fields)))
+    return json.dumps(config, sort_keys=True), state_dtype
+
+
+_BUILT: dict[tuple[str, str], dict] = {}
+STATE_DTYPES = ("bf16", "fp32", "int8")
+
+
+def built(configs: list[dict], state_dtype: str = "bf16") -> list[dict]:
+    """`kernel_build.resources` of `configs` for sm_90. The first call builds every state dtype's
+    `_planned` configs, one process per dtype, all at once; later calls read what they built."""
+    if not _BUILT:
+        plans = {d: list({_key(c, d): c for c in _planned(d)}.values()) for d in STATE_DTYPES}
+        started = {d: kernel_build.start_resources(plan, 90, d) for d, plan in plans.items()}
+        for d, process in started.items():
+            for config, r in zip(plans[d], kernel_build.collect(process)):
+                _BUILT[_key(config, d)] = r
+    missing = [c for c in configs if _key(c, state_dtype) not in _BUILT]
+    if missing:
+        for config, r in zip(missing, kernel_build.resources(missing, 90, state_dtype)):
+            _BUILT[_key(config, state_dtype)] = r
+    return [_BUILT[_key(c, state_dtype)] for c in configs]
+
+
+def test_the_shipped_config_is_the_first_candidate():
+    shipped = dataclasses.asdict(pick_config(8192, 14336, 4096, "bf16", on_interpreter=False))
+    first = dataclasses.asdict(KernelConfig(**kernel_build.candidates()[0]))
+    assert first == shipped
+
+
+def test_gemms_shorter_than_their_launch_read_by_pointers():
+    """Llama-3.1-8B's k_proj at T = 1024 (8.6e9 FLOPs) skips the TMA descriptors' host cost; its
+    q_proj (3.4e10) and anything larger keep the bulk copies."""
+    assert pick_config(1024, 1024, 4096, "bf16", on_interpreter=False).tma == "none"
+    assert pick_config(1024, 4096, 4096, "bf16", on_interpreter=False).tma == "host"
+    assert pick_config(8192, 1024, 4096, "int8", on_interpreter=False).tma == "host"
+
+
+def test_the_build_specializes_integers_as_a_launch_does():
+    """A unit stride becomes a constant and a multiple of 16 is marked divisible, as Triton's JIT
+    does for a real call: it decides whether the epilogue's memory accesses are vectorized."""
+    ones, divisible = kernel_build.launch_specialization(dict(T=2048, K=4096, stride=1, odd=4097))
+    assert ones == ["stride"] and divisible == ["T", "K"]
+
+
+def test_the_elementwise_kernel_builds_for_hopper():
+    (r,) = built([kernel_build.ELEMENTWISE])
+    assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1
+
+
+def test_programs_per_multiprocessor():
+    assert kernel_build.programs_per_multiprocessor(128, 96 * 1024, 256) == 2  # registers and shared
+    assert kernel_build.programs_per_multiprocessor(255, 0, 256) == 1  # registers
+    assert kernel_build.programs_per_multiprocessor(64, 160 * 1024, 128) == 1  # shared memory
+
+
+def test_int8_groups_of_128_build_two_programs_per_sm():
+    """The shipped int8 config with `int8_group=128` (half the scales) still fits two per SM, on
+    the 64-row tile with overlapped slices (T <= 2048), where the registers are tightest."""
+    (r,) = built([dict(_shipped(1024, "int8"), int8_group=128)], "int8")
+    assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("T", [1024, 8192])
+def test_the_shipped_configs_fit_two_programs_per_sm_without_spilling(state_dtype, T):
+    """What `pick_config` ships on Hopper at T = 1024 and 8192 builds at 128 registers with no
+    spills: the spill-free 16-row slices ran faster than the spilling 32-row ones on 23 of the 24
+    fp32 and int8 points tuned. Up to 8 bytes of stack allowed: triton 3.9 spills one register in
+    the int8 64-row tile where 3.6 spills none."""
+    config = _shipped(T, state_dtype)
+    (r,) = built([config], state_dtype)
+    assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2, config
+    assert r["stack_bytes"] <= 8 and r["spill_stores"] <= 1, (config, r)
+
+
+def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
+    groups = kernel_build.candidate_groups()
+    only_wide = kernel_build.candidates(["wide"])
+    assert only_wide == groups["shipped"] + groups["wide"]
+    assert len(kernel_build.candidates()) == sum(map(len, groups.values()))
+    with pytest.raises(ValueError, match="unknown candidate groups"):
+        kernel_build.candidates(["prefech"])
+
+
+def test_the_pointer_candidates_build_and_fit_two_programs_per_sm():
+    """`KernelConfig(tma="none")` (group "pointers": masked loads, a launch of plain pointers)
+    builds for Hopper at two programs per SM (spills depend on the Triton version: triton 3.9
+    spills 8 bytes on the pointer path where 3.6 spills none)."""
+    pointers = kernel_build.candidate_groups()["pointers"][1]
+    assert pointers["tma"] == "none"
+    (r,) = built([pointers])
+    assert r["tma"] == "none" and r["registers"] <= 128 and r["programs_per_sm"] == 2
+
+
+def test_every_candidate_is_a_kernel_config():
+    """The tuner builds each candidate as a KernelConfig: no candidate names a field it lacks."""
+    for fields in kernel_build.candidates():
+        KernelConfig(**fields)
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_overlapped_slices_put_two_slices_of_loads_in_flight(state_dtype):
+    """`overlap_slices` (group "overlap"): the epilogue issues the next slice's loads before the
+    first slice's stores, where slice order loads one slice at a time; on 64-row tiles (shipped
+    that way for int8 states at T <= 2048) it still fits two programs per SM (spill-free with
+    triton 3.6)."""
+    shipped = kernel_build.candidate_groups()["shipped"][2]  # 64 x 128, four 16-row slices
+    assert shipped["overlap_slices"]
+    plain, overlapped = built([dict(shipped, overlap_slices=False), shipped], state_dtype)
+    assert (
+        overlapped["epilogue_loads_before_first_store"] == 2 * plain["epilogue_loads_before_first_store"] > 0
+    )
+    assert overlapped["registers"] <= 128 and overlapped["programs_per_sm"] == 2
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32", "int8"])
+def test_the_warp_specialized_kernel_builds_for_hopper(state_dtype):
+    """The warp-specialized Gluon kernel (shipped on Hopper for every state dtype) builds for sm_90
+    as shipped and, with bf16 states, as every candidate: 8 and 4 epilogue warps, 256-row tiles with
+    two MMA warpgroups, 64-column tiles. No spills (up to 8 bytes where slices overlap: triton 3.9
+    spills that much for fp32 states), the register cap its warps fit under, one program per
+    multiprocessor with its ring and staging buffer in shared memory."""
+    configs = _warp_specialized(state_dtype)
+    results = built(configs, state_dtype)
+    for config, r in zip(configs, results):
+        assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"]), config
+        if state_dtype == "fp32" and config.get("fast_epilogue") and config.get("overlap_slices"):
+            continue  # a candidate for bf16 states; fp32 states' wider loads spill 80 bytes there
+        allowed = 8 if config.get("overlap_slices") else 0
+        assert r["stack_bytes"] <= allowed and r["spill_stores"] <= allowed // 4, (config, r)
+        assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, config
+    # the fast epilogue (approximate sqrt and division, hardware bf16 rounding) issues fewer
+    # instructions than the exact one at the same warps: 2648 against 5256 for bf16 states at 8 warps
+    # (int8: 5376 against 9208; its quantization divides by reciprocals of the group maxima; triton 3.6)
+    if state_dtype == "fp32":
+        return
+    plain = [(c, r) for c, r in zip(configs, results) if not c.get("overlap_slices")]
+    exact = {(c["num_warps"], c["block_n"]): r["instructions"] for c, r in plain if not c["fast_epilogue"]}
+    fast = {(c["num_warps"], c["block_n"]): r["instructions"] for c, r in plain if c["fast_epilogue"]}
+    assert exact and all(fast[key] < 0.8 * exact[key] for key in exact), (exact, fast)
+
+
+def test_the_shipped_warp_specialized_configs_are_candidates():
+    """The tuner times what ships: each state dtype's warp-specialized default is a candidate."""
+    candidates = [_key(c, "") for c in kernel_build.candidate_groups()["warp_specialized"]]
+    for config in WARP_SPECIALIZED_DEFAULTS.values():
+        assert _key(dataclasses.asdict(config), "") in candidates, config
+
+
+def test_the_fast_epilogue_is_an_option_of_the_warp_specialized_kernel_only():
+    import torch
+
+    from forge.kernels import wgrad_update
+    from forge.rules import get_rule, resolve_hparams
+
+    rule = get_rule("sgd")
+    h = resolve_hparams(rule, dict(lr=0.1))
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    dy, x = torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
+    config = KernelConfig(block_n=32, block_k=64, block_t=16, num_warps=4, fast_epilogue=True)
+    with pytest.raises(ValueError, match="warp-specialized"):
+        wgrad_update(
+            w, (None,) * 3, (None,) * 3, (False,) * 3, dy, x, rule.coefficients(h, 1, {}), 0,
+            rule="sgd", flags=rule.flags(h), state_dtype="bf16", stochastic_rounding=False, config=config,
+        )  # fmt: skip
+
+
+def test_a_warp_specialized_config_where_it_cannot_run_says_why():
+    """On the CPU (and for fp32 operands, other GPUs) the warp-specialized kernel
+    cannot run: asking for it by config is an error that names what it needs."""
+    import torch
+
+    from forge.kernels import wgrad_update
+    from forge.rules import get_rule, resolve_hparams
+
+    rule = get_rule("sgd")
+    h = resolve_hparams(rule, dict(lr=0.1))
+    w = torch.zeros(128, 128, dtype=torch.bfloat16)
+    dy, x = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    config = KernelConfig(**kernel_build.candidate_groups()["warp_specialized"][0])
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        wgrad_update(
+            w,
+            (None,) * 3,
+            (None,) * 3,
+            (False,) * 3,
+            dy,
+            x,
+            rule.coefficients(h, 1, {}),
+            0,
+            rule="sgd",
+            flags=rule.flags(h),
+            state_dtype="bf16",
+            stochastic_rounding=False,
+            config=config,
+        )
