@@ -467,9 +467,6 @@ def _check_linear_uses(task: int) -> None:
     _checked_uses_task[0] = task
 
 
-_NO_COEFFICIENTS = (0.0,) * NUM_COEFFICIENTS  # a captured launch reads its values from its step row
-
-
 def _capturing(p: torch.Tensor) -> bool:
     """Whether work issued now is being captured into a CUDA graph (never on a CPU tensor)."""
     return p.is_cuda and torch.cuda.is_current_stream_capturing()
