@@ -10,6 +10,7 @@ every trainable parameter, one group), then:
   post-accumulate-grad hook that updates it with the element-wise kernel and frees its gradient.
 
 Parameters left out of `params` are not touched: they keep ordinary gradients for another optimizer.
+Parameters added later with `optimizer.add_param_group` are fused or hooked the same way (`wire`).
 `detach(model)` restores plain `nn.Linear` classes and removes the hooks; the weights stay as trained.
 
 Tensor parallelism (DTensor weights from `parallelize_module`'s colwise and rowwise plans, sequence
@@ -21,6 +22,7 @@ full gradient before the update; DTensors on meshes of more than one dimension; 
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Iterable
 
@@ -56,6 +58,7 @@ def attach(
     names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
     optimizer = ForgeOptimizer.__new__(ForgeOptimizer)
     optimizer.param_names = names
+    optimizer._owner = weakref.ref(model)  # for add_param_group after attach (`wire`)
     ForgeOptimizer.__init__(
         optimizer,
         params,
@@ -87,6 +90,33 @@ def detach(model: nn.Module) -> None:
         handle.remove()
     optimizer._hooks = []
     model.__dict__.pop(_ATTR, None)  # already gone where the model is itself a fused nn.Linear
+
+
+def attached_model(optimizer: ForgeOptimizer) -> nn.Module:
+    """The model `optimizer` was attached to, or a RuntimeError saying why there is none now."""
+    model = optimizer._owner()
+    if model is None or getattr(model, _ATTR, None) is not optimizer:
+        raise RuntimeError(
+            "this FORGE optimizer is no longer attached to its model (forge.detach, or the model is "
+            "gone), so parameters added to it would never be updated. Call forge.attach(model, rule, "
+            "params=[...]) with every group instead."
+        )
+    return model
+
+
+def wire(optimizer: ForgeOptimizer, params: list) -> None:
+    """Make `params`, new in `optimizer`, train in every backward from now on. Attached to a model:
+    the weights of its plain nn.Linear modules are fused (their class swapped, as attach does), the
+    rest hooked. Built directly (`ForgeOptimizer(model.parameters(), ...)`): no module is known, so
+    every parameter, nn.Linear weights included, is hooked and updated by the element-wise kernel
+    from its materialized gradient, the same step without the fused kernel's memory saving (use
+    forge.attach(model, ...) for that)."""
+    fused = set()
+    if optimizer._owner is not None:
+        model = attached_model(optimizer)
+        fused = _fuse_linears(model, optimizer, set(params), optimizer.param_names)
+    hook = _make_hook(optimizer)
+    optimizer._hooks += [p.register_post_accumulate_grad_hook(hook) for p in params if p not in fused]
 
 
 def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, names: dict) -> set:

@@ -16,8 +16,9 @@ class Lion(torch.optim.Optimizer):
     """Lion: u = sign(beta1 m + (1 - beta1) g); w <- w (1 - lr wd) - lr u; m <- beta2 m + (1 - beta2) g."""
 
     def __init__(self, params: Iterable, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate {lr}")
+        from forge.rules import check_hparams
+
+        check_hparams("lion", dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))  # FORGE's checks
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -55,8 +56,10 @@ _TORCH_CLASSES = {
 
 def torch_optimizer(rule: str, params: Iterable, **hparams) -> torch.optim.Optimizer:
     """The reference optimizer for `rule` with torch.optim's defaults overridden by `hparams`."""
-    from forge.rules import IGNORED_OPTIONS, get_rule
+    from forge.rules import IGNORED_OPTIONS, UNSUPPORTED_OPTIONS, get_rule
 
     get_rule(rule)  # a clear error for unknown names
-    options = {k: v for k, v in hparams.items() if k not in IGNORED_OPTIONS or rule != "lion"}
+    # flags the Lion class does not take: the no-ops, and the unsupported ones where off
+    dropped = lambda k, v: k in IGNORED_OPTIONS or (k in UNSUPPORTED_OPTIONS and not v)  # noqa: E731
+    options = {k: v for k, v in hparams.items() if rule != "lion" or not dropped(k, v)}
     return _TORCH_CLASSES[rule.lower()](params, **options)

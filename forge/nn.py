@@ -26,7 +26,9 @@ Guards. A raw Triton write does not bump a tensor's autograd version counter, so
 notice a weight updated twice. The forward records how many updates the weight had; the backward
 refuses to run if that number moved (a second backward through a retained graph, or one weight used
 twice in a graph): applying the step twice, or computing dx from an already-updated weight, would
-silently train something else. Activation checkpointing re-runs only the forward, which has no side
+silently train something else. The forward also records its node, and the first FORGE update of
+each backward refuses such a graph before any parameter is updated (`forge.optim`), so a refusal
+never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
 effects here, so it composes. Under torch.compile the launcher runs outside the graph
 (`torch.compiler.disable`), since compiled autograd does not expect inputs mutated in backward.
 """
@@ -58,6 +60,8 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.name = name
         ctx.version = optimizer.version(weight)
         ctx.has_bias = bias is not None
+        if not torch.compiler.is_compiling():
+            optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
         return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 
     @staticmethod
@@ -86,6 +90,7 @@ class ForgeLinearFunction(torch.autograd.Function):
             _fused_step_outside_graph(optimizer, weight, dy2, x2)
         else:  # eager: skip the disable wrapper (4% of a profiled ForgeLinear step on the GPU machine)
             optimizer.update_linear(weight, dy2, x2)
+        optimizer.release_use(ctx)
         return dx, None, db, None, None, None
 
 

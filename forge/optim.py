@@ -35,6 +35,12 @@ What users must know: each backward IS an optimizer step, so there is no gradien
 micro-batches and no global gradient-norm clipping; a second backward through the same graph
 (`retain_graph=True`) is refused rather than applied twice.
 
+Built directly, `ForgeOptimizer(model.parameters(), rule)` trains every parameter from a
+post-accumulate-grad hook (element-wise kernel, the gradient materialized one parameter at a time);
+only `forge.attach(model, ...)` knows the modules, and fuses nn.Linear weights into their dW kernel.
+Hyperparameters are checked as torch.optim checks them, for the defaults and every group, at
+construction and again at the first update of each backward (before anything is updated there).
+
 States per parameter, named as torch.optim names them (`exp_avg`, `exp_avg_sq`, `momentum_buffer`,
 `square_avg`, `grad_avg`, `sum`), are allocated when the optimizer is built, in `state_dtype`:
 fp32, bf16, or int8 codes plus `<name>_absmax` scales (one per `int8_group` elements along the
@@ -44,6 +50,7 @@ docs/design.md).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -107,13 +114,36 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._update_stream = UpdateStream() if update_stream else None
         # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
         self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
+        # Wiring (see `_wire`): forge.attach sets `_owner` (a weak reference to the model) before
+        # __init__ and fuses or hooks the first groups itself; built directly, the optimizer hooks
+        # every parameter itself. Either way a later add_param_group wires its parameters too.
+        self._owner = getattr(self, "_owner", None)
+        self._hooks: list = []
+        self._wired = False
+        self._checked_task = -1  # the last backward (autograd graph task) whose groups were checked
         super().__init__(params, resolve_hparams(self.rule, hparams))
+        self._wired = True
+        if self._owner is None:
+            self._wire([p for g in self.param_groups for p in g["params"]])
 
     # ------------------------------------------------------------------ groups and states
 
     def add_param_group(self, param_group: dict) -> None:
         options = {k: v for k, v in param_group.items() if k != "params"}
-        self._resolve_hparams(self.rule, options)  # reject unknown or unsupported options early
+        # Reject unknown, unsupported or out-of-range options, and parameters FORGE cannot update,
+        # before the group is added: a refused group leaves the optimizer as it was. The options are
+        # checked with this optimizer's defaults filled in, as torch.optim fills them.
+        defaults = {k: v for k, v in self.defaults.items() if k in self.rule.defaults}
+        self._resolve_hparams(self.rule, {**defaults, **options})
+        params = param_group["params"]
+        if not isinstance(params, set):  # torch.optim refuses sets itself, with its message
+            params = [params] if isinstance(params, torch.Tensor) else list(params)
+            param_group = {**param_group, "params": params}
+            for p in params:
+                if isinstance(p, torch.Tensor):
+                    self._check_param(p)
+        if self._wired:
+            self._wirable()
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         group.update(self._resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
@@ -123,6 +153,22 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._group_of[p] = group
             self._version[p] = 0
             self._init_state(p, group)
+        if self._wired:  # added after construction: its parameters train from the next backward on
+            self._wire(group["params"])
+
+    def _wirable(self) -> None:
+        """Refuse a new group that could not be trained (the model FORGE was attached to is gone)."""
+        from forge.attach import attached_model  # forge.attach imports this module
+
+        if self._owner is not None:
+            attached_model(self)
+
+    def _wire(self, params: list) -> None:
+        """Make `params` train: fused into the kernel of their nn.Linear where the model is known,
+        updated from a post-accumulate-grad hook otherwise (see `forge.attach`)."""
+        from forge.attach import wire  # forge.attach imports this module
+
+        wire(self, params)
 
     def _check_param(self, p: torch.Tensor) -> None:
         name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
@@ -186,6 +232,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """(group, coefficients, seed, step row) of p's next update; advances its step. The row is
         None unless capturable; inside a CUDA-graph capture nothing advances (the replays will)."""
         group = self._group_of[p]
+        if torch._C._current_graph_task_id() != self._checked_task:
+            self._check_backward()
         if not self.capturable:
             return (group, *self._advance(p, group), None)
         row = self._step_row(p)
@@ -195,6 +243,31 @@ class ForgeOptimizer(torch.optim.Optimizer):
         coefficients, seed = self._advance(p, group)
         row.copy_(_step_values([coefficients], [seed], row.shape[0])[0], non_blocking=True)
         return group, coefficients, seed, row
+
+    def _check_backward(self) -> None:
+        """At this optimizer's first update in a backward, before it touches anything: every group's
+        hyperparameters (a scheduler or a user may have changed them since construction) and every
+        fused nn.Linear this backward will reach (each used once, from a forward at its current
+        step). A refusal here leaves every weight, state and step count as it was."""
+        task = torch._C._current_graph_task_id()
+        if task >= 0:  # else a direct call, outside any backward
+            from forge.rules import check_hparams
+
+            for group in self.param_groups:
+                check_hparams(self.rule.name, group)
+            _check_linear_uses(task)
+        self._checked_task = task  # only once passed: a refused backward is refused at every update
+
+    def record_use(self, node) -> None:
+        """ForgeLinearFunction's forward: `node` (its ctx, the graph's backward node) may run a fused
+        update of `node.weight` in a later backward."""
+        _LINEAR_USES.add(node)
+
+    def release_use(self, node) -> None:
+        """ForgeLinearFunction's backward, after the update: its graph is freed, so `node` cannot run
+        again, unless the backward retains the graph (then a second backward is refused)."""
+        if not _keep_graph():
+            _LINEAR_USES.discard(node)
 
     def _advance(self, p: torch.Tensor, group: dict) -> tuple[tuple, int]:
         """Count one more step of p; return its coefficients and seed for that step."""
@@ -350,6 +423,48 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
+
+
+# Fused-linear uses (ForgeLinearFunction nodes) whose backward may still run, over every optimizer:
+# one weight used twice in a graph, or a retained graph run again, is refused at the first FORGE
+# update of that backward, before any parameter of any model has been updated.
+_LINEAR_USES: weakref.WeakSet = weakref.WeakSet()
+_checked_uses_task = [-1]
+
+
+def _keep_graph() -> bool:
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep is None else bool(keep())
+
+
+def _check_linear_uses(task: int) -> None:
+    if _checked_uses_task[0] == task:
+        return
+    seen = {}
+    for node in list(_LINEAR_USES):
+        try:
+            if not torch._C._will_engine_execute_node(node):
+                continue
+        except RuntimeError:  # not the eager autograd engine (compiled autograd): the backward's own guard
+            return
+        weight, optimizer = node.weight, node.optimizer
+        untouched = "; nothing has been updated by this backward (weights, states and steps are as they were)"
+        if optimizer.version(weight) != node.version:
+            raise RuntimeError(
+                f"FORGE: {node.name} was already updated since this forward pass: a second backward through "
+                "the same graph (retain_graph=True) would apply the optimizer step twice, and compute the "
+                f"input gradient from the updated weight. FORGE needs one backward per forward{untouched}."
+            )
+        if id(weight) in seen:
+            raise RuntimeError(
+                f"FORGE: {node.name} is used twice in this graph (one nn.Linear called twice in a forward, "
+                "or two forwards through it before one backward). Its fused update consumes the gradient of "
+                "one use, and dx of the other would come from the updated weight. Leave this parameter out "
+                "of forge.attach(params=...) to give it an ordinary gradient, or call the module once per "
+                f"forward{untouched}."
+            )
+        seen[id(weight)] = node
+    _checked_uses_task[0] = task
 
 
 def _capturing(p: torch.Tensor) -> bool:

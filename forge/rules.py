@@ -388,10 +388,12 @@ RULES: dict[str, Rule] = {
 }  # fmt: skip
 
 # torch.optim arguments FORGE accepts but that change nothing here, and ones it cannot honour.
-IGNORED_OPTIONS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+IGNORED_OPTIONS = frozenset({"foreach", "fused", "capturable"})
 UNSUPPORTED_OPTIONS = {
     "amsgrad": "AMSGrad keeps a running max that FORGE does not implement; use adamw without it",
     "maximize": "maximize is not implemented; negate your loss instead",
+    "differentiable": "the update runs inside backward through raw pointers, so autograd records no graph "
+    "through the step; use torch.optim for differentiable optimization",
 }
 
 
@@ -419,11 +421,43 @@ def resolve_hparams(rule: Rule, hparams: dict) -> dict:
     out["lr"] = float(out["lr"])
     if "betas" in out:
         out["betas"] = tuple(float(b) for b in out["betas"])
-    if rule.name == "sgd" and out["nesterov"] and (out["momentum"] <= 0 or out["dampening"] != 0):
-        raise ValueError("sgd: nesterov=True requires momentum > 0 and dampening = 0 (as torch.optim.SGD)")
-    if out["lr"] < 0:
-        raise ValueError(f"{rule.name}: invalid learning rate {out['lr']} (must be >= 0)")
+    check_hparams(rule.name, out)
     return out
+
+
+def _nonnegative(value, what: str, upper: float = math.inf, upper_open: bool = True) -> None:
+    """torch.optim's `if not 0.0 <= value` check and message; NaN (which every such comparison
+    refuses) and infinity refused too, and `upper` where the rule divides by (upper - value)."""
+    v = float(value)
+    if not (0.0 <= v < upper if upper_open else 0.0 <= v <= upper) or math.isinf(v):
+        raise ValueError(f"Invalid {what}: {value}")
+
+
+def check_hparams(rule: str, h: dict) -> None:
+    """Refuse, with torch.optim's messages, every hyperparameter torch.optim refuses, before anything
+    is updated: a value accepted here never fails or turns the weights to NaN mid-backward because
+    of its own range. Called for the defaults and for every param group."""
+    _nonnegative(h["lr"], "learning rate")
+    if "eps" in h:
+        _nonnegative(h["eps"], "epsilon value")
+    if "betas" in h:
+        betas = h["betas"]
+        if len(betas) != 2:
+            raise ValueError(f"Invalid betas: {betas} (a pair (beta1, beta2))")
+        for i, beta in enumerate(betas):
+            # 1 - beta**step divides (the Adam family) and 2 / (1 - beta2) (RAdam): [0, 1) as torch.optim;
+            # Lion divides by nothing, and beta = 1 is meaningful there (a frozen or sign-only moment).
+            _nonnegative(beta, f"beta parameter at index {i}", 1.0, upper_open=rule != "lion")
+    _nonnegative(h["weight_decay"], "weight_decay value")
+    for key in ("momentum", "lr_decay", "initial_accumulator_value", "momentum_decay"):
+        if key in h:
+            _nonnegative(h[key], f"{key} value")
+    if "alpha" in h:
+        _nonnegative(h["alpha"], "alpha value", 1.0, upper_open=False)  # > 1: a negative square_avg
+    if "dampening" in h and not math.isfinite(float(h["dampening"])):
+        raise ValueError(f"Invalid dampening value: {h['dampening']}")
+    if rule == "sgd" and h["nesterov"] and (h["momentum"] <= 0 or h["dampening"] != 0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
 
 def reference_update(
