@@ -80,8 +80,8 @@ class KernelConfig:
     fast_epilogue: bool = False
 
 
-# The Triton kernel on Hopper (results/tuning/tuning-20261129-153506.jsonl, -034728.jsonl,
-# -034119.jsonl): 16-row slices unless named otherwise below; in 32-row ones the fp32 and int8
+# The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
+# tuning-fp32-20261130-6a4fc43.jsonl, tuning-warp_specialized-20261130-9a6af47.jsonl): 16-row slices unless named otherwise below; in 32-row ones the fp32 and int8
 # epilogues spill (triton 3.6) and ran slower on 23 of 24 tuned points above T = 2048.
 _HOPPER = KernelConfig(block_n=128, block_k=128, block_t=64, group_n=8, epilogue_split=8, num_warps=8,
                        num_stages=3, maxnreg=128)
@@ -89,8 +89,8 @@ _HOPPER_SMALL_T = {"int8": replace(_HOPPER, block_n=64, epilogue_split=4, overla
 _HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # T > 2048: spill-free for bf16 states
 _HOST_BOUND_FLOPS = 2e10  # 2 T N K below this: pointer loads (Llama's k and v at T <= 2048)
 
-# The warp-specialized kernel on Hopper (results/tuning/tuning-20261130-040116.jsonl,
-# results/kernels/kernels-20261130-061909.jsonl against -054537.jsonl). int8 states take bf16's
+# The warp-specialized kernel on Hopper (results/tuning/tuning-warp_specialized-20261130-455f24b.jsonl;
+# results/archive/kernels/kernels-llama3.1-8b-20261130-fd4010f.jsonl against -0e3145e.jsonl). int8 states take bf16's
 # config: their codes step by ~1/254 of a group's maximum, so the fast epilogue's few fp32 ulps move
 # a code only on a rounding boundary, and it builds without spills.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
@@ -101,7 +101,7 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
 # Smaller grids keep the Triton kernel. bf16 and int8 states gain from one tile per multiprocessor
-# (results/kernels/tuning-20261130-073825.jsonl, -080010.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
+# (results/tuning/tuning-warp_specialized-20261130-9e79388.jsonl, tuning-evict_first-20261130-3115a49.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
 # Llama-3.1-8B's k, 256 tiles, 0.76-1.05x); fp32 states were not timed there.
 _WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
 
