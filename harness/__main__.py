@@ -101,6 +101,7 @@ def cmd_run(argv: list[str]) -> int:
 
     overrides = ["results_dir=results/adhoc", "sweep.scratch=true", *_overrides(argv)]
     cfg = sweep.compose_config(overrides)
+    sweep.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
     point = sweep.make_point(overrides)
     path = sweep.results_path(cfg)
     record = sweep.run_isolated(point, env.git_info())

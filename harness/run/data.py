@@ -16,8 +16,9 @@ installation, so any machine that runs the harness already has them, and nothing
   text: a shift from code to prose, disjoint from the first text since docstrings were removed there.
 
 Each text is a list of documents (one per source file, one per pydoc topic). A document goes to
-the held-out split when the SHA-256 of its name falls in the first 1/HELDOUT_EVERY of the hash
-space, so the split is stable across machines and never cuts a document in two.
+the held-out split when the first 8 bytes of the SHA-256 of its name, read as a number, are a
+multiple of HELDOUT_EVERY (one document in 20), so the split is stable across processes and
+machines and never cuts a document in two.
 
 The tokenizer is a byte-level BPE (the `tokenizers` package, GPT-2 style: any byte sequence
 encodes, no unknown token) trained on the training splits of both texts together, with one special

@@ -81,6 +81,35 @@ def gpu_info() -> dict[str, Any]:
         return {"gpu_name": None, "gpu_count": 0, "driver": None}
 
 
+def machine() -> dict[str, Any]:
+    """What this machine can run a point on, read without creating a CUDA context: the first
+    NVIDIA GPU's name and memory and their count (NVML, as `gpu_info`), and the host's RAM.
+    Without NVML, a GPU that torch sees is counted, its name and memory unknown (None)."""
+    here: dict[str, Any] = {"gpu_name": None, "gpu_count": 0, "gpu_memory_gib": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        here["gpu_count"] = pynvml.nvmlDeviceGetCount()
+        if here["gpu_count"]:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            name = pynvml.nvmlDeviceGetName(handle)
+            here["gpu_name"] = name.decode() if isinstance(name, bytes) else name
+            here["gpu_memory_gib"] = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+    except Exception:
+        try:
+            import torch
+
+            here["gpu_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except ImportError:
+            pass
+    try:
+        here["host_memory_gib"] = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        here["host_memory_gib"] = None
+    return here
+
+
 def versions() -> dict[str, str | None]:
     """Installed versions of the libraries that shape the numbers, plus Python and CUDA."""
     out: dict[str, str | None] = {"python": platform.python_version()}

@@ -5,12 +5,20 @@
 1. `expand` turns the composed config's `sweep` lists into points (methods x models x batch
    sizes x sequence lengths x activation checkpointing) and composes each point's own config
    through Hydra, so every bad name or value fails before the first point runs.
-2. Points already in `results/<sweep>.jsonl` are skipped: an interrupted sweep resumes.
-3. Each remaining point runs in `python -m harness.run.worker` (`run_isolated`), under a timeout, in
+2. The machine is checked before any point runs (`check_hardware`): a sweep for a GPU this
+   machine lacks (gpu=h200 without an H200, any GPU on a machine without CUDA, fewer GPUs than
+   `gpus`), or whose model's weights alone exceed the device's memory (or, on a CPU, the host's),
+   is refused with a ConfigError that says where and how it can run.
+3. Points already in `results/<sweep>.jsonl` are skipped: an interrupted sweep resumes. Records
+   are kept per hardware: a file that holds points measured on other hardware (another GPU, or
+   a GPU where this run uses the CPU) is never appended to; this machine's points go to
+   `results/<sweep>-<hardware>.jsonl` (say `llama8b_h200-nvidia-a100-sxm4-80gb.jsonl`), and only
+   points measured on this hardware count as done.
+4. Each remaining point runs in `python -m harness.run.worker` (`run_isolated`), under a timeout, in
    its own process group. A method that cannot run here is recorded `unavailable` without a
    subprocess. A worker that dies without a record becomes an `error` (or `oom`, if its stderr
    says so) with the tail of its stderr. Nothing a point does stops the sweep.
-4. Each record is appended atomically (`results.append`) and summarized on one line.
+5. Each record is appended atomically (`results.append`) and summarized on one line.
 
 `sweep.mode=capacity` searches instead for the largest batch that fits, per method, model and
 sequence length, under the GPU's memory cap: batches 1 and 2, then the batch their reserved peaks
@@ -29,6 +37,8 @@ import fnmatch
 import itertools
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -45,7 +55,7 @@ from omegaconf import DictConfig
 from harness import results
 from harness.run import config as config_mod
 from harness.run import env, launch, methods
-from harness.run.config import compose_config
+from harness.run.config import CONF_DIR, ConfigError, compose_config, group_choices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,15 +310,257 @@ def predict_largest(small: dict, large: dict, cap_gib: float | None) -> int | No
     return b2 + int((cap_gib - p2) // per_sample)
 
 
-def results_path(cfg: DictConfig) -> Path:
-    """results/<sweep>.jsonl; a scratch directory gets a .gitignore so its files stay untracked."""
+def results_path(cfg: DictConfig, hardware: str | None = None) -> Path:
+    """results/<sweep>.jsonl; a scratch directory gets a .gitignore so its files stay untracked.
+
+    Given the hardware this run measures on (`hardware_label`), a results/<sweep>.jsonl that holds
+    records measured on other hardware is left alone: the path is results/<sweep>-<hardware>.jsonl."""
     directory = Path(cfg.results_dir)
     if not directory.is_absolute():
         directory = REPO / directory
     directory.mkdir(parents=True, exist_ok=True)
     if cfg.sweep.scratch and not (directory / ".gitignore").exists():
         (directory / ".gitignore").write_text("# written by the harness: scratch results, not committed\n*\n")
-    return directory / f"{cfg.sweep.name}.jsonl"
+    path = directory / f"{cfg.sweep.name}.jsonl"
+    if hardware is not None and path.exists() and foreign_hardware(path, hardware):
+        return directory / f"{cfg.sweep.name}-{_slug(hardware)}.jsonl"
+    return path
+
+
+# --- hardware: refuse what this machine cannot run, keep each machine's records apart ----------
+
+CAP_SLACK = 0.95  # a card sold as N GB reports a little less than N GiB (an H100-80GB: 79.6 GiB)
+WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
+
+
+def hardware_label(device: str, gpu_name: str | None) -> str:
+    """What a record was measured on: "cpu", or the GPU's name as NVML gives it ("NVIDIA H200")."""
+    return "cpu" if device == "cpu" else (gpu_name or "unnamed CUDA GPU")
+
+
+def record_hardware(record: dict[str, Any]) -> str | None:
+    """`hardware_label` of a record (its `device` and `gpu_name`); None when it says neither."""
+    device = record.get("device")
+    return None if device is None else hardware_label(device, record.get("gpu_name"))
+
+
+def foreign_hardware(path: Path, hardware: str) -> list[str]:
+    """The hardware, other than `hardware`, that the records of a results file were measured on."""
+    found = {record_hardware(r) for r in results.iter_records(path)} - {hardware}
+    return sorted(h or "unknown hardware" for h in found)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _device_here(device: str, here: dict[str, Any]) -> str:
+    """The device a point runs on here: device=auto is CUDA when a GPU is visible."""
+    if device == "auto":
+        return "cuda" if here["gpu_count"] else "cpu"
+    return device
+
+
+def _card(gpu: Any) -> str:
+    """What a conf/gpu entry stands for, in words."""
+    if gpu.name == "cpu":
+        return "the CPU"
+    if gpu.memory_cap_gib is not None:
+        return (
+            f"an emulated {gpu.name.upper().replace('_', '-')} (gpu={gpu.name}: a CUDA GPU of at "
+            f"least {gpu.memory_cap_gib:g} GiB, capped to {gpu.memory_cap_gib:g} GiB)"
+        )
+    return f"an NVIDIA {gpu.name.split('_')[0].upper()} (gpu={gpu.name})"
+
+
+def _gpus_here(here: dict[str, Any]) -> str:
+    if not here["gpu_count"]:
+        return "this machine has no CUDA device"
+    if here["gpu_name"] is None:
+        return f"this machine has {here['gpu_count']} CUDA device(s) of unknown name"
+    memory = f", {here['gpu_memory_gib']:.0f} GiB" if here["gpu_memory_gib"] else ""
+    return f"this machine's GPU is an {here['gpu_name']}{memory}"
+
+
+def _hardware_problem(gpu: Any, device: str, gpus: int, here: dict[str, Any]) -> str | None:
+    """Why a point for conf/gpu `gpu` on `device` (and `gpus` GPUs) cannot run here; None if it can.
+
+    A real card (no memory cap) must be the GPU here: conf/gpu/NAME's first word (h200) in its
+    name. An emulated card needs a GPU with at least its cap. The CPU needs device=cpu."""
+    runs_on = _device_here(device, here)
+    if gpu.name == "cpu":
+        if runs_on == "cuda":
+            return (
+                f"gpu=cpu, but device={device} runs the points on the GPU here "
+                "(add device=cpu to measure the CPU, or name the GPU with gpu=NAME)"
+            )
+        return None
+    if runs_on == "cpu" and here["gpu_count"]:
+        return (
+            f"gpu={gpu.name} is a GPU, but device=cpu runs the points on the CPU "
+            "(drop device=cpu, or set gpu=cpu)"
+        )
+    if not here["gpu_count"]:
+        return f"it is for {_card(gpu)}, and {_gpus_here(here)}"
+    if gpus > here["gpu_count"]:
+        return f"gpus={gpus}: its points need {gpus} GPUs, and this machine has {here['gpu_count']}"
+    name, memory = here["gpu_name"], here["gpu_memory_gib"]
+    if gpu.memory_cap_gib is None:
+        wanted = gpu.name.split("_")[0].lower()
+        if name is not None and wanted not in re.sub(r"[^a-z0-9]", "", name.lower()):
+            return f"it is for {_card(gpu)}, and {_gpus_here(here)}"
+    elif memory is not None and memory < CAP_SLACK * gpu.memory_cap_gib:
+        return f"it is for {_card(gpu)}, and {_gpus_here(here)}"
+    return None
+
+
+_n_params: dict[tuple[str, str | None], int | None] = {}
+
+
+def _memory_problem(cfg: DictConfig, here: dict[str, Any]) -> str | None:
+    """Why the point's model cannot fit here: its weights alone exceed the memory it would use
+    (the GPU's, or its cap; the host's on a CPU). Every method holds at least the weights."""
+    from harness.run import models
+
+    key = (cfg.model.name, cfg.model.path)
+    if key not in _n_params:
+        _n_params[key] = models.n_params_of(cfg.model)
+    n = _n_params[key]
+    if n is None:  # a checkpoint: its size would have to be read
+        return None
+    dtype = config_mod.weight_dtype(cfg)
+    weights = n * WEIGHT_BYTES[dtype] / cfg.gpus / 2**30
+    if _device_here(cfg.device, here) == "cpu":
+        limit, where = here["host_memory_gib"], "this machine's host memory"
+    else:
+        limits = [(here["gpu_memory_gib"], f"the {here['gpu_name'] or 'GPU'}'s memory")]
+        if cfg.gpu.memory_cap_gib is not None:
+            limits.append((cfg.gpu.memory_cap_gib, f"gpu={cfg.gpu.name}'s memory cap"))
+        limits = [(v, w) for v, w in limits if v is not None]
+        limit, where = min(limits, default=(None, ""))
+    if limit is None or weights <= limit:
+        return None
+    per_gpu = " per GPU" if cfg.gpus > 1 else ""
+    return (
+        f"model={cfg.model.name} has {n / 1e9:.1f}B parameters: its {dtype} weights alone take "
+        f"{weights:.1f} GiB{per_gpu}, more than the {limit:.1f} GiB of {where}"
+    )
+
+
+def _experiment(overrides: list[str]) -> str | None:
+    return next((o.split("=", 1)[1] for o in overrides if re.match(r"^\+?exp=", o)), None)
+
+
+TINY_CPU = [
+    "gpu=cpu",
+    "device=cpu",
+    "sweep.models=[tiny-llama]",
+    "sweep.seq_lens=[32]",
+    "sweep.batch_sizes=[1]",
+    "steps=3",
+    "warmup_steps=1",
+    "method.lr=1e-3",  # three steps on a tiny model: a step large enough that "the loss fell" is plain
+    "results_dir=results/smoke",
+    "sweep.scratch=true",
+]
+
+
+def tiny_cpu_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """The same sweep on the CPU, on the tiny Llama, in a few steps, into the scratch results."""
+    mine = {o.split("=", 1)[0] for o in TINY_CPU} | {"gpus", "model", "seq_len", "batch_size"}
+    if cfg.sweep.mode == "capacity":
+        mine.add("sweep.max_batch_size")
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in mine]
+    extra = ["gpus=1"] if cfg.gpus > 1 else []
+    extra += ["sweep.max_batch_size=2"] if cfg.sweep.mode == "capacity" else []
+    return [*kept, *TINY_CPU, *extra]
+
+
+# One point (`python -m harness run`) the same way: the tiny Llama on the CPU, in a few steps.
+TINY_CPU_POINT = [
+    "gpu=cpu",
+    "device=cpu",
+    "model=tiny-llama",
+    "seq_len=32",
+    "batch_size=1",
+    "steps=3",
+    "warmup_steps=1",
+    "method.lr=1e-3",
+]
+
+
+def tiny_cpu_point(overrides: list[str]) -> list[str]:
+    mine = {o.split("=", 1)[0] for o in TINY_CPU_POINT} | {"gpus", "results_dir", "sweep.scratch"}
+    return [*(o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in mine), *TINY_CPU_POINT]
+
+
+def _command(overrides: list[str], verb: str = "sweep") -> str:
+    return " ".join([f"python -m harness {verb}", *map(shlex.quote, overrides)])
+
+
+def _runnable_gpus(cfg: DictConfig, here: dict[str, Any]) -> list[str]:
+    """The conf/gpu choices whose hardware this machine has (for the device it would use)."""
+    from omegaconf import OmegaConf
+
+    names = []
+    for name in group_choices("gpu"):
+        gpu = OmegaConf.merge(config_mod.GpuConfig, OmegaConf.load(CONF_DIR / "gpu" / f"{name}.yaml"))
+        device = "cpu" if name == "cpu" else "auto"
+        if _hardware_problem(gpu, device, 1, here) is None:
+            names.append(name)
+    return names
+
+
+def check_hardware(
+    cfgs: list[DictConfig],
+    overrides: list[str],
+    here: dict[str, Any],
+    models: bool = True,
+    verb: str = "sweep",
+) -> None:
+    """Refuse, before any point runs, a sweep whose GPU or model this machine cannot hold.
+    `here` is `env.machine()`; `models=False` checks the GPU only (the sweep's own config is
+    enough for that: gpu, device and gpus are not axes of its grid). Raises ConfigError saying
+    why and where it can run; `verb="run"` words it for one point (`python -m harness run`)."""
+    if not cfgs:
+        return
+    cfg = cfgs[0]
+    hardware = _hardware_problem(cfg.gpu, cfg.device, cfg.gpus, here)
+    problems = [hardware] if hardware else []
+    if not problems and models:
+        problems += list(dict.fromkeys(filter(None, (_memory_problem(c, here) for c in cfgs))))
+    if not problems:
+        return
+    exp = _experiment(overrides)
+    what = f"+exp={exp}" if exp else ("this point" if verb == "run" else f"sweep {cfg.sweep.name!r}")
+    lines = [f"{what} cannot run on this machine (nothing was run):", *(f"  - {p}" for p in problems)]
+    if hardware:
+        where = (
+            f"a CUDA GPU of at least {cfg.gpu.memory_cap_gib:g} GiB"
+            if cfg.gpu.memory_cap_gib
+            else _card(cfg.gpu)
+        )
+        lines.append(
+            f"Run it on a machine with {where}" + (f" ({cfg.gpus} of them)." if cfg.gpus > 1 else ".")
+        )
+        runnable = _runnable_gpus(cfg, here)
+        if runnable:
+            lines.append("This machine has the hardware of: " + ", ".join(f"gpu={g}" for g in runnable) + ".")
+    else:
+        lines.append(
+            "Run it on a machine with more memory, or choose smaller models "
+            "(sweep.models=[...]; `python -m harness list model` lists them)."
+        )
+    if verb == "run":
+        lines.append("To try it here on the CPU, on a tiny model:")
+        lines.append("  " + _command(tiny_cpu_point(overrides), "run"))
+    elif cfg.convergence.enabled:
+        lines.append("On a CPU, its run in miniature is: python -m harness sweep +exp=convergence_smoke")
+    else:
+        lines.append("To try it here on the CPU, on a tiny model:")
+        lines.append("  " + _command(tiny_cpu_overrides(cfg, overrides)))
+        lines.append("or run every CPU method on tiny models: python -m harness sweep +exp=smoke")
+    raise ConfigError("\n".join(lines))
 
 
 class Progress:
@@ -362,14 +614,26 @@ def _run_grid(
     pool.shutdown()
 
 
-def _run_capacity(
-    cfg: DictConfig, overrides: list[str], git: dict, path: Path, done: dict, progress: Progress
-) -> None:
+def capacity_groups(cfg: DictConfig, overrides: list[str]) -> list[tuple[dict[str, Any], Point]]:
+    """A capacity search's groups (every axis but the batch size), each with its batch-1 point
+    (composed, so validated), excluded ones left out."""
     axes = _axes(cfg)
     axes.pop("batch_size")
     groups = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
-    groups = [v for v in groups if not excluded(make_point(overrides, batch_size=1, **v).id, cfg)]
-    for values in groups:  # validated above, before running any
+    firsts = [(v, make_point(overrides, batch_size=1, **v)) for v in groups]
+    return [(v, p) for v, p in firsts if not excluded(p.id, cfg)]
+
+
+def _run_capacity(
+    cfg: DictConfig,
+    overrides: list[str],
+    git: dict,
+    path: Path,
+    done: dict,
+    progress: Progress,
+    groups: list[tuple[dict[str, Any], Point]],
+) -> None:
+    for values, _ in groups:  # validated before running any
         tried: dict[int, dict] = {}
 
         def try_batch(b: int, values: dict = values, tried: dict = tried) -> str:
@@ -396,17 +660,31 @@ class SweepRun:
 def execute(overrides: list[str]) -> SweepRun:
     """Run (or resume) the sweep the overrides compose."""
     cfg = compose_config(overrides)
-    points = expand(cfg, overrides) if cfg.sweep.mode == "grid" else None  # validates every point
+    here = env.machine()
+    check_hardware([cfg], overrides, here, models=False)  # the GPU, before composing every point
+    grid = cfg.sweep.mode == "grid"
+    points = expand(cfg, overrides) if grid else None  # validates every point
+    groups = None if grid else capacity_groups(cfg, overrides)
+    check_hardware([p.cfg for p in points] if grid else [p.cfg for _, p in groups], overrides, here)
     _stopping.clear()  # a sweep stopped earlier in this process does not stop this one
-    path = results_path(cfg)
+    hardware = hardware_label(_device_here(cfg.device, here), here["gpu_name"])
+    path = results_path(cfg, hardware)
+    if path.name != f"{cfg.sweep.name}.jsonl":
+        others = ", ".join(foreign_hardware(path.with_name(f"{cfg.sweep.name}.jsonl"), hardware))
+        print(
+            f"{cfg.sweep.name}.jsonl holds points measured on {others}; this machine's ({hardware}) "
+            f"go to {path}",
+            file=sys.stderr,
+        )
     git = env.git_info()
-    done = results.recorded_points(path)
+    # resume only what was measured on this hardware (a point done on another GPU is not done here)
+    done = {k: r for k, r in results.recorded_points(path).items() if record_hardware(r) == hardware}
     progress = Progress(len(points) if points is not None else None, cfg.sweep.name)
     try:
         if points is not None:
             _run_grid(points, git, path, done, progress, cfg.sweep.concurrent_points)
         else:
-            _run_capacity(cfg, overrides, git, path, done, progress)
+            _run_capacity(cfg, overrides, git, path, done, progress, groups)
     finally:
         progress.close()
     return SweepRun(path, progress.records)

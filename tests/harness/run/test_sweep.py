@@ -161,9 +161,14 @@ def test_results_never_record_nan(failure_sweep):
 
 @pytest.mark.parametrize("exp", group_choices("exp"))
 def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
-    """Each experiment's sweep logic end to end on the tiny model, workers replaced (no subprocess)."""
+    """Each experiment's sweep logic end to end on the tiny model, workers replaced (no subprocess),
+    on a machine that has every experiment's hardware (faked: eight H200s)."""
+    from harness.run import env
+
     run, _ = _fake_isolated(oom_above=2)
     monkeypatch.setattr(sweep, "run_isolated", run)
+    machine = {"gpu_name": "NVIDIA H200", "gpu_count": 8, "gpu_memory_gib": 139.8, "host_memory_gib": 2000.0}
+    monkeypatch.setattr(env, "machine", lambda: machine)
     overrides = [f"+exp={exp}", "sweep.models=[tiny-llama]", f"results_dir={tmp_path}"]
     overrides += ["sweep.max_batch_size=4"]
     records = results.read(sweep.run_sweep(overrides))
