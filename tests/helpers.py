@@ -59,18 +59,27 @@ def regression_step(model: nn.Module, batch) -> torch.Tensor:
 
 
 def train_pair(model: nn.Module, rule: str, steps: int, make_batch, loss_fn, forge_kwargs=None, **hparams):
-    """Train a copy of `model` with FORGE and a copy with the torch.optim reference, same batches."""
+    """Train a copy of `model` with FORGE and a copy with the torch.optim reference, same batches.
+
+    Also returns, per parameter of the reference, where its gradient was within rounding of zero at
+    some step (`tests.forge.exactness.near_zero`)."""
+    from tests.forge.exactness import near_zero
+
     a, b = copy.deepcopy(model), copy.deepcopy(model)
     opt_forge = forge.attach(a, rule, **(forge_kwargs or {}), **hparams)
     opt_torch = forge.torch_optimizer(rule, b.parameters(), **hparams)
+    ambiguous = {p: torch.zeros_like(p, dtype=torch.bool) for p in b.parameters()}
     for _ in range(steps):
         batch = make_batch()
         loss_fn(a, batch).backward()
         opt_forge.step()
         opt_torch.zero_grad()
         loss_fn(b, batch).backward()
+        for p in b.parameters():
+            if p.grad is not None:
+                ambiguous[p] |= near_zero(p.grad)
         opt_torch.step()
-    return a, b, opt_forge, opt_torch
+    return a, b, opt_forge, opt_torch, ambiguous
 
 
 # Small but real: GQA (4 heads, 2 kv heads), two layers, SDPA attention, random init.

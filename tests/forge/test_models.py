@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import forge
-from tests.helpers import lm_batch, lm_loss, relative_error, tiny_llama, tiny_qwen3, train_pair
+from tests.forge.exactness import TRANSFORMER_FP32, assert_close_to_update
+from tests.helpers import lm_batch, lm_loss, tiny_llama, tiny_qwen3, train_pair
 
 MODELS = {"llama": tiny_llama, "qwen3-tied": tiny_qwen3}
 
@@ -26,11 +27,15 @@ MODELS = {"llama": tiny_llama, "qwen3-tied": tiny_qwen3}
 @pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
 def test_tiny_model_matches_torch_optim(build, rule, hparams):
     model = build()
-    a, b, opt_f, _ = train_pair(model, rule, 5, lm_batch, lm_loss, dict(state_dtype="fp32"), **hparams)
+    a, b, opt_f, _, near_zero_grad = train_pair(
+        model, rule, 5, lm_batch, lm_loss, dict(state_dtype="fp32"), **hparams
+    )
     fused = [n for n, m in a.named_modules() if type(m).__name__ == "ForgeLinear"]
     assert len(fused) == 2 * 7 + (0 if a.config.tie_word_embeddings else 1)
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        assert relative_error(pa, pb) <= 1e-5, f"{name} differs after 5 steps"
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), model.parameters()):
+        # A weight first seen with a gradient within rounding of zero (up to 12 of an embedding's
+        # 6144 here) steps by ~lr either way: `near_zero_grad` leaves such elements out.
+        assert_close_to_update(pa, pb, p0, TRANSFORMER_FP32, f"{name} after 5 steps", near_zero_grad[pb])
         assert opt_f.state[pa]["step"] == 5, f"{name} was not updated every step"
 
 

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 import forge
-from tests.helpers import mlp, regression_batches, regression_step, relative_error
+from tests.forge.exactness import FUSED_FP32, assert_close_to_update
+from tests.helpers import mlp, regression_batches, regression_step
 
 
 def test_lr_scheduler_takes_effect():
@@ -27,8 +28,8 @@ def test_lr_scheduler_takes_effect():
         opt_t.step()
         sched_t.step()
     assert opt_f.param_groups[0]["lr"] == pytest.approx(opt_t.param_groups[0]["lr"])
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert relative_error(pa, pb) <= 1e-5
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), base.parameters()):
+        assert_close_to_update(pa, pb, p0, FUSED_FP32, name)
 
 
 @pytest.mark.parametrize("state_dtype,int8_group", [("fp32", 64), ("bf16", 64), ("int8", 64), ("int8", 128)])
@@ -103,8 +104,8 @@ def test_param_groups_per_group_options():
         opt_t.zero_grad()
         regression_step(b, batch)
         opt_t.step()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert relative_error(pa, pb) <= 1e-5
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), base.parameters()):
+        assert_close_to_update(pa, pb, p0, FUSED_FP32, name)
 
 
 def test_step_and_zero_grad_are_harmless():
