@@ -140,7 +140,7 @@ for step in "$@"; do
     if [ "$(echo $overrides)" = tests ]; then
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$log"
       tests_log=$(mktemp)
-      timeout -k 10 "$left" python3 -m pytest -m gpu tests -q -p no:cacheprovider >"$tests_log" 2>&1 &
+      timeout -k 10 "$left" python3 -m pytest -o addopts="-ra --strict-markers" -m gpu tests -q -p no:cacheprovider >"$tests_log" 2>&1 &
     else
       # shellcheck disable=SC2086  # word splitting is the point: one override per word
       timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &

@@ -1,6 +1,6 @@
 """GPU-only checks (skipped without CUDA): bf16 exactness at Llama-like shapes, and memory.
 
-Run on the device: `pytest tests/forge/test_gpu.py -q`.
+Run on the device: `pytest -o addopts="" tests/forge/test_gpu.py -q` (one process: the image has no pytest-xdist).
 """
 
 import math

@@ -21,7 +21,7 @@ rounding of zero, either side may flip its sign and move that weight by ~2 lr, w
 data, not FORGE. Weights whose gradient at any step is that close to zero (below 1e-4 of the
 gradient's RMS: a few thousand of 16.8 million) are left out of the distances.
 
-Run on the device: `pytest tests/forge/test_gpu_exactness.py -q`.
+Run on the device: `pytest -o addopts="" tests/forge/test_gpu_exactness.py -q` (one process: the image has no pytest-xdist).
 """
 
 import importlib
