@@ -1,6 +1,7 @@
 """GPU-only checks (skipped without CUDA): bf16 exactness at Llama-like shapes, and memory.
 
-Run on the device: `pytest -o addopts="" tests/forge/test_gpu.py -q` (one process: the image has no pytest-xdist).
+Run on the device, in one process (its image has no pytest-xdist):
+`pytest -o addopts="" tests/forge/test_gpu.py -q`.
 """
 
 import math

@@ -21,7 +21,8 @@ rounding of zero, either side may flip its sign and move that weight by ~2 lr, w
 data, not FORGE. Weights whose gradient at any step is that close to zero (below 1e-4 of the
 gradient's RMS: a few thousand of 16.8 million) are left out of the distances.
 
-Run on the device: `pytest -o addopts="" tests/forge/test_gpu_exactness.py -q` (one process: the image has no pytest-xdist).
+Run on the device, in one process (its image has no pytest-xdist):
+`pytest -o addopts="" tests/forge/test_gpu_exactness.py -q`.
 """
 
 import importlib

@@ -1,7 +1,8 @@
 """GPU-only checks of `method.cuda_graph` (skipped without CUDA): a step captured once and replayed
 trains exactly as the same method's eager steps do, through the harness.
 
-Run on the device: `pytest -o addopts="" tests/forge/test_gpu_graphs.py -q` (one process: the image has no pytest-xdist).
+Run on the device, in one process (its image has no pytest-xdist):
+`pytest -o addopts="" tests/forge/test_gpu_graphs.py -q`.
 
 A tiny transformers Llama, built as `harness.run.models` builds every model (bf16, on the GPU), trained
 by the harness's methods with the graph on and off from the same seed and batches. The first
