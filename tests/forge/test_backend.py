@@ -78,6 +78,32 @@ def test_forge_trains_on_the_cpu_after_triton_was_imported_first():
 
 
 @ON_CPU
+def test_a_transformers_model_trains_on_the_cpu_when_transformers_was_imported_first():
+    """The usual import order of a training script: transformers (which imports Triton) before
+    forge, then a tiny Llama trained through forge.attach; its loss must fall."""
+    _python(
+        """
+        from transformers import LlamaConfig, LlamaForCausalLM  # first, with TRITON_INTERPRET unset
+        import torch
+        import forge
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+        model = LlamaForCausalLM(cfg)
+        opt = forge.attach(model, "adamw", lr=1e-2, state_dtype="fp32")
+        ids = torch.randint(0, 64, (2, 16))
+        losses = []
+        for _ in range(3):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses.append(float(loss))
+        assert losses[-1] < losses[0], losses
+        """,
+    )
+
+
+@ON_CPU
 def test_an_explicit_setting_wins():
     """TRITON_INTERPRET=0 asks for compiled kernels (an offline build on a CPU machine): forge keeps
     it, and refuses CPU parameters with what to do instead of failing inside Triton."""
