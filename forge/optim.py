@@ -45,7 +45,7 @@ States per parameter, named as torch.optim names them (`exp_avg`, `exp_avg_sq`, 
 `square_avg`, `grad_avg`, `sum`), are allocated when the optimizer is built, in `state_dtype`:
 fp32, bf16, or int8 codes plus `<name>_absmax` scales (one per `int8_group` elements along the
 last dim: 64 by default, or 128 for half the scales' memory at ~20% more quantization error,
-docs/design.md).
+docs/how-forge-works.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ GEMM epilogue). There are no table lookups here, only arithmetic:
   in uint8, and a non-zero state never rounds to code 0. Linear codes for v put most small entries
   at zero, and a zero second moment turns Adam's step into m / eps, a blow-up.
 
-The choice was made by measurement (docs/design.md, "int8 states"): against fp32 states, AdamW's per-step update error was 3.7% for this scheme
+The choice was made by measurement (docs/how-forge-works.md, "int8 states"): against fp32 states, AdamW's per-step update error was 3.7% for this scheme
 when gradient scales vary mildly, and linear codes for v diverged (error of 1700%).
 
 The PyTorch functions at the bottom are the same arithmetic, for tests and for tensors that are
