@@ -41,17 +41,20 @@ REFERENCE_METHOD = "fused_adamw"
 
 # Options a method gained after some of its records were written, with the value every older
 # record ran at (FORGE's int8 scales came in groups of 64 before `int8_group` existed, and its
-# updates ran on the backward's own stream before `update_stream`). A record
+# updates ran on the backward's own stream before `update_stream`, and undelayed before the
+# `debug_delay_us` switch of a deliberate slowdown). A record
 # that lacks one is keyed as if it had it, so an old point and a new one of the same
 # configuration are the same point (the latest wins) rather than two rows of one method.
-OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64, "update_stream": False}}
+OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64, "update_stream": False, "debug_delay_us": 0.0}}
 
 # Methods recorded under another name before they got their registry name: keyed as the new one.
 METHOD_ALIASES = {"harness.methods.torch_rule:TorchRule": "torch_rule"}
 
 METHOD_ORDER = (
     "fused_adamw",
+    "fused_adamw_fp32grad",
     "adamw_in_backward",
+    "adamw_in_backward_fp32grad",
     "flashoptim",
     "adamw8bit_bnb",
     "adamw8bit_torchao",
@@ -62,7 +65,9 @@ METHOD_ORDER = (
 
 METHOD_NAMES = {
     "fused_adamw": "fused AdamW",
+    "fused_adamw_fp32grad": "fused AdamW, fp32 gradients",
     "adamw_in_backward": "AdamW in backward",
+    "adamw_in_backward_fp32grad": "AdamW in backward, fp32 gradients",
     "flashoptim": "FlashOptim",
     "adamw8bit_bnb": "bnb AdamW8bit",
     "adamw8bit_torchao": "torchao AdamW8bit",

@@ -72,7 +72,9 @@ def footprint(method: str, options: Any = None, master_weights: Any = None) -> F
     adam_state = _state_bytes(str(opts.get("state_dtype") or ("fp32" if w == 4.0 else "bf16")))
     builders = {
         "fused_adamw": lambda: _separate(w, w, 2 * adam_state),
+        "fused_adamw_fp32grad": lambda: _separate(w, 4.0, 2 * _state_bytes("bf16")),
         "adamw_in_backward": lambda: Footprint(w, 0.0, 2 * adam_state, 4.0 + 2 * w + 4 * adam_state),
+        "adamw_in_backward_fp32grad": lambda: Footprint(w, 0.0, 4.0, 8.0 + 2 * w + 8.0),
         "adamw8bit_bnb": lambda: _separate(w, 2.0, 2 * _state_bytes("int8", 256)),
         "adamw8bit_torchao": lambda: _separate(w, 2.0, 2 * _state_bytes("int8", 256)),
         "flashoptim": lambda: _flashoptim(opts),

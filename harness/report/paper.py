@@ -10,19 +10,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# T1: Llama-3.1-8B on one H200 (batch 1, seq 1024 in our reproduction).
+# T1: Llama-3.1-8B on one H200 (batch 1, seq 1024 in our reproduction). The paper's fused AdamW
+# keeps fp32 weight gradients (10 bytes a parameter: 74.8 GiB): our `fused_adamw_fp32grad`; the
+# figure also stands beside `fused_adamw` (bf16 gradients), the baseline of every ratio.
 T1 = {
     ("llama3.1-8b", 1, 1024, "fused_adamw"): "~75 GiB, 150.9 ms",
+    ("llama3.1-8b", 1, 1024, "fused_adamw_fp32grad"): "~75 GiB, 150.9 ms",
     ("llama3.1-8b", 1, 1024, "forge"): "35.4 GiB, 99.1 ms",
 }
 T1_NOTE = (
     "Paper: Llama-3.1-8B on an H200, fused AdamW about 75 GiB and 150.9 ms, FORGE 35.4 GiB and "
-    "99.1 ms (1.52x, 53% less memory); it does not name FORGE's state dtype."
+    "99.1 ms (1.52x, 53% less memory); it does not name FORGE's state dtype. Its fused AdamW keeps "
+    "fp32 weight gradients (10 bytes a parameter), as fused_adamw_fp32grad does; fused_adamw keeps "
+    "bf16 gradients (8)."
 )
 
 # T2: the Qwen3 family on one H200.
 T2 = {
     ("qwen3-14b", "fused_adamw"): "OOM",
+    ("qwen3-14b", "fused_adamw_fp32grad"): "OOM",
     ("qwen3-14b", "forge"): "63.2 GiB",
 }
 T2_NOTE = (
@@ -63,6 +69,26 @@ T5_NOTE = (
 CONVERGENCE_NOTE = (
     "Paper: FORGE tracks fused AdamW within 0.001 nats (mean deviation) in bf16 with stochastic "
     "rounding and with int8 states; equal in fp32 up to summation order."
+)
+
+
+# The paper's claims, each beside our measurement (reports/tables/paper_comparison.md): its
+# figures, and the targets a reproduction must meet. The paper's baseline is fused AdamW on fp32
+# weight gradients (bf16 weights and states: 10 bytes a parameter); ours keeps bf16 gradients.
+LLAMA_PEAK_GIB = (75.0, 35.4)  # fused AdamW (about), FORGE
+LLAMA_STEP_MS = (150.9, 99.1)  # 1.52x
+QWEN14B_FORGE_GIB = 63.2  # fused AdamW: OOM
+QWEN_PEAK_CUT = (0.38, 0.53)  # FORGE's peak memory cut over Qwen3-0.6B to 14B
+TARGET_PEAK_RATIO = 0.50  # Llama-3.1-8B FORGE int8 peak / the fp32-gradient baseline's, at most
+TARGET_STEP_RATIO = 0.70  # Llama-3.1-8B FORGE int8 graphed step / the baseline's graphed step, at most
+TARGET_QWEN14B_GIB = 64.0  # Qwen3-14B FORGE int8 peak, at most (the baseline must be OOM)
+COMPARISON_NOTE = (
+    "The paper's setting: its fused AdamW keeps bf16 weights, fp32 weight gradients and bf16 states "
+    "(10 bytes a parameter: Llama-3.1-8B 74.8 GiB, Qwen3-14B 137.5 GiB before activations), "
+    "measured here as fused_adamw_fp32grad (the wgrad GEMM writes fp32 main_grad buffers, as "
+    "Megatron does). Ours: torch's fused AdamW on bf16 gradients (8 bytes a parameter). The paper "
+    "does not name FORGE's state dtype; the targets are for int8 states. Ratios are FORGE over the "
+    "baseline, measured in one sweep."
 )
 
 

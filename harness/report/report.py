@@ -4,7 +4,7 @@ The procedure:
 1. read every results file under RESULTS (default: the committed results under results/: not
    results/baselines/, which holds the regression baseline, nor the scratch folders the harness
    marks as uncommitted, such as results/smoke/);
-2. build the sections (`readme.Section`): their tables (`tables`, `kernel_table`,
+2. build the sections (`readme.Section`): their tables (`paper_table`, `tables`, `kernel_table`,
    `convergence_table`), each a `Selection` of a table and the records behind it, and plots;
 3. write each table as Markdown and LaTeX (booktabs) under reports/tables/, the plots as PNG
    under reports/plots/, and reports/README.md (`readme`), which opens every table with its
@@ -35,6 +35,7 @@ from harness.report import plots, preambles
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.kernel_table import SHAPE_ORDER, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
+from harness.report.paper_table import paper_comparison
 from harness.report.readme import Section, render
 from harness.report.tables import (
     Selection,
@@ -59,6 +60,7 @@ DEFAULT_OUT = "reports"
 def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path) -> list[Section]:
     """Every section of the report, with tables built and plots drawn into out/plots."""
     sections = [
+        _paper_section(paper_comparison(steps)),
         _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
         _step_section("t2", "T2: scaling over Qwen3 sizes", "qwen3_scaling_h200", t2_scaling(steps), out),
         _capacity_section(t3_capacity(steps), preambles.model_sizes(steps), out),
@@ -86,6 +88,15 @@ def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, ou
         section.plots = _per_point_plots(anchor, sel.records, out)
     elif anchor == "t2":
         section.plots = _scaling_plots(sel.records, out)
+    return section
+
+
+def _paper_section(sel: Selection | None) -> Section:
+    """The paper's claims beside ours; without results/paper_h200.jsonl, the line saying how to make it."""
+    section = Section("paper", "The paper's claims in its own setting", _hint("paper_h200"))
+    if sel is not None:
+        section.selections = [sel]
+        section.preamble = preambles.step_preamble(sel.records)
     return section
 
 

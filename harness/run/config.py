@@ -58,6 +58,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     path: str | None = None  # a local checkpoint directory: load its weights instead of random init
+    # true: the causal-LM loss in chunks of tokens, never the whole logits in fp32
+    # (harness.run.chunked_loss); the same for every method
+    chunked_loss: bool = False
 
 
 @dataclass

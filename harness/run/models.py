@@ -5,7 +5,8 @@ variants for CPU tests); `build` makes the transformers config from them and ins
 model directly on the target device in the target dtype, so an 8B model never passes through
 host memory and nothing is downloaded. A `path` loads real weights from a local checkpoint
 instead. Attention is SDPA. Activation checkpointing uses transformers' non-reentrant checkpoint
-around each decoder layer.
+around each decoder layer. `chunked_loss: true` swaps transformers' loss for the chunked one of
+`harness.run.chunked_loss`.
 
 Batches are random token ids, the same batch every step: a benchmark measures speed and memory,
 and a fixed batch makes "the loss fell" a reliable check that the method trained at all.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
 
+from harness.run import chunked_loss
 from harness.run.config import ModelConfig
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -59,6 +61,8 @@ def build(
             )
     if activation_checkpointing:
         enable_activation_checkpointing(model)
+    if cfg.chunked_loss:
+        chunked_loss.install(model)
     model.config.use_cache = False
     _shard_if_distributed(model, device)
     return model.train()

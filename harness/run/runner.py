@@ -23,8 +23,8 @@ import torch
 from omegaconf import DictConfig
 
 from harness import results
+from harness.run import chunked_loss, env, measure, methods, models
 from harness.run import config as config_mod
-from harness.run import env, measure, methods, models
 from harness.run.measure import GIB, gib
 
 # Dense bf16 tensor-core peaks (TFLOP/s) for MFU, by a substring of the GPU's name.
@@ -85,6 +85,9 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         r["method_options"]["autocast"] = cfg.method.autocast
     if cfg.method.cuda_graph:  # the same method, its step captured once and replayed: recorded only when on
         r["method_options"]["cuda_graph"] = True
+    r["chunked_loss"] = bool(cfg.model.chunked_loss)
+    if cfg.model.chunked_loss:  # another loss, so another configuration: recorded only when on
+        r["method_options"]["chunked_loss"] = True
     if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
         r["method_options"]["weights"] = r["dtype"]
         r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
@@ -181,6 +184,8 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         "_trains": method.trains,
         "_flops_per_token": models.flops_per_token(model, cfg.model, cfg.seq_len),
     }
+    if cfg.model.chunked_loss:
+        out["notes"].append(chunked_loss.memory_note(cfg.model.vocab_size, cfg.batch_size * cfg.seq_len))
     out.update(measure.time_stats(out["step_times_ms"]))
     out.update(
         measure.breakdown(

@@ -72,6 +72,7 @@ class Point:
 def point_id(cfg: DictConfig) -> str:
     """A stable id from what defines the point (the resume key)."""
     ac = "/ac" if cfg.activation_checkpointing else ""
+    ac += "/chunked" if cfg.model.chunked_loss else ""  # another loss: another point, not a resume
     tp = f"/tp{cfg.gpus}" if cfg.gpus > 1 else ""
     seed = f"/seed{cfg.seed}" if cfg.seed else ""  # the default seed 0 keeps the ids of old results
     shape = f"b{cfg.batch_size}/s{cfg.seq_len}"

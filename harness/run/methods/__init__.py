@@ -21,6 +21,8 @@ from harness.run.methods.base import Method
 
 REGISTRY = {
     "fused_adamw": "harness.run.methods.fused_adamw:FusedAdamW",
+    "fused_adamw_fp32grad": "harness.run.methods.fp32grad:FusedAdamWFp32Grad",
+    "adamw_in_backward_fp32grad": "harness.run.methods.fp32grad:AdamWInBackwardFp32Grad",
     "adamw_in_backward": "harness.run.methods.adamw_in_backward:AdamWInBackward",
     "no_optimizer": "harness.run.methods.no_optimizer:NoOptimizer",
     "lomo": "harness.run.methods.lomo:LomoMethod",
@@ -33,6 +35,10 @@ REGISTRY = {
 
 SUMMARIES = {
     "fused_adamw": "torch.optim.AdamW(fused=True): the reference every ratio is taken against",
+    "fused_adamw_fp32grad": "AdamW from fp32 main_grad buffers the wgrad GEMM writes (bf16 weights "
+    "and states, 10 B/param): the paper's Megatron-style baseline",
+    "adamw_in_backward_fp32grad": "the same AdamW from fp32 wgrad GEMM gradients, stepped inside "
+    "backward, one fp32 gradient alive at a time",
     "adamw_in_backward": "torch's post-accumulate-grad hook pattern, one AdamW per parameter",
     "no_optimizer": "forward + backward, gradients dropped as they appear: the floor",
     "lomo": "lomo-optim's Lomo (SGD) or AdaLomo, the update fused into backward hooks",

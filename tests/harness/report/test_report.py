@@ -171,7 +171,7 @@ def test_default_input_skips_scratch_runs_and_prunes_stale_files(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert report.main([]) == 0
     text = (tmp_path / "reports" / "README.md").read_text()
-    assert text.count("No results yet.") == 7  # T1-T6 and convergence
+    assert text.count("No results yet.") == 8  # the paper's claims, T1-T6 and convergence
     assert not stale.exists()
 
 

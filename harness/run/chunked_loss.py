@@ -1,0 +1,106 @@
+"""The causal-LM cross-entropy in chunks of tokens, so the logits are never whole in fp32.
+
+transformers' causal-LM loss (`ForCausalLMLoss`) upcasts the whole logits tensor to fp32, and
+cross-entropy's log-softmax keeps another fp32 copy for the backward, which makes two more: for
+Llama-3.1-8B at 1024 tokens each copy is 1024 x 128,256 x 4 bytes = 0.49 GiB. `causal_lm_loss`
+computes the same loss (same shift, same ignore_index, same mean) chunk by chunk: the forward keeps
+only each token's log-sum-exp (fp32, 4 bytes a token), and the backward recomputes each chunk's
+softmax in fp32 and writes that chunk of the gradient in the logits' own dtype. Beside the logits and
+their gradient (bf16, as before), one chunk's fp32 rows are alive at a time: `chunk_rows` tokens,
+CHUNK_ELEMENTS (2^24, 64 MiB) elements by default, 130 tokens of Llama-3.1-8B's vocabulary.
+
+What is not chunked: the lm_head GEMM. The logits still come from the model's own lm_head module, in
+one call, so every method updates the lm_head weight its own way: FORGE fuses the update into that
+module's dW GEMM, which needs the whole gradient of the logits at once, and the fp32-gradient
+baseline writes its main_grad there. A fused linear cross-entropy (Liger-Kernel's
+`LigerFusedLinearCrossEntropyLoss`, which runs under Triton's CPU interpreter too) computes dW inside
+its own forward, from the weight it is handed: FORGE's lm_head would never be updated.
+
+    install(model)            # model.loss_function = causal_lm_loss: every forward with labels uses it
+
+Under a CUDA graph: the chunks are fixed slices and nothing reads a value back to the host (the count
+of tokens stays on the device), so a captured step replays it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_ELEMENTS = 2**24  # fp32 elements of one chunk: 64 MiB
+
+
+def chunk_rows(vocab_size: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
+    """Tokens per chunk: as many rows of the vocabulary as fit in `chunk_elements`."""
+    return max(1, chunk_elements // vocab_size)
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of logits (N, V) against targets (N,), one chunk of rows at a time."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, rows: int):
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[0], rows):
+            lse[start : start + rows] = torch.logsumexp(logits[start : start + rows].float(), dim=-1)
+        valid = targets != ignore_index
+        safe = torch.where(valid, targets, 0)
+        picked = logits.gather(1, safe[:, None]).squeeze(1).float()
+        ctx.save_for_backward(logits, safe, valid, lse)
+        ctx.rows = rows
+        return ((lse - picked) * valid).sum()
+
+    @staticmethod
+    def backward(ctx, grad_sum: torch.Tensor):
+        logits, safe, valid, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        scale = valid * grad_sum  # 0 for ignored tokens
+        for start in range(0, logits.shape[0], ctx.rows):
+            rows = slice(start, start + ctx.rows)
+            probs = torch.exp(logits[rows].float() - lse[rows, None])  # softmax, fp32
+            probs.scatter_add_(1, safe[rows, None], torch.full_like(probs[:, :1], -1.0))
+            grad[rows] = probs.mul_(scale[rows, None])
+        return grad, None, None, None
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    **kwargs,
+) -> torch.Tensor:
+    """transformers' `ForCausalLMLoss` (same arguments, same value), computed in chunks."""
+    if shift_labels is None:  # tokens < n predict n; the last position predicts nothing
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    logits = logits.reshape(-1, vocab_size)
+    targets = shift_labels.reshape(-1).to(logits.device)
+    rows = chunk_rows(vocab_size, chunk_elements)
+    total = ChunkedCrossEntropy.apply(logits, targets, ignore_index, rows)
+    if num_items_in_batch is None:
+        return total / (targets != ignore_index).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def install(model: torch.nn.Module, chunk_elements: int = CHUNK_ELEMENTS) -> None:
+    """Make a transformers causal LM compute its loss with `causal_lm_loss`."""
+    model.loss_function = functools.partial(causal_lm_loss, chunk_elements=chunk_elements)
+
+
+def memory_note(vocab_size: int, tokens: int) -> str:
+    """What a point's notes say about the chunked loss's memory."""
+    rows = chunk_rows(vocab_size)
+    chunk_gib = min(rows, tokens) * vocab_size * 4 / 2**30
+    whole_gib = tokens * vocab_size * 4 / 2**30
+    return (
+        f"model.chunked_loss: cross-entropy in chunks of {rows} tokens ({chunk_gib:.3f} GiB of fp32 "
+        f"logits each) instead of transformers' whole fp32 copies ({whole_gib:.3f} GiB each)"
+    )
