@@ -11,6 +11,20 @@ threshold alone.
 
 Percentiles use linear interpolation between order statistics (numpy's default), so the same
 samples always give the same figures.
+
+Comparing two runs (`relative_change`, the regression check's estimate). Runs on one machine drift
+as a whole (clocks, a neighbour, the host), so a point is judged by its time as a ratio to a
+reference measured in the same run, and the change of that ratio between two runs is
+
+    effect = (median(current) / median(current_ref)) / (median(baseline) / median(baseline_ref)) - 1
+
+(0.05: the point got 5% slower than its reference). How sure we are of it comes from a percentile
+bootstrap: each of the four sample sets is resampled with replacement, the effect recomputed,
+`BOOTSTRAP_RESAMPLES` times, and the middle `CONFIDENCE` of those effects is the interval. The
+resamples come from a generator seeded with `BOOTSTRAP_SEED`, so the same samples always give the
+same interval. Medians, not means: a step that waited on a neighbour once moves a mean, rarely a
+median. The interval covers the sampling noise of one run, not the drift between runs of identical
+code: that is the regression check's noise band.
 """
 
 from __future__ import annotations
@@ -65,3 +79,46 @@ def step_stats(record: Mapping[str, Any]) -> StepStats | None:
         return None
     optional = lambda name: None if missing(record.get(name)) else float(record[name])
     return StepStats(float(median), optional("step_time_ms_min"), None, None, optional("step_time_ms_p90"), 0)
+
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A relative change of a time and its confidence interval (0.05: 5% slower)."""
+
+    estimate: float
+    low: float
+    high: float
+
+
+def relative_change(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    baseline_ref: Sequence[float] | None = None,
+    current_ref: Sequence[float] | None = None,
+) -> Effect:
+    """The change of median(current) / median(current_ref) over the same ratio in the baseline
+    (no references: of the medians themselves), with its bootstrap interval (module docstring).
+    The interval always contains the estimate (a percentile interval of a few discrete medians
+    can miss it by a hair)."""
+    sets = [baseline, baseline_ref, current, current_ref]
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    point, boot = [], []
+    for values in sets:
+        if values is None:
+            point.append(1.0)
+            boot.append(np.ones(BOOTSTRAP_RESAMPLES))
+            continue
+        array = np.asarray(values, dtype=np.float64)
+        picks = rng.integers(0, len(array), size=(BOOTSTRAP_RESAMPLES, len(array)))
+        point.append(float(np.median(array)))
+        boot.append(np.median(array[picks], axis=1))
+    estimate = (point[2] / point[3]) / (point[0] / point[1]) - 1
+    effects = (boot[2] / boot[3]) / (boot[0] / boot[1]) - 1
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(effects, [tail, 100 - tail])
+    return Effect(float(estimate), min(float(low), estimate), max(float(high), estimate))

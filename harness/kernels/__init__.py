@@ -2,6 +2,8 @@
 
     bench             the fused kernel against the GEMM + fused AdamW it replaces, per linear shape
                       and token count (`python -m harness kernels`); `--tune` times launch configs
+    regress_suite     the regression check's kernel suite: a few shapes, per-repeat samples
+                      (`python -m harness kernels --regress --output FILE`)
     build             the kernels compiled for Hopper on any machine, with their registers, spills
                       and shared memory (`python -m harness.kernels.build`; CPU)
     tuning            which launch config wins where, from the records of `--tune` (CPU)

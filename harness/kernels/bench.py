@@ -3,6 +3,7 @@
     python -m harness kernels                       # every shape and T, records to results/kernels/
     python -m harness kernels --quick               # a few points, to try a change
     python -m harness kernels --tune                # time candidate launch configs (offline tuning)
+    python -m harness kernels --regress --output F  # the regression check's kernel suite (regress_suite)
 
 For each linear shape of Llama-3.1-8B and Qwen3-14B (q, k, v, o, gate, up, down, lm_head) and each
 token count T, side by side in one process on one GPU, timed with
@@ -44,6 +45,7 @@ from pathlib import Path
 import torch
 
 from harness import results
+from harness.kernels import regress_suite
 from harness.run import env
 
 LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
@@ -142,10 +144,18 @@ def time_baselines(dy, x, N, K) -> tuple[float, float]:
 
 
 def time_graphed_baseline(dy, x, N, K) -> float:
-    """(b) captured once in a CUDA graph and replayed: the GEMM into a fixed .grad, then one
-    capturable fused AdamW step (warmed up on a side stream first, as graph capture asks)."""
+    """(b) captured once in a CUDA graph and replayed (`capture_graphed_baseline`)."""
     from triton.testing import do_bench
 
+    graph, p = capture_graphed_baseline(dy, x, N, K)
+    ms = do_bench(graph.replay, return_mode="median")
+    assert torch.isfinite(p).all(), "weights became non-finite during timing"
+    return ms
+
+
+def capture_graphed_baseline(dy, x, N, K) -> tuple[torch.cuda.CUDAGraph, torch.nn.Parameter]:
+    """(b) captured in a CUDA graph: the GEMM into a fixed .grad, then one capturable fused AdamW
+    step (warmed up on a side stream first, as graph capture asks). Returns (graph, weight)."""
     p, opt = _baseline_weight(N, K, capturable=True)
     p.grad = torch.empty_like(p)
 
@@ -162,9 +172,8 @@ def time_graphed_baseline(dy, x, N, K) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    ms = do_bench(graph.replay, return_mode="median")
-    assert torch.isfinite(p).all(), "weights became non-finite during timing"
-    return ms
+    graph.keepalive = (opt, step)  # the optimizer's states and .grad live as long as the graph
+    return graph, p
 
 
 def _record(base: dict, **fields) -> dict:
@@ -315,7 +324,15 @@ EXAMPLES = """examples (on a CUDA GPU):
   python -m harness kernels --quick                            # Llama q, gate, down at T = 2048, 8192
   python -m harness kernels --models qwen3-14b --tokens 1024 4096
   python -m harness kernels --tune --groups pointers --state-dtypes bf16
+  python -m harness kernels --regress --output ci-results/kernels_h200.jsonl
+  python -m harness kernels --regress --output slow.jsonl --debug-slowdown 6%
 """
+
+
+def _fraction(text: str) -> float:
+    """'6%' or '0.06' -> 0.06."""
+    value = float(text.strip().rstrip("%"))
+    return value / 100 if text.strip().endswith("%") else value
 
 
 def main(argv: list[str]) -> int:
@@ -352,7 +369,28 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument(
+        "--regress",
+        action="store_true",
+        help="the regression check's kernel suite (harness.kernels.regress_suite), about a minute",
+    )
+    parser.add_argument("--output", type=Path, help="with --regress: the JSONL file to write (a new one)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=regress_suite.REPEATS,
+        help=f"with --regress: timed rounds per point (default {regress_suite.REPEATS})",
+    )
+    parser.add_argument(
+        "--debug-slowdown",
+        type=_fraction,
+        help="with --regress: make every fused kernel this much slower on purpose, e.g. 6%%",
+    )
     args = parser.parse_args(argv)
+    if args.regress and (args.output is None or args.output.exists()):
+        why = "needs --output FILE" if args.output is None else f"would not overwrite {args.output}"
+        print(f"python -m harness kernels --regress {why}: name a new file for its records")
+        return 2
     if not torch.cuda.is_available():
         print(
             "python -m harness kernels needs a CUDA GPU: it times kernels (the CPU interpreter is for tests)"
@@ -368,6 +406,10 @@ def main(argv: list[str]) -> int:
         method="kernel",
     )
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{(git.get('git_commit') or 'nogit')[:7]}"
+    if args.regress:
+        failed = regress_suite.run(args.output, meta, args.repeats, args.debug_slowdown)
+        print(f"results: {args.output} ({failed} points failed)")
+        return 0
     if args.tune:
         name = "-".join(args.groups or ["all"])
         out = Path(args.out or "results/tuning") / f"tuning-{name}-{stamp}.jsonl"

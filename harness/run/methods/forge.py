@@ -13,6 +13,12 @@ Under `method.cuda_graph` (harness.run.graphs) FORGE is attached `capturable=Tru
 read each step's coefficients and seed from a row of device memory, and `before_replay` calls
 `opt.prepare_replay()`, which advances the step of every parameter the graph updates and uploads
 their rows, before each replay.
+
+`debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
+microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
+times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
+known size (`python -m harness regress` matches such a point with its twin run without it); never
+use it for a figure meant to be quoted.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ class ForgeOptions:
     int8_group: int = 64
     update_stream: bool = False  # fused updates on a second CUDA stream (forge.streams)
     hparams: dict[str, Any] = field(default_factory=dict)
+    debug_delay_us: float = 0.0  # a deliberate slowdown: the GPU spins this long after each update
 
     def __post_init__(self) -> None:
         check_choice("rule", self.rule, RULES)
         check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
         check_choice("int8_group", self.int8_group, INT8_GROUPS)
+        if self.debug_delay_us < 0:
+            raise ValueError(f"debug_delay_us={self.debug_delay_us} is not valid: a delay is >= 0")
 
 
 class Forge(Method):
@@ -51,6 +60,12 @@ class Forge(Method):
     triton_kernels = True
     Options = ForgeOptions
     requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
+
+    @classmethod
+    def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
+        if options is not None and options.debug_delay_us and device != "cuda":
+            return "debug_delay_us spins a CUDA GPU (torch.cuda._sleep); set it to 0 off the GPU"
+        return super().unavailable_reason(device, options)
 
     def setup(self) -> None:
         import forge
@@ -69,6 +84,21 @@ class Forge(Method):
             update_stream=o.update_stream,
             **hparams,
         )
+        if o.debug_delay_us:
+            self._slow_down(o.debug_delay_us)
+
+    def _slow_down(self, us: float) -> None:
+        """Spin the GPU `us` microseconds after each fused update (the `debug_delay_us` option)."""
+        from harness.slowdown import Delay
+
+        delay, fused = Delay(us), self.opt.update_linear
+
+        def update_then_wait(weight, dy, x, *, config=None):
+            fused(weight, dy, x, config=config)
+            delay()
+
+        self.opt.update_linear = update_then_wait  # what every ForgeLinear's backward calls
+        self.notes.append(f"debug_delay_us: the GPU waited {us:g} us after each fused update, on purpose")
 
     def before_replay(self) -> None:
         self.opt.prepare_replay()
