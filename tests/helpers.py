@@ -82,11 +82,13 @@ def train_pair(model: nn.Module, rule: str, steps: int, make_batch, loss_fn, for
     return a, b, opt_forge, opt_torch, ambiguous
 
 
-# Small but real: GQA (4 heads, 2 kv heads), two layers, SDPA attention, random init.
+# Small but real: GQA (4 heads, 2 kv heads), SDPA attention, random init. One decoder layer holds
+# every kind of parameter and of gradient path (the attention's and the MLP's dx through fused
+# linears into a norm, the embeddings below them).
 _TINY = dict(
     hidden_size=64,
     intermediate_size=96,
-    num_hidden_layers=2,
+    num_hidden_layers=1,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=64,

@@ -1,7 +1,7 @@
 """Convergence runs: train on real text, phase after phase, and record every step's loss.
 
     python -m harness sweep +exp=convergence         # pretraining, then continued pretraining
-    python -m harness sweep +exp=convergence_smoke   # the same on a CPU, tiny, in about 2 minutes
+    python -m harness sweep +exp=convergence_smoke   # the same on a CPU, tiny, in about a minute
 
 The step-time runner (`harness.run.runner`) repeats one random batch, which tells whether a method
 trains at all but not whether it trains *the same* as the reference. Here a point trains its

@@ -16,9 +16,10 @@ import torch
 # carried into the step; worst measured 2.5e-6 (a LayerNorm weight of 1 moved by 3e-2: an fp32 ulp
 # of the weight is 4e-6 of its step).
 FUSED_FP32 = 1e-5
-# Tiny transformers (test_models.py, test_distributed.py): the same GEMM order through 2 layers, and
-# RMSNorm weights of 1 that move by only ~lr * steps = 3e-3, so one fp32 ulp of the weight is 2-4e-5 of
-# that element's step; worst measured 1.25e-5 (an RMSNorm weight).
+# Tiny transformers (test_models.py, test_distributed.py): the same GEMM order through a decoder
+# layer, and RMSNorm weights of 1 that move by only ~lr * steps = 3e-3, so one fp32 ulp of the weight
+# is 2-4e-5 of that element's step; worst measured 1.25e-5 (an RMSNorm weight, with two layers), 5e-7
+# with the one of `tests.helpers`.
 TRANSFORMER_FP32 = 4e-5
 # The element-wise kernel against its PyTorch twin on the same gradient: no GEMM, only another
 # association or fma contraction of the same terms, a few ulps of weights ~1 that move by ~1e-2;

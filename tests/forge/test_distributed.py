@@ -227,8 +227,8 @@ def tp_run(tmp_path_factory):
 
 def test_every_planned_linear_is_fused(tp_run):
     fused = tp_run[0]["fused"]
-    # 7 projections per layer x 2 layers + lm_head; embeddings and norms go through the hook.
-    assert len(fused) == 15 and "lm_head.weight" in fused, fused
+    # 7 projections of the one layer + lm_head; embeddings and norms go through the hook.
+    assert len(fused) == 8 and "lm_head.weight" in fused, fused
 
 
 def test_tp_forge_equals_torch_optim_under_the_same_plan(tp_run):
@@ -250,7 +250,7 @@ def test_tp_forge_equals_single_process_forge(tp_run):
         allowed = max(TRANSFORMER_FP32, 2 * update_error(torch_tp[name], torch_single[name], initial[name]))
         assert_close_to_update(ours[name], ref[name], initial[name], allowed, name)
     assert tp_run[0]["tp_forge_losses"] == pytest.approx(tp_run[0]["single_losses"], rel=1e-5)
-    assert ours["lm_head.weight"].ne(_tiny_llama().lm_head.weight).any()  # it trained
+    assert ours["lm_head.weight"].ne(initial["lm_head.weight"]).any()  # it trained
 
 
 def test_ranks_agree(tp_run):

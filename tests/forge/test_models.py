@@ -31,7 +31,7 @@ def test_tiny_model_matches_torch_optim(build, rule, hparams):
         model, rule, 5, lm_batch, lm_loss, dict(state_dtype="fp32"), **hparams
     )
     fused = [n for n, m in a.named_modules() if type(m).__name__ == "ForgeLinear"]
-    assert len(fused) == 2 * 7 + (0 if a.config.tie_word_embeddings else 1)
+    assert len(fused) == a.config.num_hidden_layers * 7 + (0 if a.config.tie_word_embeddings else 1)
     for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), model.parameters()):
         # A weight first seen with a gradient within rounding of zero (up to 12 of an embedding's
         # 6144 here) steps by ~lr either way: `near_zero_grad` leaves such elements out.
@@ -96,7 +96,7 @@ def test_bf16_model_trains():
     forge.attach(model, "adamw", lr=3e-3, state_dtype="int8")
     batch = lm_batch()
     losses = []
-    for _ in range(6):
+    for _ in range(4):  # the loss falls by about 1 nat over these steps
         loss = lm_loss(model, batch)
         loss.backward()
         losses.append(float(loss))

@@ -4,7 +4,10 @@ Through the element-wise kernel (an SGD step of lr 1 adds exactly the "gradient"
 the rounding is unbiased (its mean is the fp32 value, tested statistically), reproducible for a
 seed, keeps NaN and inf, and its decisions are independent across steps and across neighbouring
 elements. On the interpreter `.to(tl.bfloat16)` truncates instead of rounding to nearest, so
-FORGE without stochastic rounding is checked exactly only by the GPU tests.
+FORGE without stochastic rounding is checked exactly only by the GPU tests. The statistical checks
+draw their 65536 decisions from a (1024, 64) weight, whose rows of 64 fill the element-wise kernel's
+tiles of 4096 elements (a vector of the same size takes four times the programs, of 1024 each); how
+often an element rounds up does not depend on the layout.
 """
 
 import math
@@ -41,9 +44,9 @@ def _sgd_step(param: torch.Tensor, grad: torch.Tensor, lr: float, seed: int, rul
 def test_stochastic_rounding_is_unbiased(sign):
     n = 1 << 16
     ulp = 2.0**-7  # bf16 spacing in [1, 2)
-    w = torch.full((n,), sign * 1.0, dtype=torch.bfloat16)
+    w = torch.full((n // 64, 64), sign * 1.0, dtype=torch.bfloat16)
     fraction = 0.3
-    _sgd_step(w, torch.full((n,), -sign * fraction * ulp), lr=1.0, seed=1234)
+    _sgd_step(w, torch.full(w.shape, -sign * fraction * ulp), lr=1.0, seed=1234)
     rounded_up = ((w.float().abs() - 1.0) / ulp).round()
     assert set(rounded_up.unique().tolist()) <= {0.0, 1.0}  # only the two neighbours
     mean = float(rounded_up.mean())
@@ -75,9 +78,9 @@ def test_stochastic_rounding_noise_is_independent_across_steps():
     n, ulp, fraction = 256 * 256, 2.0**-7, 0.5
     decisions = []
     for step in (1, 2):
-        w = torch.ones(n, dtype=torch.bfloat16)
-        _sgd_step(w, torch.full((n,), -fraction * ulp), lr=1.0, seed=opt._seed_for(model.weight, step))
-        decisions.append((w.float() - 1.0) / ulp)
+        w = torch.ones(n // 64, 64, dtype=torch.bfloat16)
+        _sgd_step(w, torch.full(w.shape, -fraction * ulp), lr=1.0, seed=opt._seed_for(model.weight, step))
+        decisions.append(((w.float() - 1.0) / ulp).flatten())
     corr = float(torch.corrcoef(torch.stack(decisions))[0, 1])
     assert abs(corr) < 5 / math.sqrt(n), f"rounding decisions of consecutive steps correlate: {corr:.4f}"
 

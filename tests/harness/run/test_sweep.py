@@ -162,7 +162,9 @@ def test_results_never_record_nan(failure_sweep):
 @pytest.mark.parametrize("exp", group_choices("exp"))
 def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
     """Each experiment's sweep logic end to end on the tiny model, workers replaced (no subprocess),
-    on a machine that has every experiment's hardware (faked: eight H200s)."""
+    on a machine that has every experiment's hardware (faked: eight H200s). A capacity search stops
+    at batch 2: it tries 1 and 2, and asks for a prediction from their peaks (the bisection after
+    an OOM is test_capacity_search_bisects_to_the_largest_batch's)."""
     from harness.run import env
 
     run, _ = _fake_isolated(oom_above=2)
@@ -170,7 +172,7 @@ def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
     machine = {"gpu_name": "NVIDIA H200", "gpu_count": 8, "gpu_memory_gib": 139.8, "host_memory_gib": 2000.0}
     monkeypatch.setattr(env, "machine", lambda: machine)
     overrides = [f"+exp={exp}", "sweep.models=[tiny-llama]", f"results_dir={tmp_path}"]
-    overrides += ["sweep.max_batch_size=4"]
+    overrides += ["sweep.max_batch_size=2"]
     records = results.read(sweep.run_sweep(overrides))
     assert records and all(r["status"] in results.STATUSES for r in records)
     assert all(r["model"] == "tiny-llama" and r["sweep"] == exp for r in records)
