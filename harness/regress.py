@@ -14,8 +14,12 @@ kernel. The effect is the change of the point's median over its reference's medi
     effect = (median(cur) / median(cur_ref)) / (median(base) / median(base_ref)) - 1,
 
 with a 95% bootstrap interval over all four sample sets (`harness.stats.relative_change`: fixed
-seed, the same files always give the same verdict). A machine uniformly 10% slower changes no
-effect. The references are shown, never judged. `--absolute` compares raw medians instead.
+seed, the same files always give the same verdict). A kernel and its GEMM take turns within each
+repeat, so there the samples are paired: the effect is the change of the median per-repeat ratio,
+median(cur_i / cur_ref_i) / median(base_i / base_ref_i) - 1, bootstrapped over those ratios, and
+a drift of the clock during a run (which moves both halves of a pair) cancels as well. A machine
+uniformly 10% slower changes no effect. The references are shown, never judged. `--absolute`
+compares raw medians instead.
 
 Noise band. Identical code measured twice never lands on the same ratio: memory placement, clocks
 and the host move it a little each run, beyond what one run's samples show. Each `--noise` file is
@@ -165,6 +169,7 @@ class Kind:
     order: Callable[[tuple], tuple]
     memory: bool  # whether its records carry a peak memory to check
     fmt_ms: Callable[[float | None], str]
+    paired: bool = False  # sample i of a point and of its reference were timed back to back
 
 
 STEPS = Kind(
@@ -194,6 +199,7 @@ KERNELS = Kind(
     order=kernel_suite.order,
     memory=False,
     fmt_ms=lambda v: NONE if v is None else f"{v:.4f}",
+    paired=True,
 )
 
 
@@ -253,9 +259,16 @@ def measure_effect(c: Comparison, refs: tuple[Callable, Callable], limits: Thres
         rb, rc = kind.samples(ref_b), kind.samples(ref_c)
         if rb and rc:
             c.mode = "relative"
+            if kind.paired and len(sb) == len(rb) and len(sc) == len(rc):
+                return relative_change(_ratios(sb, rb), _ratios(sc, rc))
             return relative_change(sb, sc, rb, rc)
     c.mode = "absolute"
     return relative_change(sb, sc)
+
+
+def _ratios(times: Sequence[float], reference: Sequence[float]) -> list[float]:
+    """Per-sample ratios of a point to its reference, where sample i of both was timed back to back."""
+    return [t / r for t, r in zip(times, reference)]
 
 
 def compare_pair(c: Comparison, refs: tuple[Callable, Callable], limits: Thresholds) -> Comparison:
