@@ -97,3 +97,21 @@ def test_without_the_paper_sweep_the_table_is_skipped_with_one_line(tmp_path):
     assert not (out / "tables" / "paper_comparison.md").exists()
     readme = (out / "README.md").read_text()
     assert "No results yet. Produce them with `python -m harness sweep +exp=paper_h200`" in readme
+
+
+def test_a_missed_figure_says_why_from_the_records_pools_and_the_floor(tmp_path):
+    records = _paper_records()
+    for r in records:
+        if (r["model"], r["method_label"]) == ("qwen3-14b", "forge_int8"):
+            r.update(peak_alloc_gib=68.6, weights_gib=27.5, optimizer_state_gib=28.4, grads_gib=1.5)
+            r.update(activations_gib=11.2)
+        if r["method_label"] == "fused_adamw_fp32grad_graph":
+            r["step_time_ms_median"] = 100.0  # FORGE's 95 ms is then 0.95x: the target is missed
+    floor = _record("llama8b_graphs_h200", "llama3.1-8b", "no_optimizer_graph", 23.1, 90.0)
+    floor["method"] = "no_optimizer"
+    text = (_render(tmp_path, [*records, floor]) / "tables" / "paper_comparison.md").read_text()
+    assert "Why forge_int8 on qwen3-14b peaks at 68.6 GiB, not 63.2: weights 27.50" in text
+    assert "leaves 5.8 GiB for activations, against 11.2 measured" in text
+    assert "no optimizer at all (forward and backward) takes 90.0 ms (llama8b_graphs_h200" in text
+    assert "under the paper's FORGE step of 99.1 ms" in text
+    assert "baseline spends 10.0 ms and FORGE int8 5.0 ms" in text

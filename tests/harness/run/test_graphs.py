@@ -35,7 +35,7 @@ def test_a_method_that_cannot_capture_its_step_is_unavailable_not_a_crash(method
         return
     assert "cannot capture its step in a CUDA graph" in record["error"]
     assert "set method.cuda_graph=false" in record["error"]
-    assert "fused_adamw, no_optimizer, forge" in record["error"]  # the methods that can
+    assert "fused_adamw, fused_adamw_fp32grad, no_optimizer, forge" in record["error"]  # those that can
 
 
 @pytest.mark.parametrize("method", ["fused_adamw_graph", "forge_bf16_graph", "no_optimizer_graph"])
@@ -53,7 +53,7 @@ def test_the_sweep_records_an_unavailable_graphed_point_without_a_worker(tmp_pat
 
 def test_only_capturable_methods_say_so():
     capturable = {name for name in methods.REGISTRY if methods.get(name).graph_capturable}
-    assert capturable == {"fused_adamw", "no_optimizer", "forge"}
+    assert capturable == {"fused_adamw", "fused_adamw_fp32grad", "no_optimizer", "forge"}
 
 
 def test_method_options_record_cuda_graph_only_when_on():
