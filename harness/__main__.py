@@ -3,8 +3,8 @@
 Each verb is a `Verb`: the line `python -m harness --help` shows for it, and the function that
 runs it with the rest of the command line. The verbs that take Hydra overrides (sweep, run) carry
 their own `--help` text, answered here before Hydra sees the arguments (Hydra would read `--help`
-as an override and fail); the others hand their arguments, `--help` included, to the module that
-does the job, whose argparse answers.
+as an override and fail), and `sweep --dry-run` is taken off the line the same way; the others
+hand their arguments, `--help` included, to the module that does the job, whose argparse answers.
 
 Exit status: 0 when the harness did its job (a failed point is a result, not a failure), 2 for a
 bad command line or config, 1 when the harness itself broke, 130 when interrupted.
@@ -25,17 +25,20 @@ fresh process per point), render the results into reports/, check a run for regr
 a baseline, and benchmark the fused kernel."""
 OVERRIDES = """\
 OVERRIDE is a Hydra override of conf/config.yaml: +exp=NAME picks an experiment (exp=NAME works
-too), GROUP=NAME a file of conf/GROUP/ (method=, model=, gpu=), KEY=VALUE any field
-(batch_size=2, seq_len=512, device=cpu, sweep.methods=[fused_adamw,forge_bf16]).
-`python -m harness list` says what each experiment, method, model and GPU is."""
+too), GROUP=NAME a file of conf/GROUP/ (method=, model=, gpu=, launcher=), KEY=VALUE any
+field (batch_size=2, seq_len=512, device=cpu, sweep.methods=[fused_adamw,forge_bf16]).
+`python -m harness list` says what each experiment, method, model, GPU and launcher is."""
 
 SWEEP_HELP = f"""\
-usage: {PROG} sweep [OVERRIDE ...]
+usage: {PROG} sweep [OVERRIDE ...] [--dry-run]
 
 Run or resume a sweep. The experiment's grid (methods x models x batch sizes x sequence lengths)
 is expanded and every point's config validated first; then each point runs in a fresh
 subprocess and appends one record to results/<sweep>.jsonl. Points already recorded there are
 skipped, so the same command resumes a stopped sweep. It ends with a table of its points.
+launcher=slurm runs each point as a Slurm job instead (conf/launcher/slurm.yaml's options,
+launcher.partition=NAME and the rest); --dry-run prints the points or jobs it would start, with
+their sbatch parameters, and starts nothing.
 
 {OVERRIDES}
 
@@ -44,6 +47,7 @@ examples:
   {PROG} sweep +exp=llama8b_h200               # Table 1: every method on Llama-3.1-8B, one GPU
   {PROG} sweep +exp=smoke sweep.methods=[fused_adamw,forge_bf16] sweep.models=[tiny-llama]
   {PROG} sweep +exp=capacity_a100_40gb sweep.max_batch_size=32
+  {PROG} sweep +exp=llama8b_h200 launcher=slurm launcher.partition=gpu --dry-run
 """
 
 RUN_HELP = f"""\
@@ -62,9 +66,10 @@ examples:
 LIST_HELP = f"""\
 usage: {PROG} list [GROUP ...]
 
-Say what each experiment (conf/exp/), method (conf/method/), model (conf/model/) and GPU
-(conf/gpu/) is, one line each, and which method implementations a conf/method file can name.
-GROUP is one of: exp, method, model, gpu, implementation (default: all of them).
+Say what each experiment (conf/exp/), method (conf/method/), model (conf/model/), GPU
+(conf/gpu/) and launcher (conf/launcher/) is, one line each, and which method implementations a
+conf/method file can name. GROUP is one of: exp, method, model, gpu, launcher, implementation
+(default: all of them).
 
 examples:
   {PROG} list
@@ -89,7 +94,11 @@ def cmd_sweep(argv: list[str]) -> int:
     from harness.run import sweep
     from harness.run.summary import summary_table
 
-    done = sweep.execute(_overrides(argv))
+    overrides = _overrides([a for a in argv if a != "--dry-run"])  # ours, not an override for Hydra
+    if "--dry-run" in argv:
+        print(sweep.plan(overrides))
+        return 0
+    done = sweep.execute(overrides)
     print(summary_table(done.records, done.path))
     return 0
 
@@ -104,15 +113,27 @@ def cmd_run(argv: list[str]) -> int:
     sweep.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
     point = sweep.make_point(overrides)
     path = sweep.results_path(cfg)
-    record = sweep.run_isolated(point, env.git_info())
+    record = {**sweep.run_isolated(point, env.git_info()), **sweep.job_fields("local")}
     results.append(path, record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "env", "losses")}, indent=1))
     print(summary_table([record], path))
     return 0
 
 
-LIST_GROUPS = {"exp": "experiments", "method": "methods", "model": "models", "gpu": "GPUs"}
-LIST_HOW = {"exp": "+exp=NAME", "method": "method=NAME", "model": "model=NAME", "gpu": "gpu=NAME"}
+LIST_GROUPS = {
+    "exp": "experiments",
+    "method": "methods",
+    "model": "models",
+    "gpu": "GPUs",
+    "launcher": "launchers",
+}
+LIST_HOW = {
+    "exp": "+exp=NAME",
+    "method": "method=NAME",
+    "model": "model=NAME",
+    "gpu": "gpu=NAME",
+    "launcher": "launcher=NAME",
+}
 
 
 def _rows(entries: dict[str, str]) -> list[str]:
@@ -155,7 +176,7 @@ def _delegate(target: str) -> Callable[[list[str]], int]:
 VERBS = {
     "sweep": Verb("run or resume a sweep of points: sweep +exp=smoke", cmd_sweep, SWEEP_HELP),
     "run": Verb("run one point, print its record, keep it in results/adhoc/", cmd_run, RUN_HELP),
-    "list": Verb("what each experiment, method, model and GPU config is", cmd_list, LIST_HELP),
+    "list": Verb("what each experiment, method, model, GPU and launcher config is", cmd_list, LIST_HELP),
     "report": Verb(
         "render results/ into reports/: tables, plots, README", _delegate("harness.report.report:main")
     ),

@@ -90,7 +90,11 @@ EXTRA_FIELDS = (
     "forward_end_alloc_gib",  # allocated when the forward returns (largest over steps; static + saved)
     "peak_tflops",  # the per-GPU peak used for mfu
     "notes",  # list of remarks the method or runner made (fallbacks, caveats)
-    "config",  # the full resolved config of the point
+    "config",  # the full resolved config of the point (its `launcher` aside)
+    "launcher",  # how the point was started: "local", "slurm", or submitit's "local"/"debug" executors
+    # ("submitit-local", "submitit-debug")
+    "slurm_job_id",  # the Slurm job (array jobs: ARRAY_TASK) that ran it; None when run locally
+    "node",  # the hostname of the machine the point ran on
 )
 
 FIELDS = DESIGN_FIELDS + EXTRA_FIELDS

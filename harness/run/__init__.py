@@ -4,6 +4,7 @@ One job per module:
 
     config          typed Hydra configs (dataclasses), composition and validation (`errors`)
     sweep           the grid or capacity search, one worker per point, resume, progress
+    slurm           the points as Slurm jobs through submitit (launcher=slurm)
     summary         the table a sweep ends with
     launch          the worker's command line: python, or torchrun for tensor parallelism
     worker          the subprocess entry point around runner

@@ -1,8 +1,8 @@
 """Typed configs: the dataclass schema behind conf/, composition, and validation before any work.
 
 `conf/config.yaml` starts from `base_config`, the `Config` dataclass registered in Hydra's
-ConfigStore, and fills its groups from `conf/model/`, `conf/method/`, `conf/gpu/` (and
-`conf/exp/` when asked with `+exp=NAME`). Because the schema is a dataclass, OmegaConf rejects a
+ConfigStore, and fills its groups from `conf/model/`, `conf/method/`, `conf/gpu/`, `conf/launcher/`
+(and `conf/exp/` when asked with `+exp=NAME`). Because the schema is a dataclass, OmegaConf rejects a
 key that is not in it and a value of the wrong type while composing. `validate` then checks what
 types cannot say (choices, ranges, method options against each method's own `Options`
 dataclass). Every error is a `ConfigError` that names the bad key or value and the valid choices,
@@ -38,6 +38,8 @@ AUTOCAST_DTYPES = ("bf16",)
 DEVICES = ("auto", "cuda", "cpu")
 FAMILIES = ("llama", "qwen3")
 SWEEP_MODES = ("grid", "capacity")
+LAUNCHERS = ("local", "slurm")
+EXECUTORS = ("slurm", "local", "debug")
 
 
 @dataclass
@@ -112,6 +114,28 @@ class SweepConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """Where a sweep's points run: `local`, each in a fresh subprocess here, or `slurm`, each as
+    one Slurm job through submitit (harness.run.slurm). The other fields are Slurm's."""
+
+    name: str = "local"  # one of LAUNCHERS
+    # slurm: sbatch; local and debug: submitit's LocalExecutor and DebugExecutor, which run the
+    # jobs on this machine the way Slurm would, for tests and for debugging a launch without a cluster
+    executor: str = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: int | None = None  # minutes per job; None: the point's timeout_s plus 10 minutes
+    gpus_per_node: int | None = None  # None: the point's `gpus` (0 for a CPU point)
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    constraint: str | None = None  # sbatch --constraint, e.g. a GPU feature of the cluster ("h200")
+    array_parallelism: int = 256  # jobs of the sweep's array running at once
+    setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load ...)
+    folder: str = ".cache/submitit"  # submitit's job files and logs, on a shared disk (relative: to the repo)
+
+
+@dataclass
 class PhaseConfig:
     """One phase of a convergence run: `steps` steps on one corpus (harness.run.data.CORPORA)."""
 
@@ -158,6 +182,7 @@ class Config:
     check_training: bool = True  # require that parameters moved and the loss fell
     results_dir: str = "results"
     convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
@@ -258,6 +283,44 @@ def _validate_convergence(conv: Any) -> None:
         _positive(f"convergence.{key}", conv[key])
 
 
+def _validate_launcher(cfg: DictConfig) -> None:
+    """The Slurm options, before any job is submitted (sbatch would only say "invalid" later)."""
+    launcher = cfg.launcher
+    _choice("launcher.name", launcher.name, LAUNCHERS)
+    if launcher.name == "local":
+        defaults = OmegaConf.structured(LauncherConfig)
+        given = [k for k in defaults if k != "name" and launcher[k] != defaults[k]]
+        if given:
+            raise ConfigError(
+                f"launcher.{given[0]} is a Slurm option, and the points run locally; add launcher=slurm "
+                "to run them as Slurm jobs, or drop it"
+            )
+        return
+    _choice("launcher.executor", launcher.executor, EXECUTORS)
+    if launcher.time is not None and launcher.time <= 0:
+        raise ConfigError(
+            f"launcher.time={launcher.time} must be a positive number of minutes "
+            "(or null: the point's timeout_s plus 10 minutes)"
+        )
+    for key in ("cpus_per_task", "mem_gb", "array_parallelism"):
+        if launcher[key] is not None and launcher[key] <= 0:
+            raise ConfigError(f"launcher.{key}={launcher[key]} must be positive (or null: Slurm's default)")
+    if launcher.gpus_per_node is not None and launcher.gpus_per_node < 0:
+        raise ConfigError(f"launcher.gpus_per_node={launcher.gpus_per_node} must be >= 0 (or null)")
+    needed = 0 if "cpu" in (cfg.device, cfg.gpu.name) else cfg.gpus
+    if launcher.gpus_per_node is not None and launcher.gpus_per_node < needed:
+        raise ConfigError(
+            f"launcher.gpus_per_node={launcher.gpus_per_node}, but each point needs {needed} GPU(s) "
+            f"(gpus={cfg.gpus}, gpu={cfg.gpu.name}); set launcher.gpus_per_node={needed}, or leave it "
+            "null to request the point's gpus"
+        )
+    if cfg.sweep.concurrent_points > 1:
+        raise ConfigError(
+            f"sweep.concurrent_points={cfg.sweep.concurrent_points} shares one GPU between points; "
+            "with launcher=slurm every point is a job of its own: leave sweep.concurrent_points at 1"
+        )
+
+
 def _validate_cuda_graph(cfg: DictConfig) -> None:
     """What a captured step cannot do here (a method or device that cannot capture is a record:
     `unavailable`, from `methods.unavailable_reason`)."""
@@ -302,6 +365,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
     _validate_cuda_graph(cfg)
+    _validate_launcher(cfg)
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "

@@ -51,6 +51,14 @@ def peak_tflops(cfg: DictConfig, gpu_name: str | None) -> float | None:
     return None if one is None else one * cfg.gpus
 
 
+def point_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config a record keeps: all but `launcher` (where the point ran is the record's
+    `launcher`, `slurm_job_id` and `node`; a point run locally or on Slurm is the same point)."""
+    config = config_mod.to_dict(cfg)
+    config.pop("launcher", None)
+    return config
+
+
 def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
     """The fields known before anything runs."""
     r = results.empty_record()
@@ -79,7 +87,7 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         warmup_steps=cfg.warmup_steps,
         dtype=config_mod.weight_dtype(cfg),
         notes=[],
-        config=config_mod.to_dict(cfg),
+        config=point_config(cfg),
     )
     if cfg.method.autocast is not None:  # mixed precision: the same weights, another configuration
         r["method_options"]["autocast"] = cfg.method.autocast

@@ -20,6 +20,11 @@
    says so) with the tail of its stderr. Nothing a point does stops the sweep.
 5. Each record is appended atomically (`results.append`) and summarized on one line.
 
+Where the points run is the launcher's business (`launcher=`, conf/launcher/): `LocalLauncher`
+runs them here as above; `launcher=slurm` submits each as a Slurm job that runs the same
+`run_here` on a node (harness.run.slurm), its hardware checked there rather than here. Either
+yields records as points finish, and this process appends them, so resuming works the same way.
+
 `sweep.mode=capacity` searches instead for the largest batch that fits, per method, model and
 sequence length, under the GPU's memory cap: batches 1 and 2, then the batch their reserved peaks
 predict (linear in the batch) and its neighbour, bisecting only if the prediction was off; without
@@ -40,15 +45,16 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
@@ -158,10 +164,13 @@ def _child_env(device: str, allocator: str | None = None) -> dict[str, str]:
     return child
 
 
-def _crash_record(point: Point, git: dict[str, Any], status: str, error: str) -> dict[str, Any]:
+def _crash_record(
+    point: Point, git: dict[str, Any], status: str, error: str, device: str | None = None
+) -> dict[str, Any]:
+    """The record of a point that left none of its own (`device`: None, the one it resolves to here)."""
     from harness.run import runner
 
-    device = runner.resolve_device(point.cfg.device)
+    device = device or runner.resolve_device(point.cfg.device)
     record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
     record.update(status=status, error=error)
     return record
@@ -215,10 +224,9 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
     return _crash_record(point, git, status, f"worker exited with code {proc.returncode}: {tail}")
 
 
-def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, dict]) -> tuple[dict, bool]:
-    """The point's record: the recorded one when resuming, else a new run (appended). -> (record, ran)."""
-    if point.id in done:
-        return done[point.id], False
+def run_here(point: Point, git: dict[str, Any]) -> dict[str, Any]:
+    """Run one point on this machine: `unavailable` without a subprocess when its method cannot
+    run here, else in a fresh worker (`run_isolated`). What a local point and a Slurm job run."""
     from harness.run import runner
 
     device = runner.resolve_device(point.cfg.device)
@@ -226,14 +234,85 @@ def run_or_skip(point: Point, git: dict[str, Any], path: Path, done: dict[str, d
     reason = methods.unavailable_reason(
         method.name, config_mod.to_dict(method.options), device, method.cuda_graph
     )
-    if reason:
-        record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
-        record.update(status="unavailable", error=reason)
-    else:
-        record = run_isolated(point, git)
+    if not reason:
+        return run_isolated(point, git)
+    record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
+    record.update(status="unavailable", error=reason)
+    return record
+
+
+def job_fields(launcher: str, job_id: str | None = None) -> dict[str, Any]:
+    """Where a point ran: the record's `launcher`, `slurm_job_id` and `node` (this host)."""
+    return {"launcher": launcher, "slurm_job_id": job_id, "node": socket.gethostname()}
+
+
+class Launcher(Protocol):
+    """How a sweep's points are started. `run` yields each point with its record as it finishes;
+    the sweep appends the records (one process writes the file, so its lines never interleave)."""
+
+    remote: bool  # True: the points run on other machines, whose hardware this one cannot check
+
+    def run(self, points: list[Point], git: dict[str, Any]) -> Iterator[tuple[Point, dict[str, Any]]]: ...
+
+    def plan(self, points: list[Point]) -> str: ...  # what `run` would start, for --dry-run
+
+
+class LocalLauncher:
+    """`launcher=local`: each point in a fresh worker subprocess here, one after the other, or
+    `concurrent` at once (convergence sweeps: threads that each wait on their worker)."""
+
+    remote = False
+
+    def __init__(self, concurrent: int = 1) -> None:
+        self.concurrent = concurrent
+
+    def run(self, points: list[Point], git: dict[str, Any]) -> Iterator[tuple[Point, dict[str, Any]]]:
+        if self.concurrent == 1:
+            for point in points:
+                yield point, {**run_here(point, git), **job_fields("local")}
+            return
+        pool = ThreadPoolExecutor(max_workers=self.concurrent, thread_name_prefix="point")
+        try:
+            futures = {pool.submit(run_here, point, git): point for point in points}
+            for future in as_completed(futures):
+                yield futures[future], {**future.result(), **job_fields("local")}
+        except BaseException:  # Ctrl-C: kill every running worker, as in the serial case
+            pool.shutdown(wait=False, cancel_futures=True)  # no point starts from here on
+            _kill_live_workers()
+            pool.shutdown(wait=True)  # the threads return once their worker is dead
+            raise
+        pool.shutdown()
+
+    def plan(self, points: list[Point]) -> str:
+        lines = [f"would run {len(points)} point(s) on this machine, each in a fresh subprocess:"]
+        return "\n".join([*lines, *(f"  {p.id}" for p in points)])
+
+
+def make_launcher(cfg: DictConfig) -> Launcher:
+    """The launcher `launcher=` names; Slurm's options are checked here, before any job is submitted."""
+    if cfg.launcher.name == "local":
+        return LocalLauncher(cfg.sweep.concurrent_points)
+    try:
+        from harness.run import slurm
+    except ImportError as e:
+        raise ConfigError(f"launcher=slurm needs submitit ({e}): pip install -e '.[harness]'") from None
+    return slurm.SlurmLauncher(cfg)
+
+
+def _keep(path: Path, done: dict[str, dict], point: Point, record: dict[str, Any]) -> dict[str, Any]:
     results.append(path, record)
     done[point.id] = record
-    return record, True
+    return record
+
+
+def run_or_skip(
+    point: Point, git: dict[str, Any], path: Path, done: dict[str, dict], launcher: Launcher | None = None
+) -> tuple[dict, bool]:
+    """The point's record: the recorded one when resuming, else a new run (appended). -> (record, ran)."""
+    if point.id in done:
+        return done[point.id], False
+    ((_, record),) = (launcher or LocalLauncher()).run([point], git)
+    return _keep(path, done, point, record), True
 
 
 def summary(record: dict[str, Any], ran: bool = True) -> str:
@@ -594,25 +673,13 @@ class Progress:
 
 
 def _run_grid(
-    points: list[Point], git: dict, path: Path, done: dict, progress: Progress, concurrent: int = 1
+    points: list[Point], git: dict, path: Path, done: dict, progress: Progress, launcher: Launcher
 ) -> None:
-    if concurrent == 1:
-        for point in points:
-            progress.point(*run_or_skip(point, git, path, done))
-        return
-    # Convergence sweeps only (config.validate): each worker is still its own process; the
-    # threads just wait on them. A Ctrl-C kills every running worker, as in the serial case.
-    pool = ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="point")
-    try:
-        futures = [pool.submit(run_or_skip, point, git, path, done) for point in points]
-        for future in as_completed(futures):
-            progress.point(*future.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)  # no point starts from here on
-        _kill_live_workers()
-        pool.shutdown(wait=True)  # the threads return once their worker is dead
-        raise
-    pool.shutdown()
+    for point in points:
+        if point.id in done:
+            progress.point(done[point.id], False)
+    for point, record in launcher.run([p for p in points if p.id not in done], git):
+        progress.point(_keep(path, done, point, record), True)
 
 
 def capacity_groups(cfg: DictConfig, overrides: list[str]) -> list[tuple[dict[str, Any], Point]]:
@@ -633,12 +700,14 @@ def _run_capacity(
     done: dict,
     progress: Progress,
     groups: list[tuple[dict[str, Any], Point]],
+    launcher: Launcher,
 ) -> None:
     for values, _ in groups:  # validated before running any
         tried: dict[int, dict] = {}
 
         def try_batch(b: int, values: dict = values, tried: dict = tried) -> str:
-            record, ran = run_or_skip(make_point(overrides, batch_size=b, **values), git, path, done)
+            point = make_point(overrides, batch_size=b, **values)
+            record, ran = run_or_skip(point, git, path, done, launcher)
             progress.point(record, ran)
             tried[b] = record
             return record["status"]
@@ -658,17 +727,30 @@ class SweepRun:
     records: list[dict[str, Any]]
 
 
-def execute(overrides: list[str]) -> SweepRun:
-    """Run (or resume) the sweep the overrides compose."""
+@dataclass
+class _Prepared:
+    """A sweep composed, validated and checked, before any point runs."""
+
+    cfg: DictConfig
+    launcher: Launcher
+    points: list[Point] | None  # grid mode
+    groups: list[tuple[dict[str, Any], Point]] | None  # capacity mode
+    path: Path
+    done: dict[str, dict]
+
+
+def _prepare(overrides: list[str]) -> _Prepared:
     cfg = compose_config(overrides)
+    launcher = make_launcher(cfg)  # a bad Slurm option fails here
     here = env.machine()
-    check_hardware([cfg], overrides, here, models=False)  # the GPU, before composing every point
+    if not launcher.remote:  # Slurm's nodes are not this machine: the job checks its node
+        check_hardware([cfg], overrides, here, models=False)  # the GPU, before composing every point
     grid = cfg.sweep.mode == "grid"
     points = expand(cfg, overrides) if grid else None  # validates every point
     groups = None if grid else capacity_groups(cfg, overrides)
-    check_hardware([p.cfg for p in points] if grid else [p.cfg for _, p in groups], overrides, here)
-    _stopping.clear()  # a sweep stopped earlier in this process does not stop this one
-    hardware = hardware_label(_device_here(cfg.device, here), here["gpu_name"])
+    if not launcher.remote:
+        check_hardware([p.cfg for p in points] if grid else [p.cfg for _, p in groups], overrides, here)
+    hardware = None if launcher.remote else hardware_label(_device_here(cfg.device, here), here["gpu_name"])
     path = results_path(cfg, hardware)
     if path.name != f"{cfg.sweep.name}.jsonl":
         others = ", ".join(foreign_hardware(path.with_name(f"{cfg.sweep.name}.jsonl"), hardware))
@@ -677,18 +759,42 @@ def execute(overrides: list[str]) -> SweepRun:
             f"go to {path}",
             file=sys.stderr,
         )
+    # resume only what was measured on this hardware (a point done on another GPU is not done
+    # here); on a cluster, whose nodes only the jobs see, every recorded point counts as done
+    done = {
+        k: r
+        for k, r in results.recorded_points(path).items()
+        if hardware is None or record_hardware(r) == hardware
+    }
+    return _Prepared(cfg, launcher, points, groups, path, done)
+
+
+def plan(overrides: list[str]) -> str:
+    """What the sweep would start (`--dry-run`): its launcher's jobs, nothing run or submitted."""
+    p = _prepare(overrides)
+    points = p.points if p.points is not None else [first for _, first in p.groups]
+    todo = [point for point in points if point.id not in p.done]
+    text = p.launcher.plan(todo)
+    if p.points is None:
+        text += "\n(a capacity search: these are its first tries; each next batch waits for the last)"
+    skipped = len(points) - len(todo)
+    return text + (f"\n{skipped} point(s) already in {p.path} are skipped." if skipped else "")
+
+
+def execute(overrides: list[str]) -> SweepRun:
+    """Run (or resume) the sweep the overrides compose."""
+    p = _prepare(overrides)
+    _stopping.clear()  # a sweep stopped earlier in this process does not stop this one
     git = env.git_info()
-    # resume only what was measured on this hardware (a point done on another GPU is not done here)
-    done = {k: r for k, r in results.recorded_points(path).items() if record_hardware(r) == hardware}
-    progress = Progress(len(points) if points is not None else None, cfg.sweep.name)
+    progress = Progress(len(p.points) if p.points is not None else None, p.cfg.sweep.name)
     try:
-        if points is not None:
-            _run_grid(points, git, path, done, progress, cfg.sweep.concurrent_points)
+        if p.points is not None:
+            _run_grid(p.points, git, p.path, p.done, progress, p.launcher)
         else:
-            _run_capacity(cfg, overrides, git, path, done, progress, groups)
+            _run_capacity(p.cfg, overrides, git, p.path, p.done, progress, p.groups, p.launcher)
     finally:
         progress.close()
-    return SweepRun(path, progress.records)
+    return SweepRun(p.path, progress.records)
 
 
 def run_sweep(overrides: list[str]) -> Path:

@@ -10,7 +10,7 @@ import pytest
 from harness.__main__ import VERBS, main
 from harness.run.config import describe_choice, group_choices
 
-GROUPS = ("exp", "method", "model", "gpu")
+GROUPS = ("exp", "method", "model", "gpu", "launcher")
 
 
 def test_help_prints_usage_description_and_every_verb_to_stdout(capsys):
