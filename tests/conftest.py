@@ -24,7 +24,26 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# The files that take longest on two CPU cores, longest first. They run before the rest: with one
+# worker per core and each file on one worker (--dist loadfile), a long file collected last (the
+# harness's run/ tests come last by name) would leave the other workers idle at the end.
+LONGEST_FIRST = (
+    "tests/harness/run/test_sweep.py",
+    "tests/harness/run/test_convergence.py",
+    "tests/harness/run/test_config.py",
+    "tests/harness/run/test_tensor_parallel.py",
+    "tests/forge/test_properties.py",
+    "tests/forge/test_low_precision.py",
+    "tests/harness/kernels/test_build.py",
+    "tests/forge/test_models.py",
+    "tests/forge/test_rules.py",
+    "tests/harness/run/test_slurm.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(item.path).relative_to(_ROOT).as_posix(), len(rank)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
