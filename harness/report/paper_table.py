@@ -73,44 +73,46 @@ def _ratio_verdict(ratio: float | None, target: float, what: str) -> str:
     return f"not reproduced: {ratio:.2f}x is above {target:.2f}x"
 
 
+def _claim_row(
+    points: dict, claim: str, paper_figure: str, suffix: str, forge_label: str, metric: tuple, target: float
+) -> list[str]:
+    """One Llama-3.1-8B claim: FORGE against both baselines (run the same way: `suffix`)."""
+    value, unit = metric
+    forge = points.get((LLAMA, forge_label))
+    ours, ratio = _pair(points.get((LLAMA, PAPER_BASE + suffix)), forge, value, unit)
+    mine, _ = _pair(points.get((LLAMA, OUR_BASE + suffix)), forge, value, unit)
+    return [claim, paper_figure, ours, mine, f"≤ {target:.2f}x", _ratio_verdict(ratio, target, "a point")]
+
+
 def _llama_rows(points: dict) -> list[list[str]]:
-    rows = []
     lo, hi = paper.LLAMA_PEAK_GIB
-    for states in ("int8", "bf16"):
-        forge = points.get((LLAMA, f"forge_{states}"))
-        ours, ratio = _pair(points.get((LLAMA, PAPER_BASE)), forge, _peak, "GiB")
-        mine, _ = _pair(points.get((LLAMA, OUR_BASE)), forge, _peak, "GiB")
-        target = f"≤ {paper.TARGET_PEAK_RATIO:.2f}x"
-        claim = f"Llama-3.1-8B peak memory, FORGE {states} states"
-        paper_figure = f"~{lo:.0f} → {hi:.1f} GiB ({hi / lo:.2f}x)"
-        rows.append(
-            [
-                claim,
-                paper_figure,
-                ours,
-                mine,
-                target,
-                _ratio_verdict(ratio, paper.TARGET_PEAK_RATIO, "a point"),
-            ]
+    peak = f"~{lo:.0f} → {hi:.1f} GiB ({hi / lo:.2f}x)"
+    rows = [
+        _claim_row(
+            points,
+            f"Llama-3.1-8B peak memory, FORGE {states} states",
+            peak,
+            "",
+            f"forge_{states}",
+            (_peak, "GiB"),
+            paper.TARGET_PEAK_RATIO,
         )
+        for states in ("int8", "bf16")
+    ]
     lo, hi = paper.LLAMA_STEP_MS
-    for graph, how in (("_graph", "graphed"), ("", "eager")):
-        forge = points.get((LLAMA, f"forge_int8{graph}"))
-        ours, ratio = _pair(points.get((LLAMA, PAPER_BASE + graph)), forge, _step_median, "ms")
-        mine, _ = _pair(points.get((LLAMA, OUR_BASE + graph)), forge, _step_median, "ms")
-        claim = f"Llama-3.1-8B step time, FORGE int8 states, {how}"
-        paper_figure = f"{lo:.1f} → {hi:.1f} ms ({hi / lo:.2f}x; {lo / hi:.2f}x faster)"
-        target = f"≤ {paper.TARGET_STEP_RATIO:.2f}x"
-        rows.append(
-            [
-                claim,
-                paper_figure,
-                ours,
-                mine,
-                target,
-                _ratio_verdict(ratio, paper.TARGET_STEP_RATIO, "a point"),
-            ]
+    step = f"{lo:.1f} → {hi:.1f} ms ({hi / lo:.2f}x; {lo / hi:.2f}x faster)"
+    rows += [
+        _claim_row(
+            points,
+            f"Llama-3.1-8B step time, FORGE int8 states, {how}",
+            step,
+            graph,
+            f"forge_int8{graph}",
+            (_step_median, "ms"),
+            paper.TARGET_STEP_RATIO,
         )
+        for graph, how in (("_graph", "graphed"), ("", "eager"))
+    ]
     return rows
 
 
