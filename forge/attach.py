@@ -45,9 +45,13 @@ def attach(
     stochastic_rounding: bool = True,
     seed: int = 0,
     int8_group: int = 64,
+    max_grad_norm: float | None = None,
+    norm_type: float = 2.0,
     **hparams,
 ) -> ForgeOptimizer:
-    """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer."""
+    """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer.
+    `max_grad_norm`: clip the global gradient norm (of `norm_type`) as clip_grad_norm_ would, exactly
+    (`forge.clip`); None: no clipping."""
     _refuse_data_parallel(model)
     if getattr(model, _ATTR, None) is not None:
         raise RuntimeError(
@@ -67,6 +71,8 @@ def attach(
         stochastic_rounding=stochastic_rounding,
         seed=seed,
         int8_group=int8_group,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
         **hparams,
     )
     trained = {p for g in optimizer.param_groups for p in g["params"]}

@@ -32,8 +32,15 @@ With `update_stream=True` the fused updates run on a second CUDA stream, beside 
 the layers below (`forge.streams`); the main stream waits for them when the backward ends.
 
 What users must know: each backward IS an optimizer step, so there is no gradient accumulation over
-micro-batches and no global gradient-norm clipping; a second backward through the same graph
-(`retain_graph=True`) is refused rather than applied twice.
+micro-batches (a larger micro-batch with activation checkpointing gives the same update for a
+mean-reduced loss); a second backward through the same graph (`retain_graph=True`) is refused
+rather than applied twice.
+
+Global gradient-norm clipping. With `max_grad_norm` (and `norm_type`, 2 by default) the update equals
+torch.optim's after `clip_grad_norm_(params, max_grad_norm, norm_type)` over every parameter this
+optimizer trains: the backward gathers each gradient's norm and keeps the layers' operands, and the
+updates run when it ends, scaled by the clip coefficient (`forge.clip`). `last_grad_norm` then holds
+the norm before clipping, as clip_grad_norm_ returns it, and `last_clip_coefficient` the factor.
 
 Built directly, `ForgeOptimizer(model.parameters(), rule)` trains every parameter from a
 post-accumulate-grad hook (element-wise kernel, the gradient materialized one parameter at a time);
@@ -56,7 +63,7 @@ from collections.abc import Iterable
 import torch
 
 from forge.backend import interpreting
-from forge.distributed import check_param, like_param, local, local_grad
+from forge.distributed import check_param, is_dtensor, like_param, local, local_grad
 from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
@@ -78,6 +85,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         int8_group: int = 64,
         capturable: bool = False,
         update_stream: bool = False,
+        max_grad_norm: float | None = None,
+        norm_type: float = 2.0,
         **hparams,
     ):
         # FORGE's first use of Triton: its kernels load here (`forge.backend` decides, as they do,
@@ -112,6 +121,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._captured: dict[torch.Tensor, None] = {}
         # update_stream: fused updates on a second CUDA stream, beside the dX GEMMs (forge.streams)
         self._update_stream = UpdateStream() if update_stream else None
+        # max_grad_norm: global-norm clipping, the updates deferred to the end of backward (forge.clip)
+        self._clip = None
+        if max_grad_norm is not None:
+            from forge.clip import GlobalNormClip, check_clip_options
+
+            if update_stream:
+                raise ValueError(
+                    "update_stream=True overlaps each fused update with the dX GEMMs below it, but with "
+                    "max_grad_norm every update waits for the end of backward: there is nothing to overlap. "
+                    "Leave update_stream off with clipping."
+                )
+            self._clip = GlobalNormClip(self, *check_clip_options(max_grad_norm, norm_type))
         # Names for messages (and checkpoint keys); forge.attach fills them in before __init__.
         self.param_names: dict[torch.Tensor, str] = getattr(self, "param_names", {})
         # Wiring (see `_wire`): forge.attach sets `_owner` (a weak reference to the model) before
@@ -173,6 +194,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _check_param(self, p: torch.Tensor) -> None:
         name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
         check_param(name, p)  # a tensor-parallel DTensor: 1-D mesh, sharded or replicated
+        if self._clip is not None and is_dtensor(p):
+            raise NotImplementedError(
+                f"{name} is a tensor-parallel DTensor, and FORGE's max_grad_norm does not yet reduce the "
+                "norm over the ranks of a mesh. Attach without max_grad_norm for tensor-parallel training."
+            )
         if p.dtype not in WEIGHT_DTYPES:
             raise TypeError(
                 f"{name} has dtype {p.dtype}; FORGE updates fp32 and bf16 weights only. "
@@ -348,30 +374,67 @@ class ForgeOptimizer(torch.optim.Optimizer):
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
-        if self._update_stream is not None and dy.is_cuda:
+        if self._clip is not None:  # the norm now, the update when the backward ends (forge.clip)
+            self._check_once()
+            self._clip.add_linear(weight, dy, x, config)
+        elif self._update_stream is not None and dy.is_cuda:
             with self._update_stream.fork(dy, x):
                 self._fused_update(weight, dy, x, config)
         else:
             self._fused_update(weight, dy, x, config)
 
-    def _fused_update(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, config=None) -> None:
+    def _fused_update(
+        self,
+        weight: torch.Tensor,
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        config=None,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
         group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        options = dict(self._kernel_options(group), step_values=row, config=config)
+        options = dict(self._kernel_options(group), step_values=row, config=config, grad_scale=grad_scale)
         self._kernels.wgrad_update(
             local(weight), states, scales, signed, dy, x, coefficients, seed, **options
         )
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
-        """One step of any parameter from its materialized gradient (element-wise kernel)."""
+        """One step of any parameter from its materialized gradient (element-wise kernel); with
+        max_grad_norm, its norm now and the step when the backward ends (the gradient kept till then)."""
+        if self._clip is not None:
+            self._check_once()
+            self._clip.add_elementwise(p, grad)
+        else:
+            self._elementwise_step(p, grad)
+
+    def _elementwise_step(
+        self, p: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor | None = None
+    ) -> None:
         group, coefficients, seed, row = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
-        options = dict(self._kernel_options(group), step_values=row)
+        options = dict(self._kernel_options(group), step_values=row, grad_scale=grad_scale)
         self._kernels.elementwise_update(
             local(p), grad, states, scales, signed, coefficients, seed, **options
         )
+
+    def _check_once(self) -> None:
+        """`_check_backward` at this backward's first deferred update, as `_begin_update` does."""
+        if torch._C._current_graph_task_id() != self._checked_task:
+            self._check_backward()
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """With max_grad_norm: the total gradient norm of the last step, before clipping (a 0-dim
+        fp32 tensor on the device, what clip_grad_norm_ returns); None before the first step."""
+        return None if self._clip is None else self._clip.total_norm
+
+    @property
+    def last_clip_coefficient(self) -> torch.Tensor | None:
+        """With max_grad_norm: the factor the last step's gradients were multiplied by,
+        min(1, max_grad_norm / (norm + 1e-6)), a one-element fp32 tensor; None before the first step."""
+        return None if self._clip is None else self._clip.coefficient
 
     def version(self, p: torch.Tensor) -> int:
         """How many updates `p` has received from this optimizer (guards double backward)."""

@@ -180,13 +180,16 @@ def update_tile(
 STEP_ROW = 16  # int32 words per parameter in a capturable optimizer's step rows (64-byte aligned rows)
 
 
-def step_arguments(param, coefficients: tuple, seed: int, step_values) -> tuple:
-    """The launch's per-step scalars and step-row pointer: the host's values with `param` as an
-    unread pointer, or, when `step_values` (a row of STEP_ROW int32) is given, zeros and the row,
-    which the kernel reads instead (`load_step_values`)."""
+def step_arguments(param, coefficients: tuple, seed: int, step_values, grad_scale=None) -> tuple:
+    """The launch's per-step scalars, step-row pointer and gradient-scale pointer: the host's values
+    with `param` as an unread pointer, or, when `step_values` (a row of STEP_ROW int32) is given,
+    zeros and the row, which the kernel reads instead (`load_step_values`). `grad_scale`: a one-element
+    fp32 tensor the gradient is multiplied by before the rule (global-norm clipping's coefficient,
+    `forge.clip`), or None (`param`, unread: the kernel is built with GRAD_SCALE=False)."""
+    scale = param if grad_scale is None else grad_scale
     if step_values is None:
-        return (*coefficients, seed, param)
-    return (0.0,) * len(coefficients) + (0, step_values)
+        return (*coefficients, seed, param, scale)
+    return (0.0,) * len(coefficients) + (0, step_values, scale)
 
 
 def slot_arguments(param, states: tuple, scales: tuple) -> list:
@@ -196,9 +199,11 @@ def slot_arguments(param, states: tuple, scales: tuple) -> list:
 
 
 def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,
-                        stochastic_rounding: bool, int8_group: int = 64) -> dict:
-    """The compile-time arguments of `update_tile` shared by both kernels."""
+                        stochastic_rounding: bool, int8_group: int = 64, grad_scale: bool = False) -> dict:
+    """The compile-time arguments shared by the kernels: `update_tile`'s, and GRAD_SCALE (the
+    gradient is multiplied by the value at `scale_ptr` before the rule: `step_arguments`)."""
     return dict(
+        GRAD_SCALE=grad_scale,
         RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
         HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
         S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],

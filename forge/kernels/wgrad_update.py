@@ -73,12 +73,14 @@ def wgrad_update_kernel(
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
+    scale_ptr,  # GRAD_SCALE: one fp32 the gradient tile is multiplied by (the clip coefficient); else unread
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
     STOCHASTIC_ROUNDING: tl.constexpr,
+    GRAD_SCALE: tl.constexpr,  # scale the finished gradient tile by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # "host": dy and x by bulk tensor copies through host-built descriptors; "none": pointers
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
@@ -130,6 +132,8 @@ def wgrad_update_kernel(
             dy_ptrs += BLOCK_T * stride_dy_t
             x_ptrs += BLOCK_T * stride_x_t
 
+    if GRAD_SCALE:  # fp32 g * c, rounded once, as clip_grad_norm_'s multiply of an fp32 gradient
+        acc = acc * tl.load(scale_ptr)
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
     _update_in_slices(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
@@ -208,6 +212,7 @@ def wgrad_update(
     int8_group: int = 64,
     config: KernelConfig | None = None,
     step_values: torch.Tensor | None = None,
+    grad_scale: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
 
@@ -218,6 +223,8 @@ def wgrad_update(
     `config`: a `KernelConfig` to launch under (default: `forge.kernels.configs.plan` chooses).
     `step_values`: an int32 row (`update_tile.STEP_ROW` words) the kernel reads `coefficients`
     and `seed` from instead, so that a CUDA graph can replay the launch with new values.
+    `grad_scale`: a one-element fp32 tensor on the device the gradient is multiplied by before
+    the rule (the clip coefficient of `forge.clip`), or None.
 
     The key below holds every fact the launch depends on (shapes, strides, dtypes, alignments,
     device, options): a problem seen before skips the planning and, on a GPU, Triton's dispatch.
@@ -228,7 +235,7 @@ def wgrad_update(
     key = (
         T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x),
         tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
-        int8_group, config, step_values is None,
+        int8_group, config, step_values is None, grad_scale is None,
     )
     plan = _plans.get(key)
     if plan is None:
@@ -237,8 +244,9 @@ def wgrad_update(
         plan = _plans[key] = configs.plan(weight, states, signed, dy, x, rule=rule, flags=flags,
                                           state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
                                           int8_group=int8_group, config=config,
-                                          steps_in_memory=step_values is not None)
-    step = step_arguments(weight, coefficients, seed, step_values)
+                                          steps_in_memory=step_values is not None,
+                                          grad_scale=grad_scale is not None)
+    step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)
         return

@@ -128,11 +128,11 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
 def _epilogue_partition(
     acc_smem, acc_ready, acc_empty,
     w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, GRAD_SCALE: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
     """The optimizer update of each staged tile (`update_staged_tile`)."""
@@ -140,6 +140,9 @@ def _epilogue_partition(
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     if STEPS_IN_MEMORY:
         h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
+    grad_scale = 1.0
+    if GRAD_SCALE:
+        grad_scale = gl.load(scale_ptr)
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     done = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -148,7 +151,8 @@ def _epilogue_partition(
                            w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                            K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, FAST_EPILOGUE, OVERLAP_SLICES,
+                           grad_scale, GRAD_SCALE)
         done += 1
 
 
@@ -162,9 +166,11 @@ def update_staged_tile(
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
     ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+    grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
 ):
     """The update of the tile at (n0, k0), the `done`-th this program stages, ROWS rows at a time
-    (`update_tile`'s code); rows from ROW_LIMIT on are masked off (N: the weight's edge). With
+    (`update_tile`'s code); rows from ROW_LIMIT on are masked off (N: the weight's edge); with
+    GRAD_SCALE each gradient slice is multiplied by `grad_scale` first (clipping). With
     OVERLAP_SLICES each slice's W and states are loaded before the slice above it is updated, and
     the tile's first slice before its gradient is ready: they do not depend on it."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
@@ -182,6 +188,8 @@ def update_staged_tile(
     mbarrier.wait(acc_ready, done & 1)
     for r in gl.static_range(BLOCK_N // ROWS):
         g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
+        if GRAD_SCALE:
+            g = g * grad_scale
         if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
             _partition_barrier()
             mbarrier.arrive(acc_empty)
@@ -237,10 +245,12 @@ def wgrad_update_ws_kernel(
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
+    scale_ptr,  # GRAD_SCALE: one fp32 the gradient is multiplied by (the clip coefficient); else unread
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
     STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
@@ -252,9 +262,10 @@ def wgrad_update_ws_kernel(
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr,
+                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE,
+                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, GRAD_SCALE, STEPS_IN_MEMORY, ROWS,
+                               FAST_EPILOGUE,
                                OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),

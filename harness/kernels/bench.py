@@ -326,6 +326,7 @@ EXAMPLES = """examples (on a CUDA GPU):
   python -m harness kernels --tune --groups pointers --state-dtypes bf16
   python -m harness kernels --regress --output ci-results/kernels_h200.jsonl
   python -m harness kernels --regress --output slow.jsonl --debug-slowdown 6%
+  python -m harness kernels --clip-norms --models llama3.1-8b --tokens 1024 4096 --output clip_norms.jsonl
 """
 
 
@@ -374,7 +375,14 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="the regression check's kernel suite (harness.kernels.regress_suite), about a minute",
     )
-    parser.add_argument("--output", type=Path, help="with --regress: the JSONL file to write (a new one)")
+    parser.add_argument(
+        "--clip-norms",
+        action="store_true",
+        help="time the ways of taking a layer's gradient norm for clipping (harness.kernels.clip_norms)",
+    )
+    parser.add_argument(
+        "--output", type=Path, help="with --regress or --clip-norms: the JSONL file to write (a new one)"
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -387,9 +395,10 @@ def main(argv: list[str]) -> int:
         help="with --regress: make every fused kernel this much slower on purpose, e.g. 6%%",
     )
     args = parser.parse_args(argv)
-    if args.regress and (args.output is None or args.output.exists()):
+    if (args.regress or args.clip_norms) and (args.output is None or args.output.exists()):
         why = "needs --output FILE" if args.output is None else f"would not overwrite {args.output}"
-        print(f"python -m harness kernels --regress {why}: name a new file for its records")
+        flag = "--regress" if args.regress else "--clip-norms"
+        print(f"python -m harness kernels {flag} {why}: name a new file for its records")
         return 2
     if not torch.cuda.is_available():
         print(
@@ -409,6 +418,13 @@ def main(argv: list[str]) -> int:
     if args.regress:
         failed = regress_suite.run(args.output, meta, args.repeats, args.debug_slowdown)
         print(f"results: {args.output} ({failed} points failed)")
+        return 0
+    if args.clip_norms:
+        from harness.kernels import clip_norms
+
+        shapes = {f"{m}/{k}": v for m in args.models for k, v in linear_shapes(MODELS[m]).items()}
+        clip_norms.run(args.output, meta, shapes, args.tokens)
+        print(f"results: {args.output}")
         return 0
     if args.tune:
         name = "-".join(args.groups or ["all"])

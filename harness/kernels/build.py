@@ -190,7 +190,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         signature[name] = f"tensordesc<bf16[{rows}, {cols}],{layout!r}>"
     integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
     signature.update({name: "i32" for name in integers})
-    signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32")
+    signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32", scale_ptr="*fp32")
     constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
     constants.update(
         STEPS_IN_MEMORY=False,
@@ -251,6 +251,7 @@ def _epilogue_constants(state_dtype: str, stochastic_rounding: bool, int8_group:
         STATE_DTYPE=state_dtype,
         QGROUP=int8_group,
         STOCHASTIC_ROUNDING=stochastic_rounding,
+        GRAD_SCALE=False,
     )
 
 
@@ -284,6 +285,7 @@ def _build(
     signature.update({f"h{i}": "fp32" for i in range(9)})
     signature["seed"] = "i32"  # do_not_specialize: never a constant, never marked divisible
     signature["step_ptr"] = "*bf16"  # the weight again, unread: the launches of an eager step
+    signature["scale_ptr"] = "*bf16"  # likewise: no clipping
     constants = dict(constants, STEPS_IN_MEMORY=False)
     signature.update({name: "constexpr" for name in constants})
     missing = [name for name in kernel.arg_names if name not in signature]

@@ -374,3 +374,28 @@ def _assert_differ_only_in_rounding(got, want, what):
         bound = own_step + 16 * torch.finfo(torch.float32).eps * float(want.float().abs().max())
         worst = float(((g - w).abs() / bound).max())
         assert worst <= 1.0, f"{what}: an element differs by {worst:.1f}x a rounding step"
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("T, N, K", [(1024, 4096, 4096), (1000, 1000, 4096)], ids=["q_proj", "edges"])
+def test_the_warp_specialized_kernels_grad_scale_is_exact(T, N, K, state_dtype):
+    """GRAD_SCALE (global-norm clipping's coefficient) on the kernel FORGE picks on Hopper, bf16."""
+    from tests.forge.test_clip import assert_grad_scale_is_exact
+
+    assert_grad_scale_is_exact("cuda", torch.bfloat16, state_dtype, T, N, K)
+
+
+def test_clipped_fp32_steps_match_torch_on_gpu():
+    """FORGE fp32 with max_grad_norm against torch AdamW after clip_grad_norm_, on the GPU."""
+    from tests.forge.exactness import FUSED_FP32, assert_close_to_update
+    from tests.forge.test_clip import _loss, _model, _train_clipped
+
+    torch.manual_seed(8)
+    model = _model().cuda()
+    make_batch = lambda: (torch.randn(64, 23, device="cuda"), torch.randn(64, 7, device="cuda"))
+    a, b, _, _, norms_f, norms_t, ambiguous = _train_clipped(
+        model, "adamw", 3, make_batch, _loss, 0.05, forge_kwargs=dict(state_dtype="fp32"), lr=1e-2
+    )
+    assert norms_f == pytest.approx(norms_t, rel=1e-5) and min(norms_t) > 0.05
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), model.parameters()):
+        assert_close_to_update(pa, pb, p0, FUSED_FP32, name, ambiguous[pb])

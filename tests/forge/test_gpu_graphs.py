@@ -47,7 +47,16 @@ def _train(method, batches: list[torch.Tensor]) -> list[float]:
 
 @pytest.mark.parametrize(
     "eager_label",
-    ["fused_adamw", "forge_bf16", "forge_int8", "forge_bf16_stream", "no_optimizer"],
+    [
+        "fused_adamw",
+        "forge_bf16",
+        "forge_int8",
+        "forge_bf16_stream",
+        "no_optimizer",
+        "fused_adamw_clip",
+        "forge_bf16_clip",
+        "forge_int8_clip",
+    ],
     ids=lambda s: s,
 )
 def test_graphed_steps_equal_eager_steps_to_the_bit(eager_label):

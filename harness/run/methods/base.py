@@ -195,6 +195,17 @@ class StepOptimizerMethod(Method):
         return state_tensors_of(self.opt)
 
 
+def check_max_grad_norm(value: Any) -> None:
+    """For Options.__post_init__: max_grad_norm is None (no clipping) or a positive finite number."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(
+            f"max_grad_norm={value!r} is not valid: give a positive number (the largest global gradient "
+            "norm allowed), or null for no clipping"
+        )
+
+
 def check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
     """For Options.__post_init__: a ValueError naming the valid choices."""
     if value not in choices:

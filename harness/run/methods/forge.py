@@ -14,6 +14,11 @@ read each step's coefficients and seed from a row of device memory, and `before_
 `opt.prepare_replay()`, which advances the step of every parameter the graph updates and uploads
 their rows, before each replay.
 
+`max_grad_norm` (None: off) clips the global gradient norm as `clip_grad_norm_` would, exactly,
+inside FORGE (`forge.clip`): the backward gathers the norms and keeps each layer's dy and x, the
+updates run when it ends. The method `fused_adamw` takes the same option, with torch's own
+`clip_grad_norm_` before its step: the pair forge_*_clip / fused_adamw_clip compares the two.
+
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
 microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
 times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
@@ -28,7 +33,14 @@ from typing import Any
 
 import torch
 
-from harness.run.methods.base import Method, check_choice, largest_param_bytes, state_tensors_of
+from harness.run.methods.base import (
+    Method,
+    check_choice,
+    check_max_grad_norm,
+    largest_param_bytes,
+    local_numel,
+    state_tensors_of,
+)
 
 RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 STATE_DTYPES = ("fp32", "bf16", "int8")
@@ -43,12 +55,14 @@ class ForgeOptions:
     int8_group: int = 64
     update_stream: bool = False  # fused updates on a second CUDA stream (forge.streams)
     hparams: dict[str, Any] = field(default_factory=dict)
+    max_grad_norm: float | None = None  # global-norm clipping inside FORGE (forge.clip); None: off
     debug_delay_us: float = 0.0  # a deliberate slowdown: the GPU spins this long after each update
 
     def __post_init__(self) -> None:
         check_choice("rule", self.rule, RULES)
         check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
         check_choice("int8_group", self.int8_group, INT8_GROUPS)
+        check_max_grad_norm(self.max_grad_norm)
         if self.debug_delay_us < 0:
             raise ValueError(f"debug_delay_us={self.debug_delay_us} is not valid: a delay is >= 0")
 
@@ -82,6 +96,7 @@ class Forge(Method):
             int8_group=o.int8_group,
             capturable=self.cuda_graph,
             update_stream=o.update_stream,
+            max_grad_norm=o.max_grad_norm,
             **hparams,
         )
         if o.debug_delay_us:
@@ -107,7 +122,10 @@ class Forge(Method):
         return state_tensors_of(self.opt)
 
     def gradient_bytes(self) -> int:
-        return largest_param_bytes(p for p in self.params() if id(p) not in self.fused_ids)
+        hooked = [p for p in self.params() if id(p) not in self.fused_ids]
+        if self.options.max_grad_norm is not None:  # kept until the backward ends, all of them
+            return sum(local_numel(p) * p.element_size() for p in hooked)
+        return largest_param_bytes(hooked)
 
     def master_weights(self) -> str:
         base = super().master_weights()

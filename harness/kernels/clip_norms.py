@@ -1,0 +1,64 @@
+"""`python -m harness kernels --clip-norms`: what global-norm clipping costs FORGE, layer by layer.
+
+With `max_grad_norm` FORGE needs the norm of each layer's dW = dy^T x without storing dW
+(`forge.clip`). For every linear shape of a model and token count this times, on the same random
+bf16 inputs, with `triton.testing.do_bench(..., return_mode="median")`:
+
+  cublas_gemm_ms     torch.mm(dy.t(), x): the dW GEMM itself, the yardstick;
+  gram_ms            ||dW||^2 as sum((dy dy^T) * (x x^T)): two (T, T) GEMMs and a dot;
+  gram_x_cached_ms   the same when x x^T is already known (k and v after q, up after gate);
+  direct_ms          the norm-only kernel (`forge.kernels.wgrad_norm`): the dW GEMM with a reducing
+                     epilogue, nothing written;
+  chosen             what `forge.clip` picks for the shape (fewer multiply-adds; x x^T counted as
+                     not cached), and chosen_ms its time.
+One record per (shape, T), with the environment, in a new JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
+    from triton.testing import do_bench
+
+    from forge.clip import GlobalNormClip, _gram
+    from forge.kernels.wgrad_norm import wgrad_norm_partial
+
+    torch.manual_seed(0)
+    dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    gram_x = _gram(x)
+    row: dict[str, Any] = dict(shape_name=name, T=T, N=N, K=K)
+    row["cublas_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+    row["gram_ms"] = do_bench(lambda: torch.dot(_gram(dy).view(-1), _gram(x).view(-1)), return_mode="median")
+    row["gram_x_cached_ms"] = do_bench(
+        lambda: torch.dot(_gram(dy).view(-1), gram_x.view(-1)), return_mode="median"
+    )
+    row["direct_ms"] = do_bench(lambda: wgrad_norm_partial(dy, x), return_mode="median")
+    exact = float(torch.linalg.vector_norm(torch.mm(dy.t().float(), x.float())))
+    clip = GlobalNormClip(None, 1.0, 2.0)
+    for method in ("gram", "direct"):
+        clip.method = method
+        row[f"{method}_relative_error"] = abs(float(clip._linear_power_sum(dy, x).sqrt()) - exact) / exact
+        clip._gram_x = None
+    row["chosen"] = "gram" if T * T * (N + K) < T * N * K else "direct"
+    row["chosen_ms"] = row[f"{row['chosen']}_ms"]
+    return row
+
+
+def run(output: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, int]], tokens: list[int]) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("x") as f:
+        for T in tokens:
+            for name, (N, K) in shapes.items():
+                row = dict(meta, sweep="clip_norms", **bench_shape(name, T, N, K))
+                timed = [k for k in row if k.endswith("_ms") and k != "chosen_ms"]
+                times = "  ".join(f"{k[:-3]} {row[k]:.3f}" for k in timed)
+                print(f"{name:18s} T={T:5d}  {times} ms  -> {row['chosen']}")
+                f.write(json.dumps(row) + "\n")
+                f.flush()
