@@ -118,11 +118,13 @@ def method_label(method: str, options: Any = None) -> str:
 
 
 def display_name(record: Mapping[str, Any]) -> str:
-    """How tables and plots name a record's method: its conf label ('forge_int8') when recorded."""
+    """How tables and plots name a record's method: its conf label ('forge_int8') when recorded,
+    marked when the point used the chunked loss (`model.chunked_loss`)."""
     label = record.get("method_label")
-    if not missing(label) and label:
-        return str(label)
-    return method_label(str(record.get("method")), record.get("method_options"))
+    if missing(label) or not label:
+        return method_label(str(record.get("method")), record.get("method_options"))
+    chunked = options_dict(record.get("method_options")).get("chunked_loss")
+    return f"{label} (chunked loss)" if chunked else str(label)
 
 
 def _short(value: Any) -> str:
@@ -212,9 +214,17 @@ def graphed(record: Mapping[str, Any]) -> bool:
     return bool(options_dict(record.get("method_options")).get("cuda_graph"))
 
 
-def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool]:
-    """How the step ran, beyond the method's own options: (autocast dtype or None, graphed)."""
-    return (options_dict(record.get("method_options")).get("autocast"), graphed(record))
+def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, Any]:
+    """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, chunked
+    loss, max_grad_norm or None). A point is compared with the fused AdamW whose step ran the same
+    way: a clipped FORGE step with fused AdamW after clip_grad_norm_."""
+    options = options_dict(record.get("method_options"))
+    return (
+        options.get("autocast"),
+        graphed(record),
+        bool(options.get("chunked_loss")),
+        options.get("max_grad_norm"),
+    )
 
 
 def reference_key(record: Mapping[str, Any]) -> tuple:
@@ -224,13 +234,15 @@ def reference_key(record: Mapping[str, Any]) -> tuple:
 
 
 def reference_index(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
-    """Fused AdamW per `reference_key`: plainest options first, then the latest record."""
+    """Fused AdamW per `reference_key`: the fewest options first (then their canonical string), then
+    the latest record."""
     best: dict[tuple, tuple[tuple, Mapping[str, Any]]] = {}
     for index, record in enumerate(records):
         if record.get("method") != REFERENCE_METHOD:
             continue
         stamp = "" if missing(record.get("time")) else str(record.get("time"))
-        rank = (options_key(record.get("method_options")), _negate(stamp), -index)
+        options = record.get("method_options")
+        rank = (len(options_dict(options)), options_key(options), _negate(stamp), -index)
         key = reference_key(record)
         if key not in best or rank < best[key][0]:
             best[key] = (rank, record)

@@ -31,6 +31,7 @@ from harness.points import (
     graphed,
     latest_by_key,
     method_rank,
+    options_dict,
     options_key,
     reference_index,
     reference_key,
@@ -269,10 +270,12 @@ def _rows(records: Sequence[Record], all_records: Sequence[Record], notes: Notes
 
 
 def _plain_point(record: Record) -> bool:
-    """One GPU, neither capped nor checkpointed nor a convergence run."""
+    """One GPU, neither capped nor checkpointed nor a convergence run, transformers' own loss (a
+    chunked-loss point is compared in the paper comparison, beside its twin)."""
     return (
         record.get("memory_cap_gib") is None
         and not record.get("activation_checkpointing")
+        and not options_dict(record.get("method_options")).get("chunked_loss")
         and not is_convergence(record)
         and gpus(record) <= 1
     )
