@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 # harness's run/ tests come last by name) would leave the other workers idle at the end.
 LONGEST_FIRST = (
     "tests/harness/run/test_sweep.py",
+    "tests/forge/integrations/test_transformers.py",
     "tests/harness/run/test_convergence.py",
     "tests/harness/run/test_config.py",
     "tests/harness/run/test_tensor_parallel.py",
@@ -38,6 +39,7 @@ LONGEST_FIRST = (
     "tests/forge/test_models.py",
     "tests/forge/test_rules.py",
     "tests/harness/run/test_slurm.py",
+    "tests/forge/test_clip.py",
 )
 
 

@@ -1,0 +1,220 @@
+"""ForgeTrainer: the Hugging Face `Trainer` with FORGE as its optimizer.
+
+    from forge.integrations.transformers import ForgeTrainer
+    trainer = ForgeTrainer(model=model, args=TrainingArguments(...), train_dataset=ds,
+                           forge_options=dict(state_dtype="bf16"))
+    trainer.train()
+
+The Trainer's loop runs as written: forward, `loss.backward()`, clipping, `optimizer.step()`,
+`lr_scheduler.step()`. Under FORGE the step happens inside that backward (each nn.Linear weight in its
+fused dW kernel, every other parameter in a post-accumulate-grad hook), so no weight gradient is ever
+stored; `optimizer.step()` has nothing left to do, and the scheduler's next lr is read by the next
+backward: the same order of lr and step as with torch.optim.
+
+What the TrainingArguments become:
+* `optim` picks the rule (`OPTIM_RULES`); `learning_rate`, `adam_beta1/2`, `adam_epsilon` and
+  `optim_args` the hyperparameters torch's class would get from the Trainer; `weight_decay` applies to
+  the Trainer's own decay group (biases and norms get none), as in `Trainer.create_optimizer`.
+* `max_grad_norm` > 0 is FORGE's exact global-norm clipping (`forge.attach(max_grad_norm=...)`), and
+  the logged `grad_norm` is FORGE's norm before clipping. With clipping off no norm is logged: no
+  gradient exists after backward to take one from.
+* `lr_scheduler_type`, warm-up, `save_steps`, `resume_from_checkpoint`: the Trainer's own machinery.
+  `optimizer.pt` holds `ForgeOptimizer.state_dict()` (states in their own dtype), and a resumed run
+  attaches FORGE once, to the loaded weights, then loads it: the run continues bit for bit.
+
+`forge_options` go to `forge.attach` as they are (`state_dtype`, `stochastic_rounding`, `capturable`,
+...); `seed`, the stochastic-rounding seed, defaults to the Trainer's `seed`.
+
+Refused when the trainer is built, before FORGE touches the model, each with what to do instead:
+`gradient_accumulation_steps` > 1 (each backward is a step: there is nothing to accumulate into),
+`fp16` (its loss scaler unscales gradients after backward, by when FORGE has applied them), data
+parallelism (DDP, FSDP, DeepSpeed, several GPUs in one process: each needs the full gradient for an
+all-reduce), an optimizer of one's own (`optimizers`, `optimizer_cls_and_kwargs`), and `optim` names
+that have no FORGE rule.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from transformers import Trainer, TrainingArguments
+from transformers.training_args import OptimizerNames
+
+import forge
+
+# `optim` names whose arithmetic is one of FORGE's rules. A name's storage format (8-bit, paged) is not
+# FORGE's: its state precision is `forge_options["state_dtype"]`, so those names are refused, not
+# silently given another format. `adamw_hf` is transformers' own AdamW, gone from recent versions.
+_RULE_OF_OPTIM = {
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_hf": "adamw",
+    "sgd": "sgd",
+    "adagrad": "adagrad",
+    "rmsprop": "rmsprop",
+    "lion_32bit": "lion",
+}
+_KNOWN_OPTIMS = {o.value for o in OptimizerNames}
+OPTIM_RULES = {name: rule for name, rule in _RULE_OF_OPTIM.items() if name in _KNOWN_OPTIMS}
+
+# Names whose optimizer class the installed Trainer builds from torch alone: their hyperparameters are
+# taken from `Trainer.get_optimizer_cls_and_kwargs`, so they follow the Trainer's own mapping (optim_args
+# included). The others would make it import a third-party optimizer: their kwargs are built here, as its
+# handler builds them.
+_TORCH_OPTIMS = {"adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop"}
+
+# forge.attach options that TrainingArguments set: naming them in forge_options too is refused.
+_FROM_TRAINING_ARGS = {
+    "lr": "learning_rate",
+    "betas": "adam_beta1 and adam_beta2",
+    "eps": "adam_epsilon",
+    "weight_decay": "weight_decay",
+    "max_grad_norm": "max_grad_norm",
+    "params": "the model's parameters (ForgeTrainer groups them as Trainer does)",
+    "rule": "optim",
+}
+
+# The Trainer methods ForgeTrainer overrides to report FORGE's gradient norm (see `_clip_grad_norm`).
+_NORM_HOOKS = ("_clip_grad_norm", "_get_grad_norm")
+if not all(callable(getattr(Trainer, name, None)) for name in _NORM_HOOKS):
+    raise ImportError(
+        "forge.integrations.transformers needs a transformers whose Trainer clips and reports the gradient "
+        f"norm through {' and '.join(_NORM_HOOKS)} (tested with transformers 5.24); upgrade transformers"
+    )
+
+
+def forge_rule_and_hparams(args: TrainingArguments) -> tuple[str, dict[str, Any]]:
+    """The FORGE rule and hyperparameters that `args` ask for, or a ValueError saying what is supported."""
+    optim = str(getattr(args.optim, "value", args.optim))
+    rule = OPTIM_RULES.get(optim)
+    if rule is None:
+        supported = ", ".join(f"{name} ({rule})" for name, rule in OPTIM_RULES.items())
+        raise ValueError(
+            f"ForgeTrainer has no FORGE rule for optim={optim!r}; supported: {supported}. The state "
+            "precision is set by forge_options=dict(state_dtype='fp32' | 'bf16' | 'int8'), not by the "
+            "optim name."
+        )
+    if optim in _TORCH_OPTIMS:
+        _, hparams = Trainer.get_optimizer_cls_and_kwargs(args)
+    else:  # the Trainer's handlers for these import bitsandbytes; they pass lr and betas
+        hparams = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2)}
+        if rule == "adamw":
+            hparams["eps"] = args.adam_epsilon
+    hparams = dict(hparams)
+    if args.max_grad_norm is not None and args.max_grad_norm > 0:
+        hparams["max_grad_norm"] = float(args.max_grad_norm)
+    return rule, hparams
+
+
+def check_training_args(args: TrainingArguments) -> None:
+    """Refuse, with what to do instead, the settings under which FORGE cannot train (see the module)."""
+    forge_rule_and_hparams(args)
+    steps = args.gradient_accumulation_steps
+    if steps > 1:
+        checkpointing = "activation_checkpointing"  # gradient_checkpointing before transformers 5
+        if not hasattr(args, checkpointing):
+            checkpointing = "gradient_checkpointing"
+        raise ValueError(
+            f"gradient_accumulation_steps={steps} cannot work with FORGE: it applies the optimizer step "
+            "inside every backward, so micro-batches have no gradient to accumulate. Set "
+            f"gradient_accumulation_steps=1 and per_device_train_batch_size="
+            f"{steps * args.per_device_train_batch_size} (x{steps}) instead, with {checkpointing}=True if "
+            "that batch does not fit in memory: for a mean-reduced loss it is the same update."
+        )
+    if args.fp16:
+        raise ValueError(
+            "fp16=True trains with a loss scaler, which unscales the gradients after backward; FORGE has "
+            "applied them inside backward by then, so every step would use the scaled gradient. Use "
+            "bf16=True (no loss scaling) or fp32."
+        )
+
+
+class ForgeTrainer(Trainer):
+    """A `transformers.Trainer` whose optimizer is FORGE, built from its TrainingArguments.
+
+    Takes every Trainer argument, plus `forge_options`: a dict of `forge.attach` options
+    (`state_dtype`, `stochastic_rounding`, `seed`, `capturable`, ...)."""
+
+    def __init__(
+        self, model=None, args=None, *trainer_args, forge_options: dict | None = None, **trainer_kwargs
+    ):
+        bound = inspect.signature(Trainer.__init__).bind(None, model, args, *trainer_args, **trainer_kwargs)
+        own_optimizer = any(o is not None for o in bound.arguments.get("optimizers", ()))
+        if own_optimizer or bound.arguments.get("optimizer_cls_and_kwargs") is not None:
+            raise ValueError(
+                "ForgeTrainer builds its FORGE optimizer from the TrainingArguments (optim, "
+                "learning_rate, ...) and forge_options; it takes neither `optimizers` nor "
+                "`optimizer_cls_and_kwargs`. For another schedule set lr_scheduler_type and "
+                "lr_scheduler_kwargs, or override create_scheduler."
+            )
+        self.forge_options = dict(forge_options or {})
+        taken = sorted(set(self.forge_options) & set(_FROM_TRAINING_ARGS))
+        if taken:
+            where = "; ".join(f"{key}: {_FROM_TRAINING_ARGS[key]}" for key in taken)
+            raise ValueError(f"forge_options {taken} are set from the TrainingArguments ({where})")
+        if args is not None:
+            check_training_args(args)  # before the Trainer moves or wraps anything
+        self._forge_optimizer = None
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        check_training_args(self.args)  # the Trainer's default arguments, where none were given
+        self._refuse_data_parallel()
+
+    def _refuse_data_parallel(self) -> None:
+        from accelerate.utils import DistributedType
+
+        args, kind = self.args, None
+        if self.is_deepspeed_enabled:
+            kind = "DeepSpeed"
+        elif self.is_fsdp_enabled or getattr(self, "is_fsdp_xla_enabled", False):
+            kind = "FSDP"
+        elif args.n_gpu > 1:
+            kind = f"{args.n_gpu} GPUs in one process (the Trainer would wrap the model in nn.DataParallel)"
+        elif args.world_size > 1 or self.accelerator.distributed_type != DistributedType.NO:
+            distributed = self.accelerator.distributed_type.value
+            kind = f"a distributed run ({distributed}, {args.world_size} processes)"
+        if kind is not None:
+            raise RuntimeError(
+                f"ForgeTrainer cannot train with {kind}: data parallelism all-reduces every gradient "
+                "before the update, and FORGE applies each gradient inside backward, where it is made. "
+                "Train on one GPU (FORGE's saving often makes the model fit), or call forge.attach "
+                "directly under tensor parallelism (forge.distributed), which is exact."
+            )
+
+    def create_optimizer(self, model=None):
+        """Attach FORGE to the model (once) with the Trainer's parameter groups; return its optimizer."""
+        if self.optimizer is not None:
+            return self.optimizer
+        check_training_args(self.args)  # again: arguments changed since construction are refused here
+        rule, hparams = forge_rule_and_hparams(self.args)
+        clash = sorted(set(self.forge_options) & set(hparams))
+        if clash:
+            raise ValueError(f"forge_options {clash} are also set by the TrainingArguments (optim_args)")
+        options = {"seed": self.args.seed, **self.forge_options}
+        opt_model = self.model if model is None else model
+        decay = set(self.get_decay_parameter_names(opt_model))
+        trained = [(name, p) for name, p in opt_model.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for name, p in trained if name in decay], "weight_decay": self.args.weight_decay},
+            {"params": [p for name, p in trained if name not in decay], "weight_decay": 0.0},
+        ]
+        self._forge_optimizer = forge.attach(opt_model, rule, groups, **hparams, **options)
+        self.optimizer = self._forge_optimizer
+        return self.optimizer
+
+    # The Trainer clips after backward (`_clip_grad_norm`, called when max_grad_norm > 0, returns the norm
+    # before clipping) and logs the norm that `_get_grad_norm` returns (the clipped one's, or one it takes
+    # over the parameters' .grad). Under FORGE no .grad is left by then: the clipping already happened
+    # inside backward, and clip_grad_norm_ over gradient-less parameters would log 0. These two methods
+    # are the Trainer's own seams for exactly this (they hold nothing else), so overriding them keeps
+    # every other line of the training loop the Trainer's, and max_grad_norm keeps its meaning for
+    # everything that reads it (logging, callbacks, saved arguments).
+    def _clip_grad_norm(self, model):
+        return self._forge_grad_norm()
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return grad_norm if grad_norm is not None else self._forge_grad_norm()
+
+    def _forge_grad_norm(self):
+        """The total norm FORGE took before clipping in the last backward; None where it does not clip."""
+        return getattr(self._forge_optimizer, "last_grad_norm", None)

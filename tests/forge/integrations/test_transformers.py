@@ -1,0 +1,298 @@
+"""ForgeTrainer: FORGE under transformers.Trainer, against the Trainer with torch's own optimizers.
+
+The oracle is the plain Trainer on the same model, data and arguments: the same loop, scheduler and
+parameter groups, with torch.optim stepping on stored gradients where FORGE steps inside backward.
+"""
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+from forge.integrations.transformers import ForgeTrainer
+from forge.nn import ForgeLinear
+
+VOCAB = 64
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    """One decoder layer, hidden 32, GQA: every kind of parameter FORGE fuses or hooks, fp32."""
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).float()
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """Causal-LM examples of random tokens, the same for every run (their own generator)."""
+
+    def __init__(self, n: int = 80, seq: int = 16):
+        self.ids = torch.randint(0, VOCAB, (n, seq), generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def training_args(output_dir, **overrides) -> TrainingArguments:
+    options = dict(
+        output_dir=str(output_dir),
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        per_device_train_batch_size=4,
+        max_steps=20,
+        optim="adamw_torch",
+        learning_rate=1e-3,
+        weight_decay=0.01,
+        warmup_steps=3,
+        lr_scheduler_type="linear",
+        max_grad_norm=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+    return TrainingArguments(**{**options, **overrides})
+
+
+def logged(trainer: Trainer, key: str) -> list:
+    """The per-step values of `key` in the trainer's logs (not the end-of-training summary)."""
+    return [entry[key] for entry in trainer.state.log_history if key in entry and "train_loss" not in entry]
+
+
+def untouched(model: nn.Module) -> bool:
+    """No FORGE on `model`: no swapped module, no hook, no optimizer on it."""
+    return (
+        not any(isinstance(m, ForgeLinear) for m in model.modules())
+        and getattr(model, "_forge_optimizer", None) is None
+        and not any(p._post_accumulate_grad_hooks for p in model.parameters())
+    )
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0], ids=["no-clipping", "clip-1.0"])
+def test_matches_trainer_with_torch_adamw(tmp_path, max_grad_norm):
+    # fp32 weights and states: FORGE's update is torch.optim's on the same gradient up to the GEMM's
+    # summation order (~1e-8 on these weights after 20 steps); the global norm likewise (1e-7 relative).
+    model, data = tiny_llama(), RandomTokens()
+    args = dict(max_grad_norm=max_grad_norm)
+    reference = Trainer(
+        model=copy.deepcopy(model), args=training_args(tmp_path / "torch", **args), train_dataset=data
+    )
+    reference.train()
+    trainer = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp_path / "forge", **args),
+        train_dataset=data,
+        forge_options=dict(state_dtype="fp32"),
+    )
+    trainer.train()
+
+    assert len(logged(trainer, "loss")) == 20
+    torch.testing.assert_close(logged(trainer, "loss"), logged(reference, "loss"), rtol=1e-5, atol=1e-6)
+    assert logged(trainer, "learning_rate") == logged(reference, "learning_rate")  # warm-up, then linear
+    for (name, p), q in zip(reference.model.named_parameters(), trainer.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+    if max_grad_norm:  # the norm before clipping, FORGE's, as the Trainer logs clip_grad_norm_'s
+        assert len(logged(trainer, "grad_norm")) == 20
+        norms, reference_norms = logged(trainer, "grad_norm"), logged(reference, "grad_norm")
+        torch.testing.assert_close(norms, reference_norms, rtol=1e-5, atol=0)
+    else:  # no clipping, no norm: no gradient is left after backward to take one from
+        assert logged(trainer, "grad_norm") == []
+
+
+@pytest.mark.parametrize(
+    "optim, optim_args",
+    [
+        ("adamw_torch", None),
+        ("adamw_torch_fused", None),
+        ("sgd", "momentum=0.9,nesterov=True"),
+        ("adagrad", "lr_decay=0.01"),
+        ("rmsprop", "alpha=0.9,centered=True,momentum=0.5"),
+        ("lion_32bit", None),  # the Trainer's is bitsandbytes' Lion (CPU-constructible)
+    ],
+)
+def test_param_groups_are_the_trainers(tmp_path, optim, optim_args):
+    """Every hyperparameter torch's class gets from the Trainer, FORGE gets too, group by group."""
+    model = tiny_llama()
+    args = training_args(
+        tmp_path, optim=optim, optim_args=optim_args, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6
+    )
+    reference = Trainer(model=copy.deepcopy(model), args=args).create_optimizer()
+    forge_optimizer = ForgeTrainer(model=copy.deepcopy(model), args=args).create_optimizer()
+
+    assert len(forge_optimizer.param_groups) == len(reference.param_groups) == 2
+    for ours, theirs in zip(forge_optimizer.param_groups, reference.param_groups, strict=True):
+        assert [p.shape for p in ours["params"]] == [p.shape for p in theirs["params"]]
+        shared = (set(ours) & set(theirs)) - {"params"}
+        assert {"lr", "weight_decay"} <= shared
+        assert {k: ours[k] for k in shared} == {k: theirs[k] for k in shared}
+    assert [g["weight_decay"] for g in forge_optimizer.param_groups] == [0.01, 0.0]  # norms get none
+
+
+def test_resume_from_checkpoint_is_bit_identical(tmp_path):
+    # bf16 weights written with stochastic rounding and int8 states: the resumed run must restore the
+    # int8 codes and scales in their own dtype and draw the same rounding seeds (they follow the step).
+    model = tiny_llama().to(torch.bfloat16)
+    data = RandomTokens()
+    options = dict(state_dtype="int8", stochastic_rounding=True)
+    common = dict(max_steps=6, save_strategy="steps", save_steps=3, max_grad_norm=1.0)
+    straight = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp_path / "straight", **common),
+        train_dataset=data,
+        forge_options=options,
+    )
+    straight.train()
+    resumed = ForgeTrainer(
+        model=tiny_llama().to(torch.bfloat16),  # other initial weights: the checkpoint's must be loaded
+        args=training_args(tmp_path / "resumed", **common),
+        train_dataset=data,
+        forge_options=options,
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-3"))
+
+    assert resumed.state.global_step == 6
+    assert logged(resumed, "loss") == logged(straight, "loss")  # steps 1-3 from the checkpoint's state
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    ours, theirs = resumed.optimizer.state_dict(), straight.optimizer.state_dict()
+    assert ours["param_groups"] == theirs["param_groups"]
+    assert ours["state"].keys() == theirs["state"].keys()
+    for i, state in theirs["state"].items():
+        assert state["step"] == 6
+        assert state.keys() == ours["state"][i].keys()
+        for key, value in state.items():
+            other = ours["state"][i][key]
+            assert torch.equal(other, value) if isinstance(value, torch.Tensor) else other == value, key
+    # attached once: one FORGE optimizer, on the resumed model, every linear fused by it
+    linears = [m for m in resumed.model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is ForgeLinear for m in linears)
+    assert {id(m._forge_optimizer) for m in linears} == {id(resumed._forge_optimizer)}
+
+
+def test_gradient_accumulation_is_refused(tmp_path):
+    model = tiny_llama()
+    with pytest.raises(ValueError) as refused:
+        ForgeTrainer(
+            model=model,
+            args=training_args(tmp_path, gradient_accumulation_steps=2),
+            train_dataset=RandomTokens(),
+        )
+    message = str(refused.value)
+    assert "gradient_accumulation_steps=2" in message
+    assert "gradient_accumulation_steps=1 and per_device_train_batch_size=8" in message
+    assert "activation_checkpointing=True" in message
+    assert untouched(model)
+
+
+def test_the_advice_instead_of_accumulation_gives_the_same_update(tmp_path):
+    # The refusal's advice, checked: the Trainer's 2 x 4 accumulated (its loss normalized over both
+    # micro-batches' tokens) equals FORGE on batches of 8 with activation checkpointing, to fp32 rounding.
+    model, data = tiny_llama(), RandomTokens()
+    accumulated = Trainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp_path / "torch", max_steps=5, gradient_accumulation_steps=2),
+        train_dataset=data,
+    )
+    accumulated.train()
+    trainer = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(
+            tmp_path / "forge", max_steps=5, per_device_train_batch_size=8, activation_checkpointing=True
+        ),
+        train_dataset=data,
+        forge_options=dict(state_dtype="fp32"),
+    )
+    trainer.train()
+
+    torch.testing.assert_close(logged(trainer, "loss"), logged(accumulated, "loss"), rtol=1e-5, atol=1e-6)
+    for p, q in zip(accumulated.model.parameters(), trainer.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optim", ["adafactor", "adamw_8bit"])
+def test_unsupported_optim_is_refused_before_anything_changes(tmp_path, optim):
+    model = tiny_llama()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=f"no FORGE rule for optim='{optim}'.*adamw_torch.*sgd.*lion_32bit"):
+        ForgeTrainer(model=model, args=training_args(tmp_path, optim=optim), train_dataset=RandomTokens())
+    assert untouched(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_optim_changed_after_construction_is_refused_at_train(tmp_path):
+    model = tiny_llama()
+    trainer = ForgeTrainer(model=model, args=training_args(tmp_path), train_dataset=RandomTokens())
+    trainer.args.optim = "adafactor"
+    with pytest.raises(ValueError, match="no FORGE rule for optim='adafactor'"):
+        trainer.train()
+    assert untouched(model)
+
+
+def test_other_optimizers_and_clashing_options_are_refused(tmp_path):
+    model, args = tiny_llama(), training_args(tmp_path)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="neither `optimizers` nor `optimizer_cls_and_kwargs`"):
+        ForgeTrainer(model=model, args=args, optimizers=(sgd, None))
+    with pytest.raises(ValueError, match=r"\['lr'\] are set from the TrainingArguments \(lr: learning_rate"):
+        ForgeTrainer(model=model, args=args, forge_options=dict(lr=1e-4))
+    with pytest.raises(ValueError, match="fp16=True .* Use bf16=True"):
+        ForgeTrainer(model=model, args=training_args(tmp_path, fp16=True, use_cpu=False))
+    assert untouched(model)
+
+
+_DATA_PARALLEL_RANK = textwrap.dedent(
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+    from forge.integrations.transformers import ForgeTrainer
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    args = TrainingArguments(output_dir={out!r}, use_cpu=True, report_to=[], max_steps=1)
+    data = [{{"input_ids": torch.zeros(4, dtype=torch.long)}}]
+    try:
+        ForgeTrainer(model=model, args=args, train_dataset=data)
+    except RuntimeError as refused:
+        assert type(model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+        print("REFUSED:", refused)
+    """
+)
+
+
+def test_data_parallel_is_refused(tmp_path):
+    """Two real ranks (gloo, CPU): the Trainer would wrap the model in DDP after building the optimizer,
+    where forge.attach cannot see it, and each rank would step on its own gradient. ForgeTrainer refuses."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = _DATA_PARALLEL_RANK.format(out=str(tmp_path))
+    ranks = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        command = [sys.executable, "-c", script]
+        ranks.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    for output in outputs:
+        assert "REFUSED: ForgeTrainer cannot train with a distributed run (MULTI_CPU, 2 processes)" in output
+        assert "data parallelism all-reduces every gradient" in output
