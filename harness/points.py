@@ -12,8 +12,9 @@ Methods are listed in a fixed order (the baseline first, the floor and FORGE las
 and plots come out in the same order however the results files were written.
 
 A method's ratios compare it with fused AdamW of the same sweep and configuration whose step runs
-the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not), so a graphed
-FORGE row is a ratio of the graphed fused AdamW, never of the eager one.
+the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not, compiled or not,
+with the chunked loss or not, clipped or not), so a graphed FORGE row is a ratio of the graphed
+fused AdamW, never of the eager one, and a clipped one of fused AdamW after clip_grad_norm_.
 """
 
 from __future__ import annotations
@@ -214,14 +215,15 @@ def graphed(record: Mapping[str, Any]) -> bool:
     return bool(options_dict(record.get("method_options")).get("cuda_graph"))
 
 
-def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, Any]:
-    """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, chunked
-    loss, max_grad_norm or None). A point is compared with the fused AdamW whose step ran the same
-    way: a clipped FORGE step with fused AdamW after clip_grad_norm_."""
+def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any]:
+    """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, compiled,
+    chunked loss, max_grad_norm or None). A point is compared with the fused AdamW whose step ran
+    the same way: a clipped FORGE step with fused AdamW after clip_grad_norm_."""
     options = options_dict(record.get("method_options"))
     return (
         options.get("autocast"),
         graphed(record),
+        bool(options.get("compile")),
         bool(options.get("chunked_loss")),
         options.get("max_grad_norm"),
     )

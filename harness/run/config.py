@@ -80,6 +80,9 @@ class MethodConfig:
     # true: capture the whole step (forward, backward, update) once in a CUDA graph and replay it
     # every step, so Python launches nothing per step (harness.run.graphs); one GPU, capturable methods
     cuda_graph: bool = False
+    # true: the model's forward (and with it the backward) compiled by torch.compile (Inductor); the
+    # optimizer step as the method takes it. FORGE's fused update is a custom op in the graph (forge.ops)
+    compile: bool = False
 
 
 @dataclass
@@ -324,6 +327,11 @@ def _validate_launcher(cfg: DictConfig) -> None:
 def _validate_cuda_graph(cfg: DictConfig) -> None:
     """What a captured step cannot do here (a method or device that cannot capture is a record:
     `unavailable`, from `methods.unavailable_reason`)."""
+    if cfg.method.compile and cfg.method.cuda_graph:
+        raise ConfigError(
+            "method.compile=true with method.cuda_graph=true: measure one at a time (torch.compile's own "
+            "CUDA graphs are its mode='reduce-overhead'); set one of them to false"
+        )
     if not cfg.method.cuda_graph:
         return
     if cfg.gpus > 1:

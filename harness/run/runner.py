@@ -93,6 +93,8 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         r["method_options"]["autocast"] = cfg.method.autocast
     if cfg.method.cuda_graph:  # the same method, its step captured once and replayed: recorded only when on
         r["method_options"]["cuda_graph"] = True
+    if cfg.method.compile:  # likewise: its forward and backward compiled by torch.compile
+        r["method_options"]["compile"] = True
     r["chunked_loss"] = bool(cfg.model.chunked_loss)
     if cfg.model.chunked_loss:  # another loss, so another configuration: recorded only when on
         r["method_options"]["chunked_loss"] = True
@@ -147,6 +149,7 @@ def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
     method.autocast = cfg.method.autocast
     method.cuda_graph = cfg.method.cuda_graph
+    method.compile = cfg.method.compile
     try:
         method.setup()
     except ImportError as e:

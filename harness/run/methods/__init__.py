@@ -78,10 +78,16 @@ def make_options(name: str, options: dict[str, Any]) -> Any:
         raise ConfigError(f"method.options for {name!r}: {e}") from None
 
 
+# Options recorded only when set (not None): a point without them is the same configuration as one
+# measured before they existed (committed baselines among them).
+RECORDED_WHEN_SET = ("max_grad_norm",)
+
+
 def resolved_options(name: str, options: dict[str, Any], lr: float) -> dict[str, Any]:
     """What a record stores as method_options: lr and every option with its default filled in,
     the same for a point that ran and one that failed (so they match as the same configuration)."""
-    return {"lr": lr, **asdict(make_options(name, options))}
+    resolved = asdict(make_options(name, options))
+    return {"lr": lr, **{k: v for k, v in resolved.items() if not (k in RECORDED_WHEN_SET and v is None)}}
 
 
 def validate(name: str, options: dict[str, Any]) -> None:

@@ -59,6 +59,7 @@ class Method:
     triton_kernels: ClassVar[bool] = False
     autocast: str | None = None  # "bf16": mixed precision (set from the config's method.autocast)
     cuda_graph: bool = False  # capture the step once, replay it (set from method.cuda_graph)
+    compile: bool = False  # the model's forward through torch.compile (set from method.compile)
 
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
@@ -68,6 +69,7 @@ class Method:
         self.notes: list[str] = []
         self.hooks: list[Any] = []
         self.captured: CapturedStep | None = None  # the CUDA graph of the step, once captured
+        self._compiled: torch.nn.Module | None = None  # with `compile`: torch.compile(model)
 
     @classmethod
     def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
@@ -98,7 +100,16 @@ class Method:
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal-LM loss of the batch against itself (labels are shifted inside the model)."""
         with self.autocast_context():
-            return self.model(input_ids=input_ids, labels=input_ids).loss
+            return self.forward_model()(input_ids=input_ids, labels=input_ids).loss
+
+    def forward_model(self) -> torch.nn.Module:
+        """The model to run the forward through: itself, or with `compile` its torch.compile
+        wrapper (built at the first step, after `setup`, so that it traces the method's modules)."""
+        if not self.compile:
+            return self.model
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model)
+        return self._compiled
 
     def autocast_context(self) -> contextlib.AbstractContextManager:
         """torch.autocast to `self.autocast` (config `method.autocast`), or nothing. Under
