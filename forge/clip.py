@@ -15,14 +15,15 @@ while in FORGE a weight gradient exists only inside the kernel that consumes it.
    fp32 gradient. The other parameters run the element-wise kernel likewise.
 Nothing is read back to the host in between, so a clipped step can be captured in a CUDA graph.
 
-The norm of dW = dy^T x for dy (T, N), x (T, K), without dW, one of two ways, the cheaper by
-multiply-adds for each layer:
+The norm of dW = dy^T x for dy (T, N), x (T, K), without dW, one of two ways, the cheaper for
+each layer (`norm_method`):
 * Gram: ||dy^T x||^2 = sum((dy dy^T) * (x x^T)), two (T, T) GEMMs: T^2 (N + K) multiply-adds
-  against the T N K of dW, and the x x^T of an input that feeds several layers in a row (q, k and
-  v; gate and up) computed once. At T = 1024 on Llama-3.1-8B's layers that is about a third of
-  the dW GEMMs; its products are rounded differently from dW's, a relative 1e-6 in fp32.
+  against the T N K of dW, and the x x^T of an input that feeds several layers in a row (v, k and
+  q; up and gate) computed once. Its sum is rounded differently from dW's: measured on bf16
+  operands, 1e-5 to 7e-5 of the norm (3e-4 for a 128k-row lm_head at T = 4096), far inside what
+  moves a clip coefficient.
 * direct: the fused kernel's main loop with a reducing epilogue (`forge.kernels.wgrad_norm`):
-  T N K multiply-adds, for large T and for every norm type other than 2.
+  T N K multiply-adds, for large T and for every norm type other than 2; 1e-6 of the norm.
 The total is then formed as torch forms it: the norm of the per-parameter norms.
 
 Memory: the kept dy's, and the x's, which the backward would otherwise free layer by layer, live
@@ -38,6 +39,18 @@ import torch
 from torch.autograd import Variable
 
 METHODS = ("auto", "gram", "direct")
+# The norm-only kernel's time per multiply-add against the Gram GEMMs' (cuBLAS): measured on the
+# H200 on Llama-3.1-8B's layers at T = 1024 and 4096 (results/kernels/clip-norms-*.jsonl), the
+# kernel runs at 1.2-1.4x the dW GEMM's time, the Gram GEMMs near cuBLAS's rate.
+DIRECT_COST = 1.5
+
+
+def norm_method(T: int, N: int, K: int, x_gram_known: bool, norm_type: float = 2.0) -> str:
+    """"gram" or "direct" for the norm of dy^T x, dy (T, N), x (T, K): the cheaper one."""
+    if norm_type != 2.0:
+        return "direct"
+    gram = T * T * (N + (0 if x_gram_known else K))
+    return "gram" if gram < DIRECT_COST * T * N * K else "direct"
 
 
 def check_clip_options(max_grad_norm, norm_type) -> tuple[float, float]:
@@ -72,7 +85,8 @@ class GlobalNormClip:
         self.coefficient: torch.Tensor | None = None  # the last step's c, (1,) fp32 on the device
         self._task = None  # the backward (autograd graph task) the pending work belongs to
         self._pending: list[tuple] = []  # (param, dy or grad, x or None, kernel config)
-        self._norms: list[torch.Tensor] = []  # per parameter: its gradient's norm (0-dim fp32)
+        self._sums: list[torch.Tensor] = []  # per fused layer: sum |dW|^p (max |dW| for inf), 0-dim fp32
+        self._norms: list[torch.Tensor] = []  # per other parameter: its gradient's norm, 0-dim fp32
         self._gram_x: tuple | None = None  # (key of x, x x^T) of the last layer input seen
 
     # ------------------------------------------------------------------ during backward
@@ -80,7 +94,7 @@ class GlobalNormClip:
     def add_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, config) -> None:
         """A fused layer's backward: the norm of dy^T x now, its update at the end of backward."""
         self._begin()
-        self._norms.append(self._root(self._linear_power_sum(dy, x)))
+        self._sums.append(self._linear_power_sum(dy, x))
         self._pending.append((weight, dy, x, config))
         self._finish_direct_call()
 
@@ -97,6 +111,7 @@ class GlobalNormClip:
         task = torch._C._current_graph_task_id()
         if task != self._task or task == -1:
             self._pending.clear()
+            self._sums.clear()
             self._norms.clear()
             self._gram_x = None
             self._task = task
@@ -119,34 +134,32 @@ class GlobalNormClip:
         K = x.shape[1]
         key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype)
         cached = self._gram_x is not None and self._gram_x[0] == key
-        gram_cost = T * T * (N + (0 if cached else K))
-        method = self.method
-        if method == "auto":
-            method = "gram" if self.norm_type == 2.0 and gram_cost < T * N * K else "direct"
+        method = norm_method(T, N, K, cached, self.norm_type) if self.method == "auto" else self.method
         if method == "direct" or self.norm_type != 2.0:
             return wgrad_norm_partial(dy, x, self.norm_type)
         if not cached:
             self._gram_x = (key, _gram(x))
-        return torch.dot(_gram(dy).view(-1), self._gram_x[1].view(-1)).clamp_min(0.0)
+        return torch.dot(_gram(dy).view(-1), self._gram_x[1].view(-1))
 
-    def _root(self, power_sum: torch.Tensor) -> torch.Tensor:
-        """A layer's norm from its power sum (the inf norm's max is the norm already)."""
+    def _roots(self, power_sums: torch.Tensor) -> torch.Tensor:
+        """The layers' norms from their power sums, all at once (the inf norm's max is the norm
+        already; a Gram sum rounded below zero, a norm of ~0, is 0)."""
         p = self.norm_type
-        if p == math.inf:
-            return power_sum
-        if p == 2.0:
-            return power_sum.sqrt()
-        return power_sum if p == 1.0 else power_sum.pow(1.0 / p)
+        if p == math.inf or p == 1.0:
+            return power_sums
+        power_sums = power_sums.clamp_min(0.0)
+        return power_sums.sqrt() if p == 2.0 else power_sums.pow(1.0 / p)
 
     # ------------------------------------------------------------------ at the end of backward
 
     def finish(self) -> None:
         """total_norm and c on the device, then every deferred update, scaled by c."""
-        pending, norms = self._pending, self._norms
-        self._pending, self._norms, self._gram_x, self._task = [], [], None, None
+        pending, sums, norms = self._pending, self._sums, self._norms
+        self._pending, self._sums, self._norms, self._gram_x, self._task = [], [], [], None, None
         if not pending:
             return
-        total = torch.linalg.vector_norm(torch.stack(norms), self.norm_type)
+        parts = ([self._roots(torch.stack(sums))] if sums else []) + ([torch.stack(norms)] if norms else [])
+        total = torch.linalg.vector_norm(torch.cat(parts), self.norm_type)
         coefficient = torch.clamp(self.max_norm / (total + 1e-6), max=1.0).reshape(1)
         if self.total_norm is None or self.total_norm.device != total.device:
             self.total_norm = torch.empty_like(total)

@@ -9,8 +9,8 @@ bf16 inputs, with `triton.testing.do_bench(..., return_mode="median")`:
   gram_x_cached_ms   the same when x x^T is already known (k and v after q, up after gate);
   direct_ms          the norm-only kernel (`forge.kernels.wgrad_norm`): the dW GEMM with a reducing
                      epilogue, nothing written;
-  chosen             what `forge.clip` picks for the shape (fewer multiply-adds; x x^T counted as
-                     not cached), and chosen_ms its time.
+  chosen             what `forge.clip.norm_method` picks for the shape (x x^T counted as not known),
+                     and chosen_ms its time.
 One record per (shape, T), with the environment, in a new JSONL file.
 """
 
@@ -26,7 +26,7 @@ import torch
 def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     from triton.testing import do_bench
 
-    from forge.clip import GlobalNormClip, _gram
+    from forge.clip import GlobalNormClip, _gram, norm_method
     from forge.kernels.wgrad_norm import wgrad_norm_partial
 
     torch.manual_seed(0)
@@ -46,7 +46,7 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
         clip.method = method
         row[f"{method}_relative_error"] = abs(float(clip._linear_power_sum(dy, x).sqrt()) - exact) / exact
         clip._gram_x = None
-    row["chosen"] = "gram" if T * T * (N + K) < T * N * K else "direct"
+    row["chosen"] = norm_method(T, N, K, x_gram_known=False)
     row["chosen_ms"] = row[f"{row['chosen']}_ms"]
     return row
 
