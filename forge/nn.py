@@ -29,8 +29,16 @@ twice in a graph): applying the step twice, or computing dx from an already-upda
 silently train something else. The forward also records its node, and the first FORGE update of
 each backward refuses such a graph before any parameter is updated (`forge.optim`), so a refusal
 never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
-effects here, so it composes. Under torch.compile the launcher runs outside the graph
-(`torch.compiler.disable`), since compiled autograd does not expect inputs mutated in backward.
+effects here, so it composes.
+
+torch.compile. While Dynamo traces, `ForgeLinear.forward` calls the custom ops of `forge.ops`
+instead of this Function: `forge::linear`, whose backward `forge::linear_backward` computes dx from
+the old weight and runs the fused update with the weight and its states as arguments declared
+mutated. A compiled model is one graph, with no graph break at its linear layers, and trains as
+the eager one: the same step counts and learning rates (a scheduler's change applies at the next
+backward), the same updates up to the summation order of the kernels Inductor generates. Eager
+training keeps the Function, and so does the tensor-parallel forward, compiled or not: while
+compiling, its backward calls the optimizer through `torch.compiler.disable` (a graph break).
 """
 
 from __future__ import annotations
@@ -147,6 +155,10 @@ class ForgeLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if is_dtensor(self.weight):
             return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
+        if torch.compiler.is_compiling():  # traced by torch.compile: the custom ops of `forge.ops`
+            from forge.ops import forge_linear_op
+
+            return forge_linear_op(self, _autocast_input(x))
         return forge_linear(_autocast_input(x), self.weight, self.bias, opt, self._forge_name)
 
 

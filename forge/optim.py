@@ -365,11 +365,23 @@ class ForgeOptimizer(torch.optim.Optimizer):
             int8_group=self.int8_group,
         )
 
-    def update_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, *, config=None) -> None:
+    def update_linear(
+        self,
+        weight: torch.Tensor,
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        config=None,
+        into: tuple | None = None,
+    ) -> None:
         """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused: what
         a ForgeLinear's backward runs. Advances the weight's step as a backward does. `config`: a
         `forge.kernels.KernelConfig` to launch under (benchmarks, the offline tuner); by default the
-        shipped table's choice.
+        shipped table's choice. `into`: (w, states, scales), tensors to write the step into instead of
+        `weight`'s own (torch.compile's custom op is handed functional copies: `forge.ops`), three
+        slots each as `_slot_tensors` gives them; `weight` still names the parameter whose step
+        count, hyperparameters and seed apply. With max_grad_norm `into` is not used: the step runs
+        when the backward ends, after the compiled graph has written its copies back.
 
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
@@ -379,9 +391,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._clip.add_linear(weight, dy, x, config)
         elif self._update_stream is not None and dy.is_cuda:
             with self._update_stream.fork(dy, x):
-                self._fused_update(weight, dy, x, config)
+                self._fused_update(weight, dy, x, config, into=into)
         else:
-            self._fused_update(weight, dy, x, config)
+            self._fused_update(weight, dy, x, config, into=into)
 
     def _fused_update(
         self,
@@ -390,34 +402,42 @@ class ForgeOptimizer(torch.optim.Optimizer):
         x: torch.Tensor,
         config=None,
         grad_scale: torch.Tensor | None = None,
+        into: tuple | None = None,
     ) -> None:
         group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
+        target = local(weight)
+        if into is not None:
+            target, states, scales = into
         options = dict(self._kernel_options(group), step_values=row, config=config, grad_scale=grad_scale)
-        self._kernels.wgrad_update(
-            local(weight), states, scales, signed, dy, x, coefficients, seed, **options
-        )
+        self._kernels.wgrad_update(target, states, scales, signed, dy, x, coefficients, seed, **options)
 
     @torch.no_grad()
-    def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+    def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (element-wise kernel); with
-        max_grad_norm, its norm now and the step when the backward ends (the gradient kept till then)."""
+        max_grad_norm, its norm now and the step when the backward ends (the gradient kept till then).
+        `into`: as for `update_linear`."""
         if self._clip is not None:
             self._check_once()
             self._clip.add_elementwise(p, grad)
         else:
-            self._elementwise_step(p, grad)
+            self._elementwise_step(p, grad, into=into)
 
     def _elementwise_step(
-        self, p: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor | None = None
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        grad_scale: torch.Tensor | None = None,
+        into: tuple | None = None,
     ) -> None:
         group, coefficients, seed, row = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
+        target = local(p)
+        if into is not None:
+            target, states, scales = into
         options = dict(self._kernel_options(group), step_values=row, grad_scale=grad_scale)
-        self._kernels.elementwise_update(
-            local(p), grad, states, scales, signed, coefficients, seed, **options
-        )
+        self._kernels.elementwise_update(target, grad, states, scales, signed, coefficients, seed, **options)
 
     def _check_once(self) -> None:
         """`_check_backward` at this backward's first deferred update, as `_begin_update` does."""

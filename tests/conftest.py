@@ -40,6 +40,7 @@ LONGEST_FIRST = (
     "tests/forge/test_rules.py",
     "tests/harness/run/test_slurm.py",
     "tests/forge/test_clip.py",
+    "tests/forge/test_compile.py",
 )
 
 

@@ -1,4 +1,5 @@
-"""`forge.nn.ForgeLinear`: its backward applies the step, inside or outside torch.compile's graph,
+"""`forge.nn.ForgeLinear`: its backward applies the step, through the eager Function or, while
+torch.compile traces, the custom ops of `forge.ops` (tests/forge/test_compile.py compiles models),
 and refuses to apply it twice."""
 
 import copy
@@ -11,23 +12,61 @@ import forge
 from tests.helpers import mlp, regression_batches, regression_step
 
 
-def test_under_torch_compile_the_fused_step_leaves_the_graph(monkeypatch):
-    """Eager backward calls the optimizer directly (no compiler wrapper on the host path); while
-    torch.compile traces, the step goes through the `torch.compiler.disable`d function instead,
-    and computes the same update."""
+def _two_copies(**options):
+    base = mlp()
+    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
+    return forge.attach(eager, "adamw", **options), eager, forge.attach(traced, "adamw", **options), traced
+
+
+def test_eager_backward_calls_the_optimizer_directly(monkeypatch):
+    """No compiler wrapper and no custom op on the eager host path."""
     import forge.nn as forge_nn
 
-    base, batch = mlp(), regression_batches(1)[0]
-    eager, traced = copy.deepcopy(base), copy.deepcopy(base)
-    forge.attach(eager, "adamw", state_dtype="fp32")
-    forge.attach(traced, "adamw", state_dtype="fp32")
+    outside = []
+    monkeypatch.setattr(forge_nn, "_fused_step_outside_graph", lambda *a: outside.append(1))
+    opt, model, _, _ = _two_copies()
+    direct = []
+    update = opt.update_linear
+    monkeypatch.setattr(opt, "update_linear", lambda *a, **k: direct.append(1) or update(*a, **k))
+    regression_step(model, regression_batches(1)[0])
+    assert (len(direct), len(outside)) == (2, 0)
+
+
+def test_while_compiling_a_forge_linear_goes_through_the_custom_ops(monkeypatch):
+    """While torch.compile traces, the forward calls forge::linear and the step runs in
+    forge::linear_backward (here run eagerly): the same update as the eager Function's."""
+    import forge.ops
+
+    _, eager, _, traced = _two_copies(state_dtype="fp32")
+    batch = regression_batches(1)[0]
     regression_step(eager, batch)
+    in_op = []
+    update = forge.ops._linear_update
+    monkeypatch.setattr(forge.ops, "_linear_update", lambda *a: in_op.append(1) or update(*a))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    regression_step(traced, batch)
+    assert len(in_op) == 2  # both linears
+    for p, q in zip(eager.parameters(), traced.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_the_function_steps_outside_the_graph_while_compiling(monkeypatch):
+    """ForgeLinearFunction, which the tensor-parallel forward keeps under torch.compile, steps
+    through the `torch.compiler.disable`d function while compiling, with the same update."""
+    import forge.nn as forge_nn
+
+    eager, traced = nn.Linear(24, 5), nn.Linear(24, 5)
+    traced.load_state_dict(eager.state_dict())
+    forge.attach(eager, "adamw", state_dtype="fp32")
+    opt = forge.attach(traced, "adamw", state_dtype="fp32")
+    x, y = regression_batches(1)[0]
+    ((eager(x) - y) ** 2).mean().backward()
     outside = []
     wrapped = forge_nn._fused_step_outside_graph
     monkeypatch.setattr(forge_nn, "_fused_step_outside_graph", lambda *a: outside.append(1) or wrapped(*a))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    regression_step(traced, batch)
-    assert len(outside) == 2  # both linears
+    ((forge_nn.forge_linear(x, traced.weight, traced.bias, opt, "weight") - y) ** 2).mean().backward()
+    assert len(outside) == 1
     for p, q in zip(eager.parameters(), traced.parameters()):
         assert torch.equal(p, q)
 

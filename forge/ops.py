@@ -1,0 +1,231 @@
+"""FORGE's updates as torch.library custom ops: the path a ForgeLinear takes under torch.compile.
+
+Eager training runs `forge.nn.ForgeLinearFunction`, whose backward launches the fused kernel
+through raw pointers, invisible to autograd. A compiler must instead see what a step reads and
+writes, so while torch.compile traces, `ForgeLinear.forward` calls these ops, whose schemas say so:
+
+    forge::linear(x, weight, bias, states, handle, index) -> y
+        y = x W^T + b (F.linear); mutates nothing. Its autograd formula (`register_autograd`)
+        saves x, W and the states, and its backward is the next op.
+    forge::linear_backward(dy, x, weight!, states!, handle, index, needs_dx, has_bias) -> (dx, db)
+        dx = dy W with the OLD weight and db = dy.sum(0), then one launch of the fused dW GEMM +
+        update kernel (`forge.kernels.wgrad_update`), which writes W and the states in place: both
+        are arguments of the op, declared mutated (`mutates_args`).
+    forge::elementwise_update(param!, grad, states!, handle, index)
+        the element-wise step of a parameter that is not a fused weight, for a post-accumulate-grad
+        hook traced by compiled autograd (`elementwise_update_op`).
+
+So Dynamo traces a FORGE model into one graph: the forward ops in it, the optimizer's state
+tensors read as graph inputs, and AOTAutograd puts the update ops into the compiled backward,
+functionalized (`auto_functionalized`) and written back like any mutation of an input; Inductor
+re-inplaces them into the Parameter and its states where it can. The version counters of the
+tensors an op mutates move, so autograd's own saved-tensor check refuses a second backward through
+a retained graph, and AOTAutograd refuses, while compiling, a graph that uses one nn.Linear twice
+(the eager Function's guards in `forge.nn`, with autograd's message).
+
+The optimizer is no op argument. `handle` is an integer into a registry of weak references (a
+garbage-collected optimizer drops out of it), found at trace time and guarded by the optimizer's
+identity; `index` is the parameter's position in the optimizer (`_index`), not its identity, since
+the op may be handed functional copies of the tensors it mutates. The implementation therefore
+writes into the tensors it is given and takes only the step count, the hyperparameters and the
+step's coefficients from the optimizer, when the op runs, not when it is traced: every backward
+advances the step, and an LR scheduler's change applies from the next backward, without a recompile.
+
+What it costs: one Python call per op when the graph runs, and the states' guards (tensor checks,
+as for any input). Eager training never imports this module: `forge.nn` does, at the first forward
+that torch.compile traces.
+
+Not covered yet. Inductor's CUDA graphs (mode="reduce-overhead") would replay the ops without their
+host half (the step count, the lr): the update ops are tagged `cudagraph_unsafe`, which Inductor's
+graph partitioning (on by default) reads to leave them out of the graphs it captures; not yet
+verified on a GPU. Tensor-parallel (DTensor) weights keep the eager Function, behind a graph break.
+Compiled autograd traces post-accumulate-grad hooks too, and `forge.attach`'s calls the optimizer's
+launcher, which Dynamo cannot trace: under compiled autograd only models whose every trained
+parameter is a fused weight train; `elementwise_update_op` is what such a hook would call instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_NOT_NEEDED = (0,)  # the shape of an output the backward does not need (an op returns tensors)
+_UPDATE_TAGS = (torch.Tag.cudagraph_unsafe,)  # host work at each run: never replayed from a graph
+
+
+# ---------------------------------------------------------------------- the optimizer registry
+
+
+class _Entry:
+    """What the ops know of one optimizer: a weak reference to it, and its parameters by index."""
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = weakref.ref(optimizer)
+        self.params: list[Tensor] = []
+
+    def lookup(self, index: int):
+        """(optimizer, its parameter number `index`)."""
+        optimizer = self.optimizer()
+        if len(self.params) != len(optimizer._index):  # parameters added since the last look
+            self.params = sorted(optimizer._index, key=optimizer._index.__getitem__)
+        return optimizer, self.params[index]
+
+
+_ENTRIES: dict[int, _Entry] = {}
+_HANDLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_next_handle = itertools.count(1)
+
+
+@torch.compiler.assume_constant_result  # run by Dynamo while tracing; the integer goes in the graph
+def _handle(optimizer) -> int:
+    """The integer that stands for `optimizer` in the ops' arguments, registered at its first trace.
+    Also fills the optimizer's cache of state tensors, which `_state_tensors` reads."""
+    handle = _HANDLES.get(optimizer)
+    if handle is None:
+        handle = _HANDLES[optimizer] = next(_next_handle)
+        _ENTRIES[handle] = _Entry(optimizer)
+        weakref.finalize(optimizer, _ENTRIES.pop, handle, None)
+    if len(optimizer._slot_cache) != len(optimizer._index):
+        for p, group in optimizer._group_of.items():
+            optimizer._slot_tensors(p, group)
+    return handle
+
+
+def _lookup(handle: int, index: int):
+    entry = _ENTRIES.get(handle)
+    if entry is None:
+        raise RuntimeError("FORGE: the optimizer of this compiled model has been garbage-collected")
+    return entry.lookup(index)
+
+
+def _state_tensors(optimizer, p: Tensor) -> list[Tensor]:
+    """p's state tensors as the ops take them: the rule's slots, then (int8) their block scales.
+    Read from the optimizer's cache (`_slot_tensors`): traced through the per-parameter state
+    dicts, Dynamo would guard on their step counts and recompile at every step."""
+    states, scales, _ = optimizer._slot_cache[p]
+    return [t for t in (*states, *scales) if t is not None]
+
+
+def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]) -> tuple[tuple, tuple, tuple]:
+    """(states, scales, signed) for a kernel, three slots each (None where the rule has none),
+    with `tensors` (as `_state_tensors` orders them) in place of p's own."""
+    states, scales, signed = optimizer._slot_cache[p]
+    given = iter(tensors)
+    states = tuple(None if t is None else next(given) for t in states)
+    scales = tuple(None if t is None else next(given) for t in scales)
+    return states, scales, signed
+
+
+# ---------------------------------------------------------------------- the updates
+
+
+def _linear_update(
+    optimizer, p: Tensor, weight: Tensor, tensors: list[Tensor], dy: Tensor, x: Tensor
+) -> None:
+    """`ForgeOptimizer.update_linear` of p, written into `weight` and `tensors` (p and its states,
+    or functional copies of them)."""
+    states, scales, _ = _kernel_slots(optimizer, p, tensors)
+    optimizer.update_linear(p, dy, x, into=(weight, states, scales))
+
+
+# ---------------------------------------------------------------------- the ops
+
+
+@torch.library.custom_op("forge::linear", mutates_args=())
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, states: list[Tensor], handle: int, index: int
+) -> Tensor:
+    """y = x W^T + b. The states, handle and index are for the backward."""
+    if weight.dtype != x.dtype:  # autocast: x comes cast (`forge.nn._autocast_input`), W is cast here
+        weight = weight.to(x.dtype)
+        bias = None if bias is None else bias.to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
+@linear.register_fake
+def _(x, weight, bias, states, handle, index):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("forge::linear_backward", mutates_args=("weight", "states"), tags=_UPDATE_TAGS)
+def linear_backward(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    states: list[Tensor],
+    handle: int,
+    index: int,
+    needs_dx: bool,
+    has_bias: bool,
+) -> tuple[Tensor, Tensor]:
+    """(dx, db) from the weight as the forward used it, then the fused update of `weight` and
+    `states` in place; dx or db is an empty tensor where not needed."""
+    optimizer, p = _lookup(handle, index)
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    dx = db = None
+    if needs_dx:  # before the update
+        dx = (dy2 @ (weight if weight.dtype == dy2.dtype else weight.to(dy2.dtype))).reshape(x.shape)
+        dx = dx.to(x.dtype)
+    if has_bias:
+        db = dy2.sum(0)
+    _linear_update(optimizer, p, weight, states, dy2, x2)
+    # two distinct tensors where not needed: an op's outputs may not alias each other
+    return dy.new_empty(_NOT_NEEDED) if dx is None else dx, dy.new_empty(_NOT_NEEDED) if db is None else db
+
+
+@linear_backward.register_fake
+def _(dy, x, weight, states, handle, index, needs_dx, has_bias):
+    dx = torch.empty_like(x) if needs_dx else dy.new_empty(_NOT_NEEDED)
+    db = dy.new_empty(dy.shape[-1]) if has_bias else dy.new_empty(_NOT_NEEDED)
+    return dx, db
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, states, handle, index = inputs
+    ctx.save_for_backward(x, weight, *states)
+    ctx.handle, ctx.index, ctx.has_bias, ctx.num_states = handle, index, bias is not None, len(states)
+
+
+def _backward(ctx, dy: Tensor):
+    x, weight, *states = ctx.saved_tensors
+    needs_dx, needs_db = ctx.needs_input_grad[0], ctx.has_bias and ctx.needs_input_grad[2]
+    dx, db = linear_backward(dy, x, weight, states, ctx.handle, ctx.index, needs_dx, needs_db)
+    return (dx if needs_dx else None), None, (db if needs_db else None), [None] * ctx.num_states, None, None
+
+
+linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("forge::elementwise_update", mutates_args=("param", "states"), tags=_UPDATE_TAGS)
+def elementwise_update(param: Tensor, grad: Tensor, states: list[Tensor], handle: int, index: int) -> None:
+    """`ForgeOptimizer.update_elementwise` of parameter `index`, written into `param` and `states`."""
+    optimizer, p = _lookup(handle, index)
+    slots, scales, _ = _kernel_slots(optimizer, p, states)
+    optimizer.update_elementwise(p, grad, into=(param, slots, scales))
+
+
+@elementwise_update.register_fake
+def _(param, grad, states, handle, index):
+    return None
+
+
+# ---------------------------------------------------------------------- what forge calls
+
+
+def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
+    """A ForgeLinear's forward through `forge::linear` (`forge.nn` calls it while compiling)."""
+    optimizer, weight = module._forge_optimizer, module.weight
+    handle = _handle(optimizer)  # first: it fills the cache `_state_tensors` reads
+    return linear(x, weight, module.bias, _state_tensors(optimizer, weight), handle, optimizer._index[weight])
+
+
+def elementwise_update_op(optimizer, p: Tensor, grad: Tensor) -> None:
+    """`optimizer.update_elementwise(p, grad)` through `forge::elementwise_update`: for a
+    post-accumulate-grad hook while compiled autograd traces it."""
+    handle = _handle(optimizer)
+    elementwise_update(p, grad, _state_tensors(optimizer, p), handle, optimizer._index[p])
