@@ -90,7 +90,7 @@ def detach(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is ForgeLinear:
             module.__class__ = nn.Linear
-            for attr in ("_forge_optimizer", "_forge_name"):
+            for attr in ("_forge_optimizer", "_forge_name", "_forge_handle", "_forge_index", "_forge_states"):
                 module.__dict__.pop(attr, None)
     for handle in optimizer._hooks:
         handle.remove()
@@ -138,6 +138,11 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
         module.__class__ = ForgeLinear
         module._forge_optimizer = optimizer
         module._forge_name = names.get(w, "weight")
+        # what torch.compile's ops take in place of the optimizer (`forge.ops`): plain attributes of
+        # the module, which Dynamo reads as constants and graph inputs
+        states, scales, _ = optimizer._slot_tensors(w, optimizer._group_of[w])
+        module._forge_handle, module._forge_index = optimizer.handle, optimizer._index[w]
+        module._forge_states = [t for t in (*states, *scales) if t is not None]
         fused.add(w)
     return fused
 

@@ -31,14 +31,16 @@ each backward refuses such a graph before any parameter is updated (`forge.optim
 never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
 effects here, so it composes.
 
-torch.compile. While Dynamo traces, `ForgeLinear.forward` calls the custom ops of `forge.ops`
-instead of this Function: `forge::linear`, whose backward `forge::linear_backward` computes dx from
-the old weight and runs the fused update with the weight and its states as arguments declared
-mutated. A compiled model is one graph, with no graph break at its linear layers, and trains as
-the eager one: the same step counts and learning rates (a scheduler's change applies at the next
-backward), the same updates up to the summation order of the kernels Inductor generates. Eager
-training keeps the Function, and so does the tensor-parallel forward, compiled or not: while
-compiling, its backward calls the optimizer through `torch.compiler.disable` (a graph break).
+torch.compile. While Dynamo traces (torch 2.12 and later: `COMPILE_OPS`), `ForgeLinear.forward`
+calls the custom ops of `forge.ops` instead of this Function: `forge::linear`, whose backward
+`forge::linear_backward` computes dx from the old weight and runs the fused update with the weight
+and its states as arguments declared mutated. A compiled model is one graph, with no graph break
+at its linear layers, and trains as the eager one: the same step counts and learning rates (a
+scheduler's change applies at the next backward), the same updates up to the summation order of
+the kernels Inductor generates. Eager training keeps the Function, and so do the tensor-parallel
+forward and torch before 2.12, compiled or not: while compiling, its backward calls the optimizer
+through `torch.compiler.disable`, a graph break per linear (measured on torch 2.11: it trains as
+eager, to the summation order of Inductor's kernels).
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
+
+# torch.compile traces the custom ops from torch 2.12 on; before, AOTAutograd refuses a parameter that
+# the backward mutates ("a leaf Variable that requires grad is being used in an in-place operation"),
+# and this Function runs between compiled regions instead, behind a graph break per linear.
+COMPILE_OPS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
 
 
 class ForgeLinearFunction(torch.autograd.Function):
@@ -155,7 +162,7 @@ class ForgeLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if is_dtensor(self.weight):
             return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
-        if torch.compiler.is_compiling():  # traced by torch.compile: the custom ops of `forge.ops`
+        if torch.compiler.is_compiling() and COMPILE_OPS:  # traced: the custom ops of `forge.ops`
             from forge.ops import forge_linear_op
 
             return forge_linear_op(self, _autocast_input(x))

@@ -46,7 +46,6 @@ parameter is a fused weight train; `elementwise_update_op` is what such a hook w
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import torch
@@ -61,45 +60,30 @@ _UPDATE_TAGS = (torch.Tag.cudagraph_unsafe,)  # host work at each run: never rep
 
 
 class _Entry:
-    """What the ops know of one optimizer: a weak reference to it, and its parameters by index."""
+    """One optimizer's parameters by index (the order of its `_index`), refreshed when it grows."""
 
-    def __init__(self, optimizer) -> None:
-        self.optimizer = weakref.ref(optimizer)
+    def __init__(self) -> None:
         self.params: list[Tensor] = []
 
-    def lookup(self, index: int):
-        """(optimizer, its parameter number `index`)."""
-        optimizer = self.optimizer()
+    def lookup(self, optimizer, index: int) -> Tensor:
         if len(self.params) != len(optimizer._index):  # parameters added since the last look
             self.params = sorted(optimizer._index, key=optimizer._index.__getitem__)
-        return optimizer, self.params[index]
+        return self.params[index]
 
 
 _ENTRIES: dict[int, _Entry] = {}
-_HANDLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_next_handle = itertools.count(1)
-
-
-@torch.compiler.assume_constant_result  # run by Dynamo while tracing; the integer goes in the graph
-def _handle(optimizer) -> int:
-    """The integer that stands for `optimizer` in the ops' arguments, registered at its first trace.
-    Also fills the optimizer's cache of state tensors, which `_state_tensors` reads."""
-    handle = _HANDLES.get(optimizer)
-    if handle is None:
-        handle = _HANDLES[optimizer] = next(_next_handle)
-        _ENTRIES[handle] = _Entry(optimizer)
-        weakref.finalize(optimizer, _ENTRIES.pop, handle, None)
-    if len(optimizer._slot_cache) != len(optimizer._index):
-        for p, group in optimizer._group_of.items():
-            optimizer._slot_tensors(p, group)
-    return handle
 
 
 def _lookup(handle: int, index: int):
+    """(optimizer, its parameter number `index`), when an op runs."""
+    from forge.optim import optimizer_of
+
+    optimizer = optimizer_of(handle)
     entry = _ENTRIES.get(handle)
     if entry is None:
-        raise RuntimeError("FORGE: the optimizer of this compiled model has been garbage-collected")
-    return entry.lookup(index)
+        entry = _ENTRIES[handle] = _Entry()
+        weakref.finalize(optimizer, _ENTRIES.pop, handle, None)
+    return optimizer, entry.lookup(optimizer, index)
 
 
 def _state_tensors(optimizer, p: Tensor) -> list[Tensor]:
@@ -218,14 +202,16 @@ def _(param, grad, states, handle, index):
 
 
 def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
-    """A ForgeLinear's forward through `forge::linear` (`forge.nn` calls it while compiling)."""
-    optimizer, weight = module._forge_optimizer, module.weight
-    handle = _handle(optimizer)  # first: it fills the cache `_state_tensors` reads
-    return linear(x, weight, module.bias, _state_tensors(optimizer, weight), handle, optimizer._index[weight])
+    """A ForgeLinear's forward through `forge::linear` (`forge.nn` calls it while compiling). It
+    reads only the module: its handle, index and state tensors, set by `forge.attach`; traced
+    through the optimizer, Dynamo would guard on its state dicts (and recompile every step), and
+    torch 2.11's cannot pass an optimizer object to a function it runs while tracing."""
+    handle, index, states = module._forge_handle, module._forge_index, module._forge_states
+    return linear(x, module.weight, module.bias, states, handle, index)
 
 
 def elementwise_update_op(optimizer, p: Tensor, grad: Tensor) -> None:
     """`optimizer.update_elementwise(p, grad)` through `forge::elementwise_update`: for a
     post-accumulate-grad hook while compiled autograd traces it."""
-    handle = _handle(optimizer)
-    elementwise_update(p, grad, _state_tensors(optimizer, p), handle, optimizer._index[p])
+    optimizer._slot_tensors(p, optimizer._group_of[p])  # fills the cache `_state_tensors` reads
+    elementwise_update(p, grad, _state_tensors(optimizer, p), optimizer.handle, optimizer._index[p])

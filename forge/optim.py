@@ -57,6 +57,7 @@ docs/how-forge-works.md).
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Iterable
 
@@ -142,6 +143,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._hooks: list = []
         self._wired = False
         self._checked_task = -1  # the last backward (autograd graph task) whose groups were checked
+        # an integer that names this optimizer where an object cannot go: torch.compile's custom ops
+        self.handle = next(_HANDLES)
+        _BY_HANDLE[self.handle] = self
         super().__init__(params, resolve_hparams(self.rule, hparams))
         self._wired = True
         if self._owner is None:
@@ -506,6 +510,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
+
+
+_HANDLES = itertools.count(1)
+_BY_HANDLE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def optimizer_of(handle: int) -> ForgeOptimizer:
+    """The live optimizer whose `handle` this is (`forge.ops`), or a RuntimeError."""
+    optimizer = _BY_HANDLE.get(handle)
+    if optimizer is None:
+        raise RuntimeError("FORGE: the optimizer of this compiled model has been garbage-collected")
+    return optimizer
 
 
 # Fused-linear uses (ForgeLinearFunction nodes) whose backward may still run, over every optimizer:
