@@ -33,6 +33,7 @@ from harness.points import display_name, seed_of
 from harness.records import Record, in_scratch, load_records, split_kinds
 from harness.report import plots, preambles
 from harness.report.convergence_table import convergence, convergence_seeds
+from harness.report.fidelity_table import fidelity
 from harness.report.kernel_table import SHAPE_ORDER, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
 from harness.report.paper_table import paper_comparison
@@ -69,7 +70,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
-        _convergence_section(convergence(steps), convergence_seeds(steps), out),
+        _convergence_section(convergence(steps), [convergence_seeds(steps), fidelity(steps)], out),
     ]
     used = [r for s in sections for r in s.records]
     rest = other_points(steps, used)
@@ -221,11 +222,12 @@ def _kernel_order(record: Record) -> tuple:
     return (str(record.get("model")), rank, str(shape), int(record.get("T") or 0))
 
 
-def _convergence_section(sel: Selection | None, seeds: Selection | None, out: Path) -> Section:
+def _convergence_section(sel: Selection | None, more: list[Selection | None], out: Path) -> Section:
+    """The convergence table, then those over seeds (`more`: the seeds' spread, the fidelity verdicts)."""
     section = Section("convergence", "Convergence", _hint("convergence"))
     if sel is None:
         return section
-    section.selections = [sel] + ([seeds] if seeds is not None else [])
+    section.selections = [sel] + [s for s in more if s is not None]
     section.preamble = preambles.convergence_preamble()
     for (sweep, model, seed), members in _group(
         sel.records, lambda r: (str(r.get("sweep")), str(r.get("model")), seed_of(r))

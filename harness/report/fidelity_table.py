@@ -1,0 +1,153 @@
+"""The fidelity table: is a method's held-out loss biased against fp32 master weights, or within noise?
+
+One run per method says little: two fp32 implementations that differ only in rounding part ways
+after the warm-up and wander around each other, so a single run's offset mixes trajectory noise
+with bias. The protocol here separates them:
+
+- every method trains under several seeds (`seed=0,1,2`: other weights and data order, the same
+  for every method of a seed), each beside its seed's reference (fused AdamW on fp32 master
+  weights, `convergence_table.reference_of`);
+- per seed and phase, a method's deviation is the mean of (its held-out loss - the reference's)
+  over the phase's evaluation steps, the same fixed steps for every method (the held-out loss at
+  step 0, before any update, is left out: it is the same for all);
+- over the seeds, the mean deviation and its 95% confidence interval (Student's t, n - 1 degrees
+  of freedom);
+- the noise band of a phase: the largest |mean| + half-width of the fp32 controls, the other
+  fp32-master-weight methods (torch AdamW, FORGE fp32) against the same reference.
+
+Verdict per method and phase, for a mean X with half-width Y: "biased by X +- Y nats" when the
+whole interval lies beyond the band; "within noise" when X lies inside it; else "unresolved" (the
+interval straddles the band's edge: more seeds would tell). Fewer than `MIN_SEEDS` seeds, or no
+control with that many, are not judged, and the row says what is missing. The target column
+checks the fidelity target: within noise and |X| at most `TARGET_NATS`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from harness.points import display_name
+from harness.records import HELDOUT_FIELDS, Record, is_convergence
+from harness.report.convergence_table import _order, curve, groups_of, phases_of, reference_of
+from harness.report.markup import NONE, Table
+from harness.report.tables import Selection
+
+MIN_SEEDS = 3
+TARGET_NATS = 0.005
+# Student's t, two-sided 95%, by degrees of freedom (from 21 on, the value at 20: a little wide)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+        18: 2.101, 19: 2.093, 20: 2.086}  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with `df` degrees of freedom."""
+    return _T95.get(df, 2.086 if df <= 30 else 1.96)
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95% confidence interval) of at least two values."""
+    n = len(values)
+    return statistics.fmean(values), t95(n - 1) * statistics.stdev(values) / math.sqrt(n)
+
+
+def heldout_deviation(record: Record, reference: Record, start: int, end: int) -> float | None:
+    """Mean (held-out loss - the reference's) over the evaluation steps in [start, end) both have,
+    the first evaluation before any update left out."""
+    mine = _by_step(record, start, end)
+    ref = _by_step(reference, start, end)
+    common = sorted(set(mine) & set(ref) - {0})
+    return statistics.fmean(mine[s] - ref[s] for s in common) if common else None
+
+
+def _by_step(record: Record, start: int, end: int) -> dict[int, float]:
+    values = curve(record, HELDOUT_FIELDS)
+    steps = record.get("heldout_steps")
+    if values is None or steps is None:
+        return {}
+    return {int(s): v for v, s in zip(values, steps) if start <= int(s) < end}
+
+
+def _is_control(record: Record) -> bool:
+    return str(record.get("master_weights")) == "fp32"
+
+
+def fidelity(records: Sequence[Record]) -> Selection | None:
+    """One row per (sweep, model, method, phase) of the convergence runs: deviations over seeds and
+    the verdict. None without held-out losses."""
+    runs = [r for r in records if is_convergence(r)]
+    by_seed: dict[tuple, dict[int, float]] = {}  # one draw per seed: the latest run of a seed counts
+    labels: dict[tuple, str] = {}
+    controls: set[tuple] = set()
+    for (sweep, model, seed), group in groups_of(runs).items():
+        reference = reference_of(group)
+        if reference is None:
+            continue
+        for record in sorted(group, key=lambda r: str(r.get("time") or "")):
+            if record is reference:
+                continue
+            for phase, start, end in phases_of(record, len(curve(record) or [])):
+                deviation = heldout_deviation(record, reference, start, end)
+                if deviation is None:
+                    continue
+                key = (sweep, model, phase, _order(record))
+                by_seed.setdefault(key, {})[seed] = deviation
+                labels[key] = display_name(record)
+                if _is_control(record):
+                    controls.add(key)
+    if not by_seed:
+        return None
+    draws = {key: [seeds[s] for s in sorted(seeds)] for key, seeds in by_seed.items()}
+    bands: dict[tuple, float] = {}
+    for key in controls:
+        if len(draws[key]) >= MIN_SEEDS:
+            mean, half = interval(draws[key])
+            band_key = key[:3]
+            bands[band_key] = max(bands.get(band_key, 0.0), abs(mean) + half)
+    rows = [_row(key, labels[key], draws[key], key in controls, bands.get(key[:3])) for key in sorted(draws)]
+    header = ["Sweep", "Model", "Phase", "Method", "Seeds", "Mean held-out d (nats)", "95% interval"]
+    header += ["Noise band (fp32 controls)", "Verdict", f"Target: within noise, |mean d| <= {TARGET_NATS}"]
+    table = Table(
+        name="fidelity",
+        title="Fidelity: held-out loss against fp32 master weights, over seeds",
+        header=header,
+        rows=rows,
+        align="lllllrrrll",
+        notes=[
+            "d: a method's held-out loss minus its seed's reference (fused AdamW, fp32 master weights) at "
+            "the same evaluation steps, averaged over the phase; mean and Student's t 95% interval over the "
+            f"seeds. Noise band: the largest |mean| + half-width of the fp32 controls. {MIN_SEEDS} seeds at "
+            "least for a verdict."
+        ],
+    )
+    return Selection(table, runs)
+
+
+def _row(key: tuple, label: str, values: list[float], control: bool, band: float | None) -> list[str]:
+    sweep, model, phase, _ = key
+    row = [sweep, model, phase, label, str(len(values))]
+    if len(values) < 2:
+        row += [f"{values[0]:+.4f}", NONE]
+    else:
+        mean, half = interval(values)
+        row += [f"{mean:+.4f}", f"{mean - half:+.4f} to {mean + half:+.4f}"]
+    row.append(NONE if band is None else f"+-{band:.4f}")
+    row += _verdict(values, control, band)
+    return row
+
+
+def _verdict(values: list[float], control: bool, band: float | None) -> list[str]:
+    if len(values) < MIN_SEEDS:
+        return [f"not judged: {len(values)} seed(s) of {MIN_SEEDS}", NONE]
+    if control:
+        return ["fp32 control (sets the band)", NONE]
+    if band is None:
+        return [f"not judged: no fp32 control with {MIN_SEEDS} seeds", NONE]
+    mean, half = interval(values)
+    if mean - half > band or mean + half < -band:
+        return [f"biased by {mean:+.4f} +- {half:.4f} nats", "not met"]
+    if abs(mean) > band:
+        return [f"unresolved: {mean:+.4f} +- {half:.4f} nats straddles the band", "not met"]
+    return ["within noise", "met" if abs(mean) <= TARGET_NATS else "not met"]

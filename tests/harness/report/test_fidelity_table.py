@@ -1,0 +1,90 @@
+"""`harness.report.fidelity_table`: bias against fp32 master weights told apart from seed noise."""
+
+import random
+
+from harness.report import fidelity_table as ft
+
+STEPS = list(range(0, 2001, 100))  # held-out evaluations, step 0 before any update
+PHASES = [dict(name="pretrain", first_step=0, steps=1600), dict(name="cpt", first_step=1600, steps=400)]
+
+
+def _run(label: str, method: str, master: str, seed: int, offset: float, noise: float, rng) -> dict:
+    """A convergence record whose held-out curve is a common decay + `offset` + per-step noise."""
+    base = [3.0 + 6.0 / (1 + s / 100) + 0.01 * seed for s in STEPS]
+    heldout = [b + (0.0 if s == 0 else offset + rng.gauss(0, noise)) for b, s in zip(base, STEPS)]
+    return dict(
+        sweep="convergence",
+        model="llama-100m",
+        method=method,
+        method_label=label,
+        master_weights=master,
+        status="ok",
+        config=dict(seed=seed),
+        time=f"2026-12-01T00:00:0{seed}",
+        losses=[4.0] * 2000,
+        heldout_losses=heldout,
+        heldout_steps=STEPS,
+        phases=PHASES,
+        method_options=dict(label=label),
+    )
+
+
+def _records(seeds: int, bias: float = 0.02) -> list[dict]:
+    rng = random.Random(0)
+    out = []
+    for seed in range(seeds):
+        out += [
+            _run("fused_adamw_fp32", "fused_adamw", "fp32", seed, 0.0, 0.0, rng),  # the reference
+            _run("torch_adamw_fp32", "torch_adamw", "fp32", seed, rng.gauss(0, 0.0005), 0.0005, rng),
+            _run("forge_bf16_kahan", "forge", "bf16+kahan", seed, rng.gauss(0, 0.0005), 0.0005, rng),
+            _run("forge_bf16", "forge", "bf16+sr", seed, bias + rng.gauss(0, 0.0005), 0.0005, rng),
+        ]
+    return out
+
+
+def _verdicts(records: list[dict]) -> dict[tuple[str, str], tuple[str, str]]:
+    table = ft.fidelity(records).table
+    col = {name: i for i, name in enumerate(table.header)}
+    target = table.header[-1]
+    return {(r[col["Method"]], r[col["Phase"]]): (r[col["Verdict"]], r[col[target]]) for r in table.rows}
+
+
+def test_a_biased_method_is_named_and_an_unbiased_one_is_within_the_controls_noise():
+    verdicts = _verdicts(_records(3))
+    for phase in ("pretrain", "cpt"):
+        assert verdicts[("forge_bf16_kahan", phase)] == ("within noise", "met")
+        verdict, target = verdicts[("forge_bf16", phase)]
+        assert verdict.startswith("biased by +0.02") and target == "not met"
+        assert verdicts[("torch_adamw_fp32", phase)][0] == "fp32 control (sets the band)"
+    assert not any(method == "fused_adamw_fp32" for method, _ in verdicts)  # the reference has no row
+
+
+def test_fewer_than_three_seeds_are_not_judged():
+    verdicts = _verdicts(_records(2))
+    assert verdicts[("forge_bf16", "cpt")] == ("not judged: 2 seed(s) of 3", "—")
+
+
+def test_the_interval_is_students_t_over_the_seeds():
+    mean, half = ft.interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and abs(half - 4.303 * 1.0 / 3**0.5) < 1e-12
+
+
+def test_the_held_out_point_before_any_update_is_left_out():
+    rng = random.Random(1)
+    ref = _run("fused_adamw_fp32", "fused_adamw", "fp32", 0, 0.0, 0.0, rng)
+    other = _run("forge_bf16", "forge", "bf16+sr", 0, 0.5, 0.0, rng)
+    other["heldout_losses"][0] += 100.0  # step 0 differs wildly: it must not count
+    assert abs(ft.heldout_deviation(other, ref, 0, 1600) - 0.5) < 1e-9
+
+
+def test_a_mean_outside_the_band_whose_interval_reaches_into_it_is_unresolved():
+    rng = random.Random(2)
+    records = []
+    for seed, offset in enumerate((0.004, -0.002, 0.006)):  # mean +0.0027, interval about +-0.010
+        records += [
+            _run("fused_adamw_fp32", "fused_adamw", "fp32", seed, 0.0, 0.0, rng),
+            _run("torch_adamw_fp32", "torch_adamw", "fp32", seed, 0.0002 * (seed - 1), 0.0, rng),
+            _run("forge_int8", "forge", "bf16+sr", seed, offset, 0.0, rng),
+        ]
+    verdict, target = _verdicts(records)[("forge_int8", "pretrain")]
+    assert verdict.startswith("unresolved: +0.0027") and target == "not met"
