@@ -47,11 +47,14 @@ def attach(
     int8_group: int = 64,
     max_grad_norm: float | None = None,
     norm_type: float = 2.0,
+    master_weights: str | None = None,
     **hparams,
 ) -> ForgeOptimizer:
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer.
     `max_grad_norm`: clip the global gradient norm (of `norm_type`) as clip_grad_norm_ would, exactly
-    (`forge.clip`); None: no clipping."""
+    (`forge.clip`); None: no clipping. `master_weights`: "bf16+sr" (stochastic rounding), "bf16"
+    (round to nearest) or "bf16+kahan" (a bf16 residual per weight, 2 bytes a parameter: the
+    update keeps about 16 significant bits); None: as `stochastic_rounding` says."""
     _refuse_data_parallel(model)
     if getattr(model, _ATTR, None) is not None:
         raise RuntimeError(
@@ -73,6 +76,7 @@ def attach(
         int8_group=int8_group,
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
+        master_weights=master_weights,
         **hparams,
     )
     trained = {p for g in optimizer.param_groups for p in g["params"]}
@@ -140,9 +144,8 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
         module._forge_name = names.get(w, "weight")
         # what torch.compile's ops take in place of the optimizer (`forge.ops`): plain attributes of
         # the module, which Dynamo reads as constants and graph inputs
-        states, scales, _ = optimizer._slot_tensors(w, optimizer._group_of[w])
         module._forge_handle, module._forge_index = optimizer.handle, optimizer._index[w]
-        module._forge_states = [t for t in (*states, *scales) if t is not None]
+        module._forge_states = optimizer.op_tensors(w)
         fused.add(w)
     return fused
 

@@ -86,22 +86,14 @@ def _lookup(handle: int, index: int):
     return optimizer, entry.lookup(optimizer, index)
 
 
-def _state_tensors(optimizer, p: Tensor) -> list[Tensor]:
-    """p's state tensors as the ops take them: the rule's slots, then (int8) their block scales.
-    Read from the optimizer's cache (`_slot_tensors`): traced through the per-parameter state
-    dicts, Dynamo would guard on their step counts and recompile at every step."""
-    states, scales, _ = optimizer._slot_cache[p]
-    return [t for t in (*states, *scales) if t is not None]
-
-
-def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]) -> tuple[tuple, tuple, tuple]:
-    """(states, scales, signed) for a kernel, three slots each (None where the rule has none),
-    with `tensors` (as `_state_tensors` orders them) in place of p's own."""
-    states, scales, signed = optimizer._slot_cache[p]
+def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]) -> tuple[tuple, tuple, Tensor | None]:
+    """(states, scales, residual) for a kernel, three slots each (None where the rule has none),
+    with `tensors` (as `ForgeOptimizer.op_tensors` orders them) in place of p's own."""
+    states, scales, _ = optimizer._slot_tensors(p, optimizer._group_of[p])
     given = iter(tensors)
     states = tuple(None if t is None else next(given) for t in states)
     scales = tuple(None if t is None else next(given) for t in scales)
-    return states, scales, signed
+    return states, scales, next(given) if optimizer.kahan else None
 
 
 # ---------------------------------------------------------------------- the updates
@@ -112,8 +104,8 @@ def _linear_update(
 ) -> None:
     """`ForgeOptimizer.update_linear` of p, written into `weight` and `tensors` (p and its states,
     or functional copies of them)."""
-    states, scales, _ = _kernel_slots(optimizer, p, tensors)
-    optimizer.update_linear(p, dy, x, into=(weight, states, scales))
+    states, scales, residual = _kernel_slots(optimizer, p, tensors)
+    optimizer.update_linear(p, dy, x, into=(weight, states, scales, residual))
 
 
 # ---------------------------------------------------------------------- the ops
@@ -189,8 +181,8 @@ linear.register_autograd(_backward, setup_context=_setup_context)
 def elementwise_update(param: Tensor, grad: Tensor, states: list[Tensor], handle: int, index: int) -> None:
     """`ForgeOptimizer.update_elementwise` of parameter `index`, written into `param` and `states`."""
     optimizer, p = _lookup(handle, index)
-    slots, scales, _ = _kernel_slots(optimizer, p, states)
-    optimizer.update_elementwise(p, grad, into=(param, slots, scales))
+    slots, scales, residual = _kernel_slots(optimizer, p, states)
+    optimizer.update_elementwise(p, grad, into=(param, slots, scales, residual))
 
 
 @elementwise_update.register_fake
@@ -213,5 +205,4 @@ def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
 def elementwise_update_op(optimizer, p: Tensor, grad: Tensor) -> None:
     """`optimizer.update_elementwise(p, grad)` through `forge::elementwise_update`: for a
     post-accumulate-grad hook while compiled autograd traces it."""
-    optimizer._slot_tensors(p, optimizer._group_of[p])  # fills the cache `_state_tensors` reads
-    elementwise_update(p, grad, _state_tensors(optimizer, p), optimizer.handle, optimizer._index[p])
+    elementwise_update(p, grad, optimizer.op_tensors(p), optimizer.handle, optimizer._index[p])

@@ -68,6 +68,9 @@ from forge.distributed import check_param, is_dtensor, like_param, local, local_
 from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
+# how bf16 weights keep their precision: stochastic rounding, round to nearest, or a bf16 residual
+# (None: as `stochastic_rounding` says)
+MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 INT8_GROUPS = (64, 128)  # elements per int8 scale (forge.kernels.quant)
 
@@ -88,6 +91,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         update_stream: bool = False,
         max_grad_norm: float | None = None,
         norm_type: float = 2.0,
+        master_weights: str | None = None,
         **hparams,
     ):
         # FORGE's first use of Triton: its kernels load here (`forge.backend` decides, as they do,
@@ -109,7 +113,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
             )
         self.state_dtype = state_dtype
         self.int8_group = int(int8_group)
-        self.stochastic_rounding = bool(stochastic_rounding)
+        if master_weights not in MASTER_WEIGHTS:
+            raise ValueError(
+                f"master_weights={master_weights!r} is not supported; choose one of {list(MASTER_WEIGHTS)} "
+                "(None: as stochastic_rounding says)"
+            )
+        if master_weights is not None:
+            stochastic_rounding = master_weights == "bf16+sr"
+        # compensated bf16 weights: a bf16 residual beside each weight (forge.kernels.update_tile)
+        self.kahan = master_weights == "bf16+kahan"
+        self.stochastic_rounding = bool(stochastic_rounding) and not self.kahan
         self.seed = int(seed)
         self._version: dict[torch.Tensor, int] = {}
         self._index: dict[torch.Tensor, int] = {}
@@ -203,6 +216,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 f"{name} is a tensor-parallel DTensor, and FORGE's max_grad_norm does not yet reduce the "
                 "norm over the ranks of a mesh. Attach without max_grad_norm for tensor-parallel training."
             )
+        if self.kahan and p.dtype != torch.bfloat16:
+            raise TypeError(
+                f"{name} has dtype {p.dtype}; master_weights='bf16+kahan' compensates bf16 weights. Convert "
+                "the model to bf16 (model.to(torch.bfloat16)) first, or leave master_weights unset for "
+                "fp32 weights, which need no compensation."
+            )
         if p.dtype not in WEIGHT_DTYPES:
             raise TypeError(
                 f"{name} has dtype {p.dtype}; FORGE updates fp32 and bf16 weights only. "
@@ -230,6 +249,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         state["step"] = 0
         state.update(self.rule.host_state)
         shard = local(p)  # a DTensor's states hold only this rank's shard, laid out like p
+        if self.kahan:  # what the weight's rounding to bf16 lost: nothing yet
+            state["weight_residual"] = like_param(p, torch.zeros_like(shard))
         for slot in self._slots(group):
             if slot is None:
                 continue
@@ -381,11 +402,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused: what
         a ForgeLinear's backward runs. Advances the weight's step as a backward does. `config`: a
         `forge.kernels.KernelConfig` to launch under (benchmarks, the offline tuner); by default the
-        shipped table's choice. `into`: (w, states, scales), tensors to write the step into instead of
-        `weight`'s own (torch.compile's custom op is handed functional copies: `forge.ops`), three
-        slots each as `_slot_tensors` gives them; `weight` still names the parameter whose step
-        count, hyperparameters and seed apply. With max_grad_norm `into` is not used: the step runs
-        when the backward ends, after the compiled graph has written its copies back.
+        shipped table's choice. `into`: (w, states, scales[, residual]), tensors to write the step
+        into instead of `weight`'s own (torch.compile's custom op is handed functional copies:
+        `forge.ops`), three slots each as `_slot_tensors` gives them; `weight` still names the
+        parameter whose step count, hyperparameters and seed apply. With max_grad_norm `into` is
+        not used: the step runs when the backward ends, after the compiled graph has written its
+        copies back.
 
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
@@ -410,11 +432,13 @@ class ForgeOptimizer(torch.optim.Optimizer):
     ) -> None:
         group, coefficients, seed, row = self._begin_update(weight)
         states, scales, signed = self._slot_tensors(weight, group)
-        target = local(weight)
+        target, residual = local(weight), self._residual(weight)
         if into is not None:
-            target, states, scales = into
+            target, states, scales, residual = _unpack_into(into, residual)
         options = dict(self._kernel_options(group), step_values=row, config=config, grad_scale=grad_scale)
-        self._kernels.wgrad_update(target, states, scales, signed, dy, x, coefficients, seed, **options)
+        self._kernels.wgrad_update(
+            target, states, scales, signed, dy, x, coefficients, seed, residual=residual, **options
+        )
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
@@ -437,11 +461,24 @@ class ForgeOptimizer(torch.optim.Optimizer):
         group, coefficients, seed, row = self._begin_update(p)
         states, scales, signed = self._slot_tensors(p, group)
         grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
-        target = local(p)
+        target, residual = local(p), self._residual(p)
         if into is not None:
-            target, states, scales = into
+            target, states, scales, residual = _unpack_into(into, residual)
         options = dict(self._kernel_options(group), step_values=row, grad_scale=grad_scale)
-        self._kernels.elementwise_update(target, grad, states, scales, signed, coefficients, seed, **options)
+        self._kernels.elementwise_update(
+            target, grad, states, scales, signed, coefficients, seed, residual=residual, **options
+        )
+
+    def _residual(self, p: torch.Tensor) -> torch.Tensor | None:
+        """p's bf16 residual with compensated weights (master_weights='bf16+kahan'), else None."""
+        return local(self.state[p]["weight_residual"]) if self.kahan else None
+
+    def op_tensors(self, p: torch.Tensor) -> list[torch.Tensor]:
+        """The tensors p's update mutates besides p: its state slots, their int8 scales, and its
+        residual with compensated weights, in that order (torch.compile's ops declare them, `forge.ops`)."""
+        states, scales, _ = self._slot_tensors(p, self._group_of[p])
+        residual = self._residual(p)
+        return [t for t in (*states, *scales, residual) if t is not None]
 
     def _check_once(self) -> None:
         """`_check_backward` at this backward's first deferred update, as `_begin_update` does."""
@@ -510,6 +547,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 current.copy_(value)
             else:
                 state[key] = value
+
+
+def _unpack_into(into: tuple, residual):
+    """(w, states, scales, residual) from an `into` of three (the residual as it was) or four."""
+    return (*into, residual) if len(into) == 3 else into
 
 
 _HANDLES = itertools.count(1)

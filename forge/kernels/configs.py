@@ -193,7 +193,7 @@ class Plan:
 
 
 def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_rounding, int8_group, config,
-         steps_in_memory, grad_scale=False) -> Plan:
+         steps_in_memory, grad_scale=False, kahan=False) -> Plan:
     """Kernel, config, operand path, grid and compile-time arguments of a launch. `config` None:
     FORGE's choice (the warp-specialized kernel where it wins, else `pick_config`)."""
     T, N = dy.shape
@@ -212,7 +212,7 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
     epilogue = epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                                    stochastic_rounding=stochastic_rounding, int8_group=int8_group,
-                                   grad_scale=grad_scale)
+                                   grad_scale=grad_scale, kahan=kahan)
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, T, N, K, dy.device, epilogue, int8_group, steps_in_memory)
     cfg = config or pick_config(T, N, K, state_dtype, on_interpreter, int8_group)

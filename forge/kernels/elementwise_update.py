@@ -31,6 +31,7 @@ def elementwise_update_kernel(
     w_ptr,  # (R, C) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (R, C) state slots, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (R, NUM_GROUPS) bf16 int8 block scales, updated in place
+    r_ptr,  # KAHAN: (R, C) bf16 residual of the weight, updated in place; else unread
     g_ptr,  # (R, C) the gradient, contiguous, any float dtype
     R, C, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step
@@ -40,7 +41,7 @@ def elementwise_update_kernel(
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
     GRAD_SCALE: tl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of QGROUP
@@ -55,10 +56,10 @@ def elementwise_update_kernel(
     g = tl.load(g_ptr + offs, mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0).to(tl.float32)
     if GRAD_SCALE:
         g = g * tl.load(scale_ptr)
-    update_tile(g, r_start, c_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    update_tile(g, r_start, c_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                 R, C, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_R, BLOCK_C)
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_R, BLOCK_C)
 
 
 _launch = DirectLauncher(elementwise_update_kernel)
@@ -93,10 +94,11 @@ def elementwise_update(
     int8_group: int = 64,
     step_values: torch.Tensor | None = None,
     grad_scale: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `param` from `grad`, in place (states and scales too).
     `step_values`, `grad_scale`: as for `wgrad_update` (the step's scalars read from device memory
-    instead; a coefficient the gradient is multiplied by)."""
+    instead; a coefficient the gradient is multiplied by; the weight's bf16 residual)."""
     assert param.is_contiguous(), "FORGE updates parameters in place and needs them contiguous"
     grad = grad.contiguous()
     rows, cols = as_rows(param)
@@ -108,18 +110,18 @@ def elementwise_update(
         block_c = max(block_c, int8_group)  # a tile spans whole int8 groups
     block_r = max(1, min(next_power_of_2(rows), 4096 // block_c))
     grid = (cdiv(rows, block_r), cdiv(cols, block_c))
-    slots = slot_arguments(param, states, scales)
+    slots = slot_arguments(param, states, scales, residual)
     args = (param, *slots, grad, rows, cols, cdiv(cols, int8_group),
             *step_arguments(param, coefficients, seed, step_values, grad_scale))
     constexprs = dict(
         **epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
                               stochastic_rounding=stochastic_rounding, int8_group=int8_group,
-                              grad_scale=grad_scale is not None),
+                              grad_scale=grad_scale is not None, kahan=residual is not None),
         STEPS_IN_MEMORY=step_values is not None, BLOCK_R=block_r, BLOCK_C=block_c,
     )
     # Every fact the launch depends on (`forge.kernels.launch`): the block shape and compile-time
     # arguments above follow from these.
     key = (rows, cols, param.get_device(), tensor_facts(param, *slots, grad), tuple(s is None for s in states),
            signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding, int8_group, step_values is None,
-           grad_scale is None)
+           grad_scale is None, residual is None)
     _launch(key, grid, args, constexprs, dict(num_warps=num_warps(block_c)))

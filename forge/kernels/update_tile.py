@@ -5,6 +5,12 @@ registers, the element-wise kernel one it loaded from the gradient tensor. The t
 states are loaded, the rule is applied in fp32 (`forge.rules.apply_rule`), and the weights (bf16
 with optional stochastic rounding, or fp32) and states (fp32, bf16 or int8) are stored back.
 
+Compensated bf16 weights (KAHAN): beside each bf16 weight a bf16 residual holds what its rounding
+lost. The update reads the weight as bf16 + residual in fp32 (about 16 significant bits), and
+writes back the bf16 nearest to the new value and the new value's remainder, rounded to bf16: the
+pair carries the fp32 master weight to a relative 2^-17, for 2 bytes a parameter more, where a
+plain bf16 write-back drops every update below half a bf16 step.
+
 Layout shared by every parameter: a tensor is viewed as (rows, cols) = (numel / last dim, last dim)
 (a vector as one row), row-major and contiguous; int8 states have one bf16 scale per QGROUP (64
 or 128) contiguous elements of a row, in a (rows, ceil(cols / QGROUP)) tensor. A tile starts at a
@@ -15,7 +21,7 @@ import triton
 import triton.language as tl
 
 from forge.kernels.quant import decode_state, load_state_raw, store_state
-from forge.kernels.rounding import store_weight, to_float
+from forge.kernels.rounding import round_to_bf16_nearest, store_weight, to_float
 from forge.rules import apply_rule
 
 
@@ -80,32 +86,32 @@ def finish_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start, k_start,
     loaded,  # what `load_tile` returned for this tile
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Decode the loaded tile, apply the rule to the gradient in `acc` in fp32, store W and states."""
     offsets = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
-    finish_tile_at(acc, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    finish_tile_at(acc, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                    RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def finish_tile_at(
     acc, offsets, loaded,  # the gradient tile, `offsets_of` it, and what `load_tile_at` returned
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding and widening
     LAYOUTS: tl.constexpr = False,  # a Gluon caller: int8 states convert between register layouts
@@ -114,6 +120,8 @@ def finish_tile_at(
     offs, mask, scale_offs, scale_mask, rows_cols = offsets
     w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
     w = to_float(w_raw, FAST)
+    if KAHAN:  # the weight's fp32 value, to ~16 bits: its bf16 part plus the bf16 residual
+        w = w + to_float(tl.load(r_ptr + offs, mask=mask, other=0.0), FAST)
     s1 = acc
     s2 = acc
     s3 = acc
@@ -133,7 +141,21 @@ def finish_tile_at(
         store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST, LAYOUTS)
     if HAS_S3:
         store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST, LAYOUTS)
-    store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
+    if KAHAN:  # bf16 rounded to nearest, and what that rounding lost, itself rounded to bf16
+        high = _nearest_bf16(w, FAST)
+        tl.store(w_ptr + offs, high, mask=mask)
+        tl.store(r_ptr + offs, _nearest_bf16(w - high.to(tl.float32), FAST), mask=mask)
+    else:
+        store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
+
+
+@triton.jit
+def _nearest_bf16(x, NATIVE: tl.constexpr):
+    """fp32 -> bf16 to nearest, ties to even: by the hardware's conversion (NATIVE, GPU only), or
+    by bits (a plain `.to` truncates in Triton's interpreter)."""
+    if NATIVE:
+        return x.to(tl.bfloat16)
+    return round_to_bf16_nearest(x)
 
 
 @triton.jit
@@ -159,22 +181,22 @@ def update_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start,  # first row of this tile
     k_start,  # first column of this tile, a multiple of QGROUP
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Load W and the states of one tile, apply the rule to the gradient in `acc`, store them."""
     loaded = load_tile(n_start, k_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
                        HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, BLOCK_N, BLOCK_K)
-    finish_tile(acc, n_start, k_start, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    finish_tile(acc, n_start, k_start, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                 N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                 RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, BLOCK_N, BLOCK_K)
+                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_N, BLOCK_K)
 
 
 STEP_ROW = 16  # int32 words per parameter in a capturable optimizer's step rows (64-byte aligned rows)
@@ -192,18 +214,21 @@ def step_arguments(param, coefficients: tuple, seed: int, step_values, grad_scal
     return (0.0,) * len(coefficients) + (0, step_values, scale)
 
 
-def slot_arguments(param, states: tuple, scales: tuple) -> list:
-    """The six state and scale pointers of a launch: each slot's tensor, or `param` where the rule
-    has no such slot (never dereferenced: its HAS_S* flag is False)."""
-    return [t if t is not None else param for t in (*states, *scales)]
+def slot_arguments(param, states: tuple, scales: tuple, residual=None) -> list:
+    """The seven state, scale and residual pointers of a launch: each slot's tensor, or `param`
+    where the rule has no such slot (never dereferenced: its HAS_S* flag is False), and the weight's
+    bf16 residual (compensated weights, KAHAN) or `param` again."""
+    return [t if t is not None else param for t in (*states, *scales, residual)]
 
 
 def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,
-                        stochastic_rounding: bool, int8_group: int = 64, grad_scale: bool = False) -> dict:
-    """The compile-time arguments shared by the kernels: `update_tile`'s, and GRAD_SCALE (the
-    gradient is multiplied by the value at `scale_ptr` before the rule: `step_arguments`)."""
+                        stochastic_rounding: bool, int8_group: int = 64, grad_scale: bool = False,
+                        kahan: bool = False) -> dict:
+    """The compile-time arguments shared by the kernels: `update_tile`'s (KAHAN: compensated bf16
+    weights, a residual at `r_ptr`), and GRAD_SCALE (the gradient is multiplied by the value at
+    `scale_ptr` before the rule: `step_arguments`)."""
     return dict(
-        GRAD_SCALE=grad_scale,
+        GRAD_SCALE=grad_scale, KAHAN=kahan,
         RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
         HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
         S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],

@@ -66,6 +66,7 @@ def wgrad_update_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place
+    r_ptr,  # KAHAN: (N, K) bf16 residual of the weight, updated in place; else unread
     dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (TMA "host") or a pointer
     x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (TMA "host") or a pointer
     T, N, K, NUM_GROUPS,
@@ -80,6 +81,7 @@ def wgrad_update_kernel(
     STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
     QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
     STOCHASTIC_ROUNDING: tl.constexpr,
+    KAHAN: tl.constexpr,  # bf16 weights with a bf16 residual (compensated, `update_tile.finish_tile_at`)
     GRAD_SCALE: tl.constexpr,  # scale the finished gradient tile by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # "host": dy and x by bulk tensor copies through host-built descriptors; "none": pointers
@@ -136,10 +138,10 @@ def wgrad_update_kernel(
         acc = acc * tl.load(scale_ptr)
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
-    _update_in_slices(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    _update_in_slices(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
+                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -156,12 +158,12 @@ def _slices(tile, ROWS: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr):
 
 @triton.jit
 def _update_in_slices(
-    acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
     HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
     S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr,
+    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
     SPLIT: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Update the tile in SPLIT (1, 2, 4 or 8) row slices, top first. In slice order a slice's
@@ -177,18 +179,18 @@ def _update_in_slices(
             if i + 1 < SPLIT:
                 following = load_tile(n0 + (i + 1) * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                       N, K, NUM_GROUPS, HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
-            finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+            finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K)
             if i + 1 < SPLIT:
                 loaded = following
     else:
         for i in tl.static_range(SPLIT):
-            update_tile(parts[i], n0 + i * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+            update_tile(parts[i], n0 + i * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                         N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                         RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K)
+                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K)
 
 
 _plans: dict = {}
@@ -213,6 +215,7 @@ def wgrad_update(
     config: KernelConfig | None = None,
     step_values: torch.Tensor | None = None,
     grad_scale: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
 
@@ -224,18 +227,20 @@ def wgrad_update(
     `step_values`: an int32 row (`update_tile.STEP_ROW` words) the kernel reads `coefficients`
     and `seed` from instead, so that a CUDA graph can replay the launch with new values.
     `grad_scale`: a one-element fp32 tensor on the device the gradient is multiplied by before
-    the rule (the clip coefficient of `forge.clip`), or None.
+    the rule (the clip coefficient of `forge.clip`), or None. `residual`: with bf16 compensated
+    weights, the (N, K) bf16 tensor of what the weight's rounding to bf16 lost, read and written
+    with it (the weight rounds to nearest then), or None.
 
     The key below holds every fact the launch depends on (shapes, strides, dtypes, alignments,
     device, options): a problem seen before skips the planning and, on a GPU, Triton's dispatch.
     """
     T, N = dy.shape
     K = x.shape[1]
-    slots = slot_arguments(weight, states, scales)
+    slots = slot_arguments(weight, states, scales, residual)
     key = (
         T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x),
         tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
-        int8_group, config, step_values is None, grad_scale is None,
+        int8_group, config, step_values is None, grad_scale is None, residual is None,
     )
     plan = _plans.get(key)
     if plan is None:
@@ -245,7 +250,7 @@ def wgrad_update(
                                           state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
                                           int8_group=int8_group, config=config,
                                           steps_in_memory=step_values is not None,
-                                          grad_scale=grad_scale is not None)
+                                          grad_scale=grad_scale is not None, kahan=residual is not None)
     step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)

@@ -127,12 +127,12 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
 @gluon.jit
 def _epilogue_partition(
     acc_smem, acc_ready, acc_empty,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, GRAD_SCALE: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr, GRAD_SCALE: gl.constexpr,
     STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
     """The optimizer update of each staged tile (`update_staged_tile`)."""
@@ -148,10 +148,10 @@ def _epilogue_partition(
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
         update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, N,
-                           w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+                           w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                            K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                            RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, FAST_EPILOGUE, OVERLAP_SLICES,
+                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, FAST_EPILOGUE, OVERLAP_SLICES,
                            grad_scale, GRAD_SCALE)
         done += 1
 
@@ -159,12 +159,12 @@ def _epilogue_partition(
 @gluon.jit
 def update_staged_tile(
     acc_smem, acc_ready, acc_empty, done, n0, k0, ROW_LIMIT,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
     K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr,
     ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
     grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
 ):
@@ -201,10 +201,10 @@ def update_staged_tile(
             next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
             next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
                                        HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-        finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+        finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, ROWS, BLOCK_K, FAST_EPILOGUE, True)
+                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K, FAST_EPILOGUE, True)
         if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
             offsets, loaded = next_offsets, next_loaded
 
@@ -239,6 +239,7 @@ def wgrad_update_ws_kernel(
     w_ptr,  # (N, K) fp32 | bf16, updated in place
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place (else unread)
+    r_ptr,  # KAHAN: (N, K) bf16 residual of the weight, updated in place; else unread
     dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
     x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
     T, N, K, NUM_GROUPS,
@@ -249,7 +250,7 @@ def wgrad_update_ws_kernel(
     RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
     HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
     S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr,
+    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr,
     GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
@@ -261,10 +262,10 @@ def wgrad_update_ws_kernel(
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
-        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
+        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
                                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, GRAD_SCALE, STEPS_IN_MEMORY, ROWS,
+                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, GRAD_SCALE, STEPS_IN_MEMORY, ROWS,
                                FAST_EPILOGUE,
                                OVERLAP_SLICES)),
         (_mma_partition, workers),

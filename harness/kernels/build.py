@@ -233,6 +233,7 @@ def _slots_signature(state_dtype: str) -> dict[str, str]:
     signature = {"w_ptr": "*bf16"}
     signature.update({f"s{i}_ptr": STATE_POINTER[state_dtype] for i in (1, 2, 3)})
     signature.update({f"q{i}_ptr": "*bf16" for i in (1, 2, 3)})
+    signature["r_ptr"] = "*bf16"  # the weight's residual (compensated weights), unread: KAHAN is off
     return signature
 
 
@@ -252,6 +253,7 @@ def _epilogue_constants(state_dtype: str, stochastic_rounding: bool, int8_group:
         QGROUP=int8_group,
         STOCHASTIC_ROUNDING=stochastic_rounding,
         GRAD_SCALE=False,
+        KAHAN=False,
     )
 
 

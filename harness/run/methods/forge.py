@@ -19,6 +19,11 @@ inside FORGE (`forge.clip`): the backward gathers the norms and keeps each layer
 updates run when it ends. The method `fused_adamw` takes the same option, with torch's own
 `clip_grad_norm_` before its step: the pair forge_*_clip / fused_adamw_clip compares the two.
 
+`master_weights="bf16+kahan"` keeps a bf16 residual beside each bf16 weight, read and written with
+it in the same pass (2 bytes a parameter, counted with the optimizer states): the weights carry the
+fp32 master value to about 16 significant bits, where stochastic rounding only keeps it in
+expectation.
+
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
 microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
 times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
@@ -45,6 +50,7 @@ from harness.run.methods.base import (
 RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 STATE_DTYPES = ("fp32", "bf16", "int8")
 INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
+MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")  # forge.optim.MASTER_WEIGHTS
 
 
 @dataclass
@@ -56,6 +62,9 @@ class ForgeOptions:
     update_stream: bool = False  # fused updates on a second CUDA stream (forge.streams)
     hparams: dict[str, Any] = field(default_factory=dict)
     max_grad_norm: float | None = None  # global-norm clipping inside FORGE (forge.clip); None: off
+    # "bf16+kahan": a bf16 residual beside each bf16 weight (compensated; forge.kernels.update_tile);
+    # None: stochastic_rounding says how bf16 weights round
+    master_weights: str | None = None
     debug_delay_us: float = 0.0  # a deliberate slowdown: the GPU spins this long after each update
 
     def __post_init__(self) -> None:
@@ -63,6 +72,7 @@ class ForgeOptions:
         check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
         check_choice("int8_group", self.int8_group, INT8_GROUPS)
         check_max_grad_norm(self.max_grad_norm)
+        check_choice("master_weights", self.master_weights, MASTER_WEIGHTS)
         if self.debug_delay_us < 0:
             raise ValueError(f"debug_delay_us={self.debug_delay_us} is not valid: a delay is >= 0")
 
@@ -97,6 +107,7 @@ class Forge(Method):
             capturable=self.cuda_graph,
             update_stream=o.update_stream,
             max_grad_norm=o.max_grad_norm,
+            master_weights=o.master_weights,
             **hparams,
         )
         if o.debug_delay_us:
@@ -129,6 +140,8 @@ class Forge(Method):
 
     def master_weights(self) -> str:
         base = super().master_weights()
+        if base == "bf16" and self.options.master_weights is not None:
+            return self.options.master_weights
         return f"{base}+sr" if base == "bf16" and self.options.stochastic_rounding else base
 
 
