@@ -117,15 +117,6 @@ def test_inductor_llama_trains_as_eager():
     _assert_one_graph()
 
 
-def test_compiled_bf16_llama_trains_exactly_as_eager():
-    """The same model in bf16 with int8 states (stochastic rounding, block scales), through
-    Dynamo and AOTAutograd only: bit-identical weights and states."""
-    base = tiny_llama().to(torch.bfloat16)
-    batches = [lm_batch() for _ in range(STEPS)]
-    _assert_same_training(*_pair(base, batches, lm_loss, "aot_eager", state_dtype="int8"))
-    _assert_one_graph()
-
-
 def test_an_lr_scheduler_takes_effect_under_compile():
     """The lr is read when the update op runs, not baked in when it is traced: a scheduler that
     changes it at every step gives eager's weights, without a recompile."""

@@ -208,14 +208,14 @@ def test_the_advice_instead_of_accumulation_gives_the_same_update(tmp_path):
     model, data = tiny_llama(), RandomTokens()
     accumulated = Trainer(
         model=copy.deepcopy(model),
-        args=training_args(tmp_path / "torch", max_steps=5, gradient_accumulation_steps=2),
+        args=training_args(tmp_path / "torch", max_steps=3, gradient_accumulation_steps=2),
         train_dataset=data,
     )
     accumulated.train()
     trainer = ForgeTrainer(
         model=copy.deepcopy(model),
         args=training_args(
-            tmp_path / "forge", max_steps=5, per_device_train_batch_size=8, activation_checkpointing=True
+            tmp_path / "forge", max_steps=3, per_device_train_batch_size=8, activation_checkpointing=True
         ),
         train_dataset=data,
         forge_options=dict(state_dtype="fp32"),
