@@ -38,7 +38,6 @@ import math
 import torch
 from torch.autograd import Variable
 
-METHODS = ("auto", "gram", "direct")
 # The norm-only kernel's time per multiply-add against the Gram GEMMs' (cuBLAS): measured on the
 # H200 on Llama-3.1-8B's layers at T = 1024 and 4096 (results/kernels/clip-norms-*.jsonl), the
 # kernel runs at 1.2-1.4x the dW GEMM's time, the Gram GEMMs near cuBLAS's rate.
@@ -80,7 +79,7 @@ class GlobalNormClip:
         self.optimizer = optimizer
         self.max_norm = max_norm
         self.norm_type = norm_type
-        self.method = "auto"  # how a layer's dW norm is computed: "auto", "gram" or "direct"
+        self.method = "auto"  # how a layer's dW norm is computed: "auto" (`norm_method`), "gram" or "direct"
         self.total_norm: torch.Tensor | None = None  # the last step's norm before clipping (0-dim)
         self.coefficient: torch.Tensor | None = None  # the last step's c, (1,) fp32 on the device
         self._task = None  # the backward (autograd graph task) the pending work belongs to

@@ -283,8 +283,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         """(group, coefficients, seed, step row) of p's next update; advances its step. The row is
         None unless capturable; inside a CUDA-graph capture nothing advances (the replays will)."""
         group = self._group_of[p]
-        if torch._C._current_graph_task_id() != self._checked_task:
-            self._check_backward()
+        self._check_once()
         if not self.capturable:
             return (group, *self._advance(p, group), None)
         row = self._step_row(p)
