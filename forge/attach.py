@@ -48,14 +48,21 @@ def attach(
     max_grad_norm: float | None = None,
     norm_type: float = 2.0,
     master_weights: str | None = None,
+    fp8: str | None = None,
+    fp8_skip: Iterable[str] = ("lm_head",),
     **hparams,
 ) -> ForgeOptimizer:
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer.
     `max_grad_norm`: clip the global gradient norm (of `norm_type`) as clip_grad_norm_ would, exactly
     (`forge.clip`); None: no clipping. `master_weights`: "bf16+sr" (stochastic rounding), "bf16"
     (round to nearest) or "bf16+kahan" (a bf16 residual per weight, 2 bytes a parameter: the
-    update keeps about 16 significant bits); None: as `stochastic_rounding` says."""
+    update keeps about 16 significant bits); None: as `stochastic_rounding` says. `fp8`: "tensorwise"
+    runs the forward, dX and fused dW GEMMs of every fused linear layer in FP8 (`forge.fp8`), but
+    for layers whose dimensions are not multiples of 16 and those whose module name ends with a
+    name in `fp8_skip` (by default the output projection, kept in bf16 as FP8 recipes do); None:
+    bf16 (or the weights' dtype) GEMMs."""
     _refuse_data_parallel(model)
+    _check_fp8_options(fp8, max_grad_norm)
     if getattr(model, _ATTR, None) is not None:
         raise RuntimeError(
             "FORGE is already attached to this model; call forge.detach(model) before attaching again"
@@ -66,6 +73,7 @@ def attach(
     optimizer = ForgeOptimizer.__new__(ForgeOptimizer)
     optimizer.param_names = names
     optimizer._owner = weakref.ref(model)  # for add_param_group after attach (`wire`)
+    optimizer.fp8, optimizer.fp8_skip = fp8, tuple(fp8_skip)  # read by `_fuse_linears`, also in `wire`
     ForgeOptimizer.__init__(
         optimizer,
         params,
@@ -94,7 +102,8 @@ def detach(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is ForgeLinear:
             module.__class__ = nn.Linear
-            for attr in ("_forge_optimizer", "_forge_name", "_forge_handle", "_forge_index", "_forge_states"):
+            for attr in ("_forge_optimizer", "_forge_name", "_forge_handle", "_forge_index", "_forge_states",
+                         "_forge_fp8"):
                 module.__dict__.pop(attr, None)
     for handle in optimizer._hooks:
         handle.remove()
@@ -133,12 +142,13 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
     """Swap eligible nn.Linear modules to ForgeLinear; return the weights now fused."""
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     fused = set()
-    for module in model.modules():
+    for module_name, module in model.named_modules():
         w = getattr(module, "weight", None)
         if type(module) is not nn.Linear or w is None or w not in trained or uses[id(w)] != 1:
             continue
         if linear_layout(names.get(w, "weight"), w) == "hook":
             continue  # a replicated DTensor weight: its gradient may need a reduction, the hook does it
+        module._forge_fp8 = _runs_in_fp8(optimizer, module_name, w)
         module.__class__ = ForgeLinear
         module._forge_optimizer = optimizer
         module._forge_name = names.get(w, "weight")
@@ -148,6 +158,33 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
         module._forge_states = optimizer.op_tensors(w)
         fused.add(w)
     return fused
+
+
+def _check_fp8_options(fp8: str | None, max_grad_norm: float | None) -> None:
+    from forge.fp8 import check_recipe
+
+    check_recipe(fp8)
+    if fp8 is not None and max_grad_norm is not None:
+        raise ValueError(
+            "fp8 with max_grad_norm is not supported: FORGE's clipping takes each layer's norm from bf16 "
+            "operands. Clip with bf16 GEMMs (leave fp8=None), or train FP8 without max_grad_norm."
+        )
+
+
+def _runs_in_fp8(optimizer: ForgeOptimizer, module_name: str, weight: torch.Tensor) -> bool:
+    """Whether a fused linear layer's GEMMs run in FP8 (`attach`'s fp8 and fp8_skip)."""
+    from forge.distributed import is_dtensor
+    from forge.fp8 import eligible
+
+    if getattr(optimizer, "fp8", None) is None:
+        return False
+    if is_dtensor(weight):
+        raise ValueError(
+            f"fp8 is not supported with tensor-parallel weights ({module_name}): leave fp8=None, or train "
+            "FP8 on one GPU"
+        )
+    skipped = any(module_name == s or module_name.endswith("." + s) for s in optimizer.fp8_skip)
+    return not skipped and eligible(weight)
 
 
 def _make_hook(optimizer: ForgeOptimizer):

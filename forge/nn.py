@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge import fp8 as forge_fp8
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 
 # torch.compile traces the custom ops from torch 2.12 on; before, AOTAutograd refuses a parameter that
@@ -63,8 +64,10 @@ class ForgeLinearFunction(torch.autograd.Function):
     """y = x W^T + b whose backward updates W in place instead of returning dW."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias, optimizer, name: str, saved_ahead: bool):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias, optimizer, name: str, saved_ahead: bool,
+                fp8: bool = False):
         # saved_ahead: x is the output of `_SavedInput`, whose node holds x for the backward
+        # fp8: the three GEMMs on FP8 tensor cores (`forge.fp8`)
         ctx.input_node = x.grad_fn if saved_ahead else None
         if not saved_ahead:
             ctx.save_for_backward(x)
@@ -75,8 +78,12 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.name = name
         ctx.version = optimizer.version(weight)
         ctx.has_bias = bias is not None
+        ctx.fp8 = fp8
         if not torch.compiler.is_compiling():
             optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
+        if fp8:
+            y = forge_fp8.forward(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+            return y if bias is None else y + bias.to(y.dtype)
         return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 
     @staticmethod
@@ -93,20 +100,25 @@ class ForgeLinearFunction(torch.autograd.Function):
             )
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
-        dx = db = None
-        if ctx.needs_input_grad[0]:
+        dx = db = grad_scale = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        if ctx.fp8:  # dx in FP8; dy and x as T-major FP8 copies for the fused kernel, with their scale
+            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, x2, weight, ctx.needs_input_grad[0])
+            dx = None if dx is None else dx.reshape(x.shape)
+        elif ctx.needs_input_grad[0]:
             w = local(weight)  # the old W, before the update; cast only under autocast
             dx = (dy2 @ (w if w.dtype == dy2.dtype else w.to(dy2.dtype))).reshape(x.shape)
             if dx.dtype != x.dtype:
                 dx = dx.to(x.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0)
         if torch.compiler.is_compiling():
-            _fused_step_outside_graph(optimizer, weight, dy2, x2)
-        else:  # eager: skip the disable wrapper (4% of a profiled ForgeLinear step on the GPU machine)
+            _fused_step_outside_graph(optimizer, weight, dy2, x2, grad_scale)
+        elif grad_scale is None:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
             optimizer.update_linear(weight, dy2, x2)
+        else:
+            optimizer.update_linear(weight, dy2, x2, grad_scale=grad_scale)
         optimizer.release_use(ctx)
-        return dx, None, db, None, None, None
+        return dx, None, db, None, None, None, None
 
 
 class _SavedInput(torch.autograd.Function):
@@ -128,25 +140,29 @@ def _saved_tensor_hooks_active() -> bool:
     return top is not None and top(False) is not None
 
 
-def forge_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str):
+def forge_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str,
+                 fp8: bool = False):
     """y = x W^T + b through ForgeLinearFunction, with x saved ahead of the GEMM under saved-tensor
-    hooks (x must require grad for `_SavedInput` to keep a node)."""
+    hooks (x must require grad for `_SavedInput` to keep a node); `fp8`: its GEMMs in FP8."""
     saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
     if saved_ahead:
         x = _SavedInput.apply(x)
-    return ForgeLinearFunction.apply(x, weight, bias, optimizer, name, saved_ahead)
+    return ForgeLinearFunction.apply(x, weight, bias, optimizer, name, saved_ahead, fp8)
 
 
-def _fused_step_outside_graph(optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
+def _fused_step_outside_graph(optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,
+                              grad_scale: torch.Tensor | None) -> None:
     """The fused step while torch.compile traces the backward: outside its graph."""
-    _outside_graph()(optimizer, weight, dy, x)
+    _outside_graph()(optimizer, weight, dy, x, grad_scale)
 
 
 @functools.cache
 def _outside_graph():
     """`update_linear` under `torch.compiler.disable`, built on first use: the decorator imports
     torch._dynamo (a second of import), which eager training never needs."""
-    return torch.compiler.disable(lambda optimizer, weight, dy, x: optimizer.update_linear(weight, dy, x))
+    return torch.compiler.disable(
+        lambda optimizer, weight, dy, x, scale: optimizer.update_linear(weight, dy, x, grad_scale=scale)
+    )
 
 
 class ForgeLinear(nn.Linear):
@@ -155,6 +171,7 @@ class ForgeLinear(nn.Linear):
 
     _forge_optimizer = None
     _forge_name = "weight"
+    _forge_fp8 = False  # its GEMMs in FP8 (`forge.attach(..., fp8=...)`, `forge.fp8`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opt = self._forge_optimizer
@@ -162,11 +179,12 @@ class ForgeLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if is_dtensor(self.weight):
             return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
-        if torch.compiler.is_compiling() and COMPILE_OPS:  # traced: the custom ops of `forge.ops`
+        fp8 = self._forge_fp8
+        if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
             from forge.ops import forge_linear_op
 
             return forge_linear_op(self, _autocast_input(x))
-        return forge_linear(_autocast_input(x), self.weight, self.bias, opt, self._forge_name)
+        return forge_linear(_autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
 
 
 def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -397,6 +397,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         *,
         config=None,
         into: tuple | None = None,
+        grad_scale: torch.Tensor | None = None,
     ) -> None:
         """One step of `weight` (N, K) from the gradient dy^T x (dy: (T, N), x: (T, K)), fused: what
         a ForgeLinear's backward runs. Advances the weight's step as a backward does. `config`: a
@@ -406,19 +407,22 @@ class ForgeOptimizer(torch.optim.Optimizer):
         `forge.ops`), three slots each as `_slot_tensors` gives them; `weight` still names the
         parameter whose step count, hyperparameters and seed apply. With max_grad_norm `into` is
         not used: the step runs when the backward ends, after the compiled graph has written its
-        copies back.
+        copies back. `grad_scale`: a one-element fp32 tensor the product dy^T x is multiplied by
+        (FP8 operands, T-contiguous, and their dequantization scale: `forge.fp8`).
 
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
         if self._clip is not None:  # the norm now, the update when the backward ends (forge.clip)
+            if grad_scale is not None:
+                raise ValueError("FORGE's clipping takes bf16 or fp32 operands, not FP8 ones (forge.fp8)")
             self._check_once()
             self._clip.add_linear(weight, dy, x, config)
         elif self._update_stream is not None and dy.is_cuda:
             with self._update_stream.fork(dy, x):
-                self._fused_update(weight, dy, x, config, into=into)
+                self._fused_update(weight, dy, x, config, grad_scale, into=into)
         else:
-            self._fused_update(weight, dy, x, config, into=into)
+            self._fused_update(weight, dy, x, config, grad_scale, into=into)
 
     def _fused_update(
         self,

@@ -174,9 +174,41 @@ def _can_use_tma(t: torch.Tensor) -> bool:
 def _tma_mode(requested: str, dy: torch.Tensor, x: torch.Tensor, exact: bool) -> str:
     """The config's `tma` where the operands allow it, else "none". Exact fp32 products always read
     by pointers, and so does the interpreter (its tensors are on the CPU)."""
-    if requested == "none" or exact or dy.dtype != x.dtype:
+    if requested == "none" or exact:
+        return "none"
+    if is_fp8(dy):  # T-major: descriptors of the transposed (N, T) and (K, T) tensors
+        return requested if _can_use_tma_t_major(dy) and _can_use_tma_t_major(x) else "none"
+    if dy.dtype != x.dtype:
         return "none"
     return requested if _can_use_tma(dy) and _can_use_tma(x) else "none"
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    """An FP8 operand (`forge.fp8`): e4m3 or e5m2."""
+    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _can_use_tma_t_major(t: torch.Tensor) -> bool:
+    """A (T, cols) FP8 CUDA tensor contiguous along T that Hopper's bulk copies can read as (cols, T)."""
+    return (
+        t.is_cuda
+        and t.stride(0) == 1
+        and t.stride(1) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and _has_tma(t.device)
+    )
+
+
+def fp8_config(cfg: KernelConfig, on_interpreter: bool) -> KernelConfig:
+    """FP8 operands on a GPU: 64 x 128 tiles, T tiles of 128 (a multiple of the FP8 MMA's 32-deep
+    step), 16-row slices. The main loop adds each tile's products into the fp32 accumulator
+    (Hopper's FP8 MMA keeps fewer bits in its own), which takes a second accumulator's registers:
+    at 128 x 128 under the 128-register cap that spills, at 64 x 128 it builds in 80-106 registers
+    for every state dtype, with no spills and two or three programs a multiprocessor
+    (`python -m harness.kernels.build`, triton 3.9). Not yet tuned on a GPU."""
+    if on_interpreter:
+        return cfg
+    return replace(_HOPPER, block_n=64, block_t=128, epilogue_split=4, tma=cfg.tma)
 
 
 @dataclass(frozen=True)
@@ -215,14 +247,22 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
                                    grad_scale=grad_scale, kahan=kahan)
     if config is not None and config.warp_specialized:
         return _warp_specialized_plan(config, T, N, K, dy.device, epilogue, int8_group, steps_in_memory)
+    fp8 = is_fp8(dy)
+    if fp8 != is_fp8(x) or (fp8 and (dy.stride(0) != 1 or x.stride(0) != 1)):
+        raise ValueError(
+            f"FP8 operands come in pairs, contiguous along T (forge.fp8.backward makes them); got dy {dy.dtype} with "
+            f"strides {dy.stride()} and x {x.dtype} with strides {x.stride()}"
+        )
     cfg = config or pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
+    if fp8 and config is None:
+        cfg = fp8_config(cfg, on_interpreter)
     if state_dtype == "int8" and cfg.block_k % int8_group:
         raise ValueError(f"block_k={cfg.block_k} does not span whole int8 groups of {int8_group}")
     exact = dy.dtype == torch.float32 or x.dtype == torch.float32
     tma = _tma_mode(cfg.tma, dy, x, exact)
     constexprs = dict(
         **epilogue,
-        STEPS_IN_MEMORY=steps_in_memory, TMA=tma,
+        STEPS_IN_MEMORY=steps_in_memory, TMA=tma, T_MAJOR=fp8,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices,

@@ -67,8 +67,8 @@ def wgrad_update_kernel(
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place
     r_ptr,  # KAHAN: (N, K) bf16 residual of the weight, updated in place; else unread
-    dy_src,  # (T, N) bf16 | fp32 gradient of the layer's output: a TMA descriptor (TMA "host") or a pointer
-    x_src,  # (T, K) bf16 | fp32 input of the layer: a TMA descriptor (TMA "host") or a pointer
+    dy_src,  # (T, N) bf16 | fp32 | fp8 gradient of the layer's output: a TMA descriptor (TMA "host") or a pointer
+    x_src,  # (T, K) bf16 | fp32 | fp8 input of the layer: a TMA descriptor (TMA "host") or a pointer
     T, N, K, NUM_GROUPS,
     stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,  # element strides (pointer path only)
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
@@ -85,6 +85,7 @@ def wgrad_update_kernel(
     GRAD_SCALE: tl.constexpr,  # scale the finished gradient tile by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # "host": dy and x by bulk tensor copies through host-built descriptors; "none": pointers
+    T_MAJOR: tl.constexpr,  # dy and x T-contiguous (FP8): read as (BLOCK_N, BLOCK_T) and (BLOCK_K, BLOCK_T) tiles
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -109,7 +110,10 @@ def wgrad_update_kernel(
 
     # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if TMA == "host":  # out-of-bounds rows and columns read as zeros
+    if T_MAJOR:  # dW = dyT xT^T: both operands contiguous along T, the layout FP8 tensor cores read
+        acc = _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n,
+                                 stride_x_t, stride_x_k, TMA, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
+    elif TMA == "host":  # out-of-bounds rows and columns read as zeros
         for t0 in range(0, T, BLOCK_T):
             dy = dy_src.load([t0, n0])
             x = x_src.load([t0, k0])
@@ -142,6 +146,39 @@ def wgrad_update_kernel(
                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+                       TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The main loop on T-contiguous operands: descriptors of dy^T (N, T) and x^T (K, T) (TMA
+    "host"), or pointers with a unit T stride."""
+    if TMA == "host":
+        for t0 in range(0, T, BLOCK_T):
+            dy = dy_src.load([n0, t0])
+            x = x_src.load([k0, t0])
+            if UPCAST_DOT:
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
+    else:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_t = tl.arange(0, BLOCK_T)
+        dy_ptrs = dy_src + offs_n.to(tl.int64)[:, None] * stride_dy_n + offs_t[None, :] * stride_dy_t
+        x_ptrs = x_src + offs_k.to(tl.int64)[:, None] * stride_x_k + offs_t[None, :] * stride_x_t
+        for t0 in range(0, T, BLOCK_T):
+            t_ok = (t0 + offs_t) < T
+            dy = tl.load(dy_ptrs, mask=(offs_n[:, None] < N) & t_ok[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=(offs_k[:, None] < K) & t_ok[None, :], other=0.0)
+            if UPCAST_DOT:
+                dy = dy.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
+            dy_ptrs += BLOCK_T * stride_dy_t
+            x_ptrs += BLOCK_T * stride_x_t
+    return acc
 
 
 @triton.jit
@@ -219,7 +256,8 @@ def wgrad_update(
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
 
-    dy: (T, N) and x: (T, K), any strides. `states`, `scales`, `signed`: three slots each (None
+    dy: (T, N) and x: (T, K), any strides; FP8 ones (`forge.fp8`) with a unit stride along T, and
+    `grad_scale` their dequantization scale. `states`, `scales`, `signed`: three slots each (None
     where the rule has no such state; scales only for int8). Updates `weight`, `states` and
     `scales` in place. `coefficients` come from `forge.rules.Rule.coefficients`. `int8_group`:
     elements per int8 scale along K (64 or 128); a config's BLOCK_K must be a multiple of it.
@@ -259,7 +297,12 @@ def wgrad_update(
     if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        dy_src = TensorDescriptor.from_tensor(dy, [plan.config.block_t, plan.config.block_n])
-        x_src = TensorDescriptor.from_tensor(x, [plan.config.block_t, plan.config.block_k])
+        cfg = plan.config
+        if plan.constexprs["T_MAJOR"]:  # descriptors of the T-contiguous (N, T) and (K, T) tensors
+            dy_src = TensorDescriptor.from_tensor(dy.t(), [cfg.block_n, cfg.block_t])
+            x_src = TensorDescriptor.from_tensor(x.t(), [cfg.block_k, cfg.block_t])
+        else:
+            dy_src = TensorDescriptor.from_tensor(dy, [cfg.block_t, cfg.block_n])
+            x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
     args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy.stride(), *x.stride(), *step)
     _launch(key, plan.grid, args, plan.constexprs, plan.options)

@@ -147,16 +147,23 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
         return _compile_warp_specialized(config, arch, state_dtype, stochastic_rounding)
     from forge.kernels import wgrad_update_kernel as kernel
 
-    tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma == "host" else "*bf16"
-    signature = _slots_signature(state_dtype)
-    signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
     T, N, K = PROBLEM
+    signature = _slots_signature(state_dtype)
+    if config.get("fp8"):  # FP8 operands contiguous along T (forge.fp8): dy e5m2, x e4m3
+        bt = config["block_t"]
+        tile = lambda kind, rows: f"tensordesc<{kind}[{rows}, {bt}]>" if tma == "host" else f"*{kind}"
+        signature.update(dy_src=tile("fp8e5", config["block_n"]), x_src=tile("fp8e4nv", config["block_k"]))
+        strides = dict(stride_dy_t=1, stride_dy_n=T, stride_x_t=1, stride_x_k=T)
+    else:
+        tile = lambda rows: f"tensordesc<bf16[{config['block_t']}, {rows}]>" if tma == "host" else "*bf16"
+        signature.update(dy_src=tile(config["block_n"]), x_src=tile(config["block_k"]))
+        strides = dict(stride_dy_t=N, stride_dy_n=1, stride_x_t=K, stride_x_k=1)  # contiguous dy and x
     group = config.get("int8_group", 64)
-    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // group))
-    integers.update(stride_dy_t=N, stride_dy_n=1, stride_x_t=K, stride_x_k=1)  # contiguous dy and x
+    integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // group), **strides)
     constants = _epilogue_constants(state_dtype, stochastic_rounding, group)
     constants.update(
         TMA=tma,
+        T_MAJOR=bool(config.get("fp8")),
         UPCAST_DOT=False,
         DOT_PRECISION="tf32",
         BLOCK_N=config["block_n"],
@@ -340,8 +347,8 @@ def loads_before_first_store(sass: str) -> int:
     """Global loads the epilogue issues before its first global store (SASS after the last
     tensor-core MMA): 3 for AdamW with bf16 states updated slice by slice (W, m, v of one slice),
     more when the next slice's loads are in flight too."""
-    ops = re.findall(r"\b(HGMMA|LDG|STG)\b", sass)
-    last_mma = max((i for i, op in enumerate(ops) if op == "HGMMA"), default=-1)
+    ops = re.findall(r"\b(HGMMA|QGMMA|LDG|STG)\b", sass)
+    last_mma = max((i for i, op in enumerate(ops) if op in ("HGMMA", "QGMMA")), default=-1)
     epilogue = ops[last_mma + 1 :]
     first_store = epilogue.index("STG") if "STG" in epilogue else len(epilogue)
     return epilogue[:first_store].count("LDG")
@@ -376,6 +383,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         shared_bytes=shared,
         instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?[A-Z]", sass)),  # in the SASS
         epilogue_loads_before_first_store=loads_before_first_store(sass),
+        tensor_core_mmas={op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA")},
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
 
@@ -483,13 +491,14 @@ def compile_here() -> bool:
 
 
 def known_fields() -> set[str]:
-    """The config fields the build takes: KernelConfig's, the element-wise kernel's, and the
-    int8 states' group size (`int8_group`, an option of the update rather than of the launch)."""
+    """The config fields the build takes: KernelConfig's, the element-wise kernel's, the int8
+    states' group size (`int8_group`, an option of the update rather than of the launch), and
+    `fp8` (true: FP8 operands contiguous along T, as `forge.fp8` hands them over)."""
     import dataclasses
 
     from forge.kernels import KernelConfig
 
-    return {f.name for f in dataclasses.fields(KernelConfig)} | set(ELEMENTWISE) | {"int8_group"}
+    return {f.name for f in dataclasses.fields(KernelConfig)} | set(ELEMENTWISE) | {"int8_group", "fp8"}
 
 
 def main(argv: list[str]) -> int:

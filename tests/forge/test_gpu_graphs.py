@@ -56,6 +56,9 @@ def _train(method, batches: list[torch.Tensor]) -> list[float]:
         "fused_adamw_clip",
         "forge_bf16_clip",
         "forge_int8_clip",
+        "fused_adamw_fp8",
+        "forge_fp8",
+        "forge_fp8_int8",
     ],
     ids=lambda s: s,
 )

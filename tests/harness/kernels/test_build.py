@@ -12,12 +12,18 @@ import json
 import pytest
 
 from forge.kernels import WARP_SPECIALIZED_DEFAULTS, KernelConfig, pick_config, ws_max_registers
+from forge.kernels.configs import fp8_config
 from harness.kernels import build as kernel_build
 
 
 def _shipped(T: int, state_dtype: str) -> dict:
     """The config `pick_config` ships on Hopper for Llama-3.1-8B's gate at T tokens."""
     return dataclasses.asdict(pick_config(T, 14336, 4096, state_dtype, on_interpreter=False))
+
+
+def _fp8(T: int) -> dict:
+    """The config FP8 operands take on Hopper at T tokens (`forge.kernels.configs.fp8_config`)."""
+    return dict(dataclasses.asdict(fp8_config(pick_config(T, 14336, 4096, "bf16", False), False)), fp8=True)
 
 
 def _warp_specialized(state_dtype: str) -> list[dict]:
@@ -33,7 +39,7 @@ def _warp_specialized(state_dtype: str) -> list[dict]:
 def _planned(state_dtype: str) -> list[dict]:
     """Every config the tests below build with `state_dtype`."""
     groups = kernel_build.candidate_groups()
-    configs = [_shipped(T, state_dtype) for T in (1024, 8192)]
+    configs = [_shipped(T, state_dtype) for T in (1024, 8192)] + [_fp8(1024)]
     if state_dtype == "int8":
         configs.append(dict(_shipped(1024, "int8"), int8_group=128))
     if state_dtype in ("bf16", "int8"):
@@ -47,7 +53,7 @@ def _planned(state_dtype: str) -> list[dict]:
 def _key(config: dict, state_dtype: str) -> tuple[str, str]:
     """The same build whichever KernelConfig defaults a config spells out."""
     if "kernel" not in config:
-        fields = {k: v for k, v in config.items() if k != "int8_group"}
+        fields = {k: v for k, v in config.items() if k not in ("int8_group", "fp8")}
         config = dict(config, **dataclasses.asdict(KernelConfig(**fields)))
     return json.dumps(config, sort_keys=True), state_dtype
 
@@ -122,6 +128,15 @@ def test_the_shipped_configs_fit_two_programs_per_sm_without_spilling(state_dtyp
     (r,) = built([config], state_dtype)
     assert 0 < r["registers"] <= 128 and r["programs_per_sm"] == 2, config
     assert r["stack_bytes"] <= 8 and r["spill_stores"] <= 1, (config, r)
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_the_fp8_config_builds_on_fp8_tensor_cores_without_spilling(state_dtype):
+    """FP8 dy and x (T-major, `forge.fp8`) build to Hopper's FP8 MMA (QGMMA in the SASS, no 16-bit
+    HGMMA) with no spills and at least two programs per SM, for every state dtype."""
+    (r,) = built([_fp8(1024)], state_dtype)
+    assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["tensor_core_mmas"]["HGMMA"] == 0, r
+    assert r["spill_stores"] == 0 and r["programs_per_sm"] >= 2, r
 
 
 def test_candidates_come_in_named_groups_with_the_shipped_configs_first():

@@ -1,0 +1,98 @@
+"""FP8 linear layers: the forward, dX and fused dW GEMMs of a ForgeLinear on FP8 tensor cores.
+
+`forge.attach(model, rule, fp8="tensorwise")` runs every fused linear layer (both dimensions
+multiples of 16, names outside `fp8_skip`) the way torchao's Float8Linear runs its "tensorwise"
+recipe, and fuses its weight gradient as FORGE fuses a bf16 one:
+
+* Each operand is cast to FP8 with one scale per tensor, from its current absolute maximum
+  (dynamic scaling): scale = FP8_MAX / max(amax, 1e-12) (taken in fp64 and rounded to fp32, as
+  torchao does, so the two cast every tensor to the same bits), values saturated to +-FP8_MAX. The input x
+  and the weight W are cast to float8_e4m3fn (more precision), the output gradient dy to
+  float8_e5m2 (more range).
+* forward: y = (x8 W8^T) / (sx sw), on FP8 tensor cores (`torch._scaled_mm`), in x's dtype, with
+  the MMA's fast accumulation as torchao's forward (its backward GEMMs accumulate in fp32);
+* backward: dx = (dy8 W8) / (sdy sw) with the old W, then the fused kernel
+  (`forge.kernels.wgrad_update`) accumulates dW = dy8^T x8 in fp32 registers from T-major copies
+  (T contiguous: the layout Hopper's FP8 tensor cores read both operands in), multiplies the
+  finished tile by 1 / (sdy sx), the two scales' product, and applies the optimizer update as for a
+  bf16 layer. dW is never stored in any precision.
+
+The fused update therefore equals torch.optim's step on the fp32 result of
+`torch._scaled_mm(dy8^T, x8, 1/sdy, 1/sx)` on the same quantized operands, up to the order of the
+sum over T (tests/forge/test_fp8.py).
+
+What is saved for the backward: x in its own dtype, as Float8Linear saves it (the q, k and v
+projections of an attention block share that one tensor), re-cast in the backward; the weight is
+re-cast there too (the same value as in the forward: nothing has updated it yet). On a machine
+without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
+multiplied in fp32 and scaled, what `torch._scaled_mm` computes up to its summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+RECIPES = ("tensorwise",)
+INPUT_DTYPE = torch.float8_e4m3fn  # x and W
+GRAD_DTYPE = torch.float8_e5m2  # dy
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+EPS = 1e-12  # the smallest amax a scale is taken from (an all-zero tensor casts to zeros)
+MULTIPLE = 16  # torch._scaled_mm's dimensions must be multiples of this
+
+
+def check_recipe(fp8: str | None) -> str | None:
+    """`fp8` if FORGE knows the recipe, else a ValueError that lists the ones it does."""
+    if fp8 is not None and fp8 not in RECIPES:
+        raise ValueError(
+            f"fp8={fp8!r} is not a recipe FORGE runs; choose one of {list(RECIPES)}, or None (bf16 GEMMs)"
+        )
+    return fp8
+
+
+def eligible(weight: torch.Tensor) -> bool:
+    """Whether a (N, K) weight's GEMMs can run in FP8: both dimensions multiples of 16."""
+    return weight.dim() == 2 and weight.shape[0] % MULTIPLE == 0 and weight.shape[1] % MULTIPLE == 0
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t in FP8 `dtype`, its inverse scale): t ~ t8 * inverse, one fp32 scale for the whole tensor
+    from its absolute maximum, computed on the device (nothing syncs: a CUDA graph captures it)."""
+    fp8_max = torch.finfo(dtype).max
+    amax = t.detach().abs().amax().to(torch.float64)  # as torchao takes it, so the casts agree
+    scale = (fp8_max / amax.clamp(min=EPS)).to(torch.float32)
+    t8 = (t.detach().float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    return t8, scale.reciprocal()
+
+
+def scaled_mm(a8: torch.Tensor, b8: torch.Tensor, a_inv: torch.Tensor, b_inv: torch.Tensor, out_dtype,
+              fast_accum: bool = False) -> torch.Tensor:
+    """(a8 @ b8) * a_inv * b_inv in `out_dtype`: `torch._scaled_mm` on a GPU (a8 row-major, b8
+    column-major; `fast_accum`: cuBLAS keeps the FP8 MMA's own accumulator throughout, as torchao's
+    forward does, where the backward's GEMMs add it into fp32 as they go), the fp32 emulation
+    elsewhere."""
+    if a8.is_cuda:
+        return torch._scaled_mm(
+            a8, b8, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype, use_fast_accum=fast_accum
+        )
+    return (torch.mm(a8.float(), b8.float()) * (a_inv * b_inv)).to(out_dtype)
+
+
+def forward(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x2 W^T through FP8 (x2: (T, K)), in x2's dtype."""
+    x8, x_inv = cast(x2, INPUT_DTYPE)
+    w8, w_inv = cast(weight, INPUT_DTYPE)
+    return scaled_mm(x8, w8.t(), x_inv, w_inv, x2.dtype, fast_accum=True)
+
+
+def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, need_dx: bool):
+    """(dx or None, dy8 (T, N), x8 (T, K), dequantization scale) for the backward of `forward`:
+    dx = dy W in FP8 with the old W; dy8 and x8 are views of T-contiguous copies (what the fused
+    kernel reads), and the scale (a one-element fp32 tensor) is what their product dy8^T x8 is
+    multiplied by to give dW."""
+    dy8, dy_inv = cast(dy2, GRAD_DTYPE)
+    dx = None
+    if need_dx:
+        w8, w_inv = cast(weight, INPUT_DTYPE)
+        dx = scaled_mm(dy8, w8.t().contiguous().t(), dy_inv, w_inv, x2.dtype)
+    x8, x_inv = cast(x2, INPUT_DTYPE)
+    return dx, dy8.t().contiguous().t(), x8.t().contiguous().t(), (dy_inv * x_inv).reshape(1)

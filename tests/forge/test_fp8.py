@@ -1,0 +1,123 @@
+"""FP8 linear layers (`forge.attach(..., fp8="tensorwise")`, `forge.fp8`): the fused update equals
+torch.optim's step on the fp32 result of the same FP8 weight-gradient GEMM, the forward and dX equal
+torchao's Float8Linear, and what stays in bf16 or is refused says why.
+
+On the CPU the FP8 GEMMs are emulated (FP8 values upcast to fp32, exactly) and the fused kernel runs
+in Triton's interpreter on the same T-major FP8 operands it reads on a GPU."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import forge
+from forge import fp8
+from tests.helpers import RULE_CASES
+
+T, N, K = 48, 64, 32
+STEPS = 2
+
+
+def _fp8_gradient(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dW from the FP8 casts of dy and x, as `torch._scaled_mm` gives it in fp32: the exact product
+    of the FP8 values (fp64 here) times the two inverse scales, rounded once."""
+    dy8, dy_inv = fp8.cast(dy, fp8.GRAD_DTYPE)
+    x8, x_inv = fp8.cast(x, fp8.INPUT_DTYPE)
+    return (dy8.double().t() @ x8.double() * (dy_inv.double() * x_inv.double())).float()
+
+
+@pytest.mark.parametrize("rule", ["adamw", "lion", "sgd-momentum", "rmsprop"])
+def test_the_fused_fp8_update_equals_torch_optim_on_the_fp8_gemm(rule):
+    """fp32 weights and states, STEPS steps: the weight after FORGE's FP8 backward equals torch.optim's
+    on the gradient of the same FP8 GEMM, to fp32 rounding (the kernel sums over T in another order)."""
+    name = {"sgd-momentum": "sgd"}.get(rule, rule)
+    hp = dict(RULE_CASES["sgd"], momentum=0.9) if rule == "sgd-momentum" else RULE_CASES[rule]
+    torch.manual_seed(0)
+    layer = nn.Linear(K, N, bias=False)
+    twin = copy.deepcopy(layer)
+    forge.attach(layer, name, state_dtype="fp32", stochastic_rounding=False, fp8="tensorwise", **hp)
+    reference = forge.torch_optimizer(name, twin.parameters(), **hp)
+    assert layer._forge_fp8
+    for _ in range(STEPS):
+        x, dy = torch.randn(T, K), torch.randn(T, N)
+        twin.weight.grad = _fp8_gradient(dy, x)  # from the weight before this step, as the backward
+        layer(x.requires_grad_()).backward(dy)
+        reference.step()
+        assert layer.weight.grad is None
+    torch.testing.assert_close(layer.weight, twin.weight, rtol=2e-6, atol=1e-7)
+
+
+def test_forward_and_dx_equal_torchao_float8linear():
+    """The same recipe as torchao's Float8Linear (tensorwise, e4m3 x and W, e5m2 dy): the same
+    output and input gradient, on the same weights and inputs."""
+    float8 = pytest.importorskip("torchao.float8")
+    torch.manual_seed(1)
+    ours = nn.Sequential(nn.Linear(K, N, bias=True), nn.Linear(N, K, bias=False))
+    theirs = copy.deepcopy(ours)
+    forge.attach(ours, "adamw", state_dtype="fp32", lr=0.0, fp8="tensorwise")
+    float8.convert_to_float8_training(theirs, config=float8.Float8LinearConfig.from_recipe_name("tensorwise"))
+    x = torch.randn(T, K)
+    dy = torch.randn(T, K)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ours, y_theirs = ours(x_ours), theirs(x_theirs)
+    torch.testing.assert_close(y_ours, y_theirs, rtol=1e-6, atol=1e-6)
+    y_ours.backward(dy)
+    y_theirs.backward(dy)
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_bf16_weights_train_with_fp8_gemms(state_dtype):
+    """A bf16 MLP with FP8 GEMMs and bf16 or int8 states fits a fixed batch: the loss falls."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).to(torch.bfloat16)
+    forge.attach(model, "adamw", state_dtype=state_dtype, lr=3e-3, fp8="tensorwise")
+    x, target = torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    losses = []
+    for _ in range(8):
+        loss = (model(x) - target).float().pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_lm_head_and_odd_shapes_keep_bf16_gemms():
+    """FP8 GEMMs need dimensions that are multiples of 16; the output projection (`fp8_skip`) stays
+    in bf16 as FP8 recipes keep it. Both are still fused."""
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(32, 64)
+            self.odd = nn.Linear(64, 24)
+            self.lm_head = nn.Linear(24, 48)
+
+    model = Tiny()
+    forge.attach(model, "adamw", fp8="tensorwise")
+    assert model.proj._forge_fp8 and not model.odd._forge_fp8 and not model.lm_head._forge_fp8
+    assert all(type(m).__name__ == "ForgeLinear" for m in (model.proj, model.odd, model.lm_head))
+    forge.detach(model)
+    assert type(model.proj) is nn.Linear and "_forge_fp8" not in model.proj.__dict__
+
+
+def test_unknown_recipes_and_fp8_with_clipping_are_refused_before_anything_changes():
+    model = nn.Sequential(nn.Linear(32, 32))
+    with pytest.raises(ValueError, match="choose one of \\['tensorwise'\\]"):
+        forge.attach(model, "adamw", fp8="rowwise")
+    with pytest.raises(ValueError, match="fp8 with max_grad_norm is not supported"):
+        forge.attach(model, "adamw", fp8="tensorwise", max_grad_norm=1.0)
+    assert type(model[0]) is nn.Linear
+
+
+def test_fp8_operands_come_t_major_in_pairs():
+    """The kernel reads FP8 dy and x contiguous along T (what `forge.fp8.backward` makes): a row-major
+    FP8 pair, or FP8 with bf16, is refused with what to do."""
+    layer = nn.Linear(K, N, bias=False)
+    opt = forge.attach(layer, "adamw", state_dtype="fp32")
+    dy8, x8 = torch.randn(T, N).to(fp8.GRAD_DTYPE), torch.randn(T, K).to(fp8.INPUT_DTYPE)
+    scale = torch.ones(1)
+    with pytest.raises(ValueError, match="contiguous along T"):
+        opt.update_linear(layer.weight, dy8, x8, grad_scale=scale)
+    with pytest.raises(ValueError, match="come in pairs"):
+        opt.update_linear(layer.weight, dy8.t().contiguous().t(), torch.randn(T, K), grad_scale=scale)
