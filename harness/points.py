@@ -215,10 +215,11 @@ def graphed(record: Mapping[str, Any]) -> bool:
     return bool(options_dict(record.get("method_options")).get("cuda_graph"))
 
 
-def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any]:
+def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any, Any]:
     """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, compiled,
-    chunked loss, max_grad_norm or None). A point is compared with the fused AdamW whose step ran
-    the same way: a clipped FORGE step with fused AdamW after clip_grad_norm_."""
+    chunked loss, max_grad_norm or None, FP8 recipe or None). A point is compared with the fused
+    AdamW whose step ran the same way: a clipped FORGE step with fused AdamW after clip_grad_norm_,
+    an FP8 one with fused AdamW over torchao's FP8 linears of the same recipe."""
     options = options_dict(record.get("method_options"))
     return (
         options.get("autocast"),
@@ -226,6 +227,7 @@ def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any]:
         bool(options.get("compile")),
         bool(options.get("chunked_loss")),
         options.get("max_grad_norm"),
+        options.get("fp8"),
     )
 
 

@@ -6,6 +6,8 @@
                       (`python -m harness kernels --regress --output FILE`)
     build             the kernels compiled for Hopper on any machine, with their registers, spills
                       and shared memory (`python -m harness.kernels.build`; CPU)
+    fp8               the FP8 fused kernel against the FP8 GEMM and the FP8 GEMM + fused AdamW
+                      (`python -m harness kernels --fp8 --output FILE`)
     tuning            which launch config wins where, from the records of `--tune` (CPU)
     profile           where one training step's time goes, per method (GPU; a CPU dry run)
     compare_profiles  two such profiles side by side, kernel by kernel (CPU)

@@ -327,6 +327,7 @@ EXAMPLES = """examples (on a CUDA GPU):
   python -m harness kernels --regress --output ci-results/kernels_h200.jsonl
   python -m harness kernels --regress --output slow.jsonl --debug-slowdown 6%
   python -m harness kernels --clip-norms --models llama3.1-8b --tokens 1024 4096 --output clip_norms.jsonl
+  python -m harness kernels --fp8 --models llama3.1-8b --tokens 1024 4096 --output fp8_kernels.jsonl
 """
 
 
@@ -381,7 +382,14 @@ def main(argv: list[str]) -> int:
         help="time the ways of taking a layer's gradient norm for clipping (harness.kernels.clip_norms)",
     )
     parser.add_argument(
-        "--output", type=Path, help="with --regress or --clip-norms: the JSONL file to write (a new one)"
+        "--fp8",
+        action="store_true",
+        help="the FP8 fused kernel against the FP8 GEMM and FP8 GEMM + fused AdamW (harness.kernels.fp8)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="with --regress, --clip-norms or --fp8: the JSONL file to write (a new one)",
     )
     parser.add_argument(
         "--repeats",
@@ -395,9 +403,9 @@ def main(argv: list[str]) -> int:
         help="with --regress: make every fused kernel this much slower on purpose, e.g. 6%%",
     )
     args = parser.parse_args(argv)
-    if (args.regress or args.clip_norms) and (args.output is None or args.output.exists()):
+    if (args.regress or args.clip_norms or args.fp8) and (args.output is None or args.output.exists()):
         why = "needs --output FILE" if args.output is None else f"would not overwrite {args.output}"
-        flag = "--regress" if args.regress else "--clip-norms"
+        flag = "--regress" if args.regress else "--clip-norms" if args.clip_norms else "--fp8"
         print(f"python -m harness kernels {flag} {why}: name a new file for its records")
         return 2
     if not torch.cuda.is_available():
@@ -419,11 +427,11 @@ def main(argv: list[str]) -> int:
         failed = regress_suite.run(args.output, meta, args.repeats, args.debug_slowdown)
         print(f"results: {args.output} ({failed} points failed)")
         return 0
-    if args.clip_norms:
-        from harness.kernels import clip_norms
+    if args.clip_norms or args.fp8:
+        from harness.kernels import clip_norms, fp8
 
         shapes = {f"{m}/{k}": v for m in args.models for k, v in linear_shapes(MODELS[m]).items()}
-        clip_norms.run(args.output, meta, shapes, args.tokens)
+        (fp8 if args.fp8 else clip_norms).run(args.output, meta, shapes, args.tokens)
         print(f"results: {args.output}")
         return 0
     if args.tune:

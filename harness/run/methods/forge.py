@@ -24,6 +24,10 @@ it in the same pass (2 bytes a parameter, counted with the optimizer states): th
 fp32 master value to about 16 significant bits, where stochastic rounding only keeps it in
 expectation.
 
+`fp8="tensorwise"` runs the forward, dX and fused dW GEMMs of every linear layer but lm_head in
+FP8 with one dynamic scale per tensor (`forge.fp8`), as torchao's Float8Linear does; the method
+`fused_adamw` takes the same option, with torchao's Float8Linear, for the side-by-side.
+
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
 microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
 times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
@@ -51,6 +55,7 @@ RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 STATE_DTYPES = ("fp32", "bf16", "int8")
 INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
 MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")  # forge.optim.MASTER_WEIGHTS
+FP8_RECIPES = (None, "tensorwise")  # forge.fp8.RECIPES
 
 
 @dataclass
@@ -65,6 +70,8 @@ class ForgeOptions:
     # "bf16+kahan": a bf16 residual beside each bf16 weight (compensated; forge.kernels.update_tile);
     # None: stochastic_rounding says how bf16 weights round
     master_weights: str | None = None
+    # "tensorwise": every fused linear but lm_head with its GEMMs in FP8 (forge.fp8); None: bf16 GEMMs
+    fp8: str | None = None
     debug_delay_us: float = 0.0  # a deliberate slowdown: the GPU spins this long after each update
 
     def __post_init__(self) -> None:
@@ -73,6 +80,11 @@ class ForgeOptions:
         check_choice("int8_group", self.int8_group, INT8_GROUPS)
         check_max_grad_norm(self.max_grad_norm)
         check_choice("master_weights", self.master_weights, MASTER_WEIGHTS)
+        check_choice("fp8", self.fp8, FP8_RECIPES)
+        if self.fp8 is not None and self.max_grad_norm is not None:
+            raise ValueError(
+                "fp8 with max_grad_norm is not supported (FORGE clips from bf16 operands): set one of them"
+            )
         if self.debug_delay_us < 0:
             raise ValueError(f"debug_delay_us={self.debug_delay_us} is not valid: a delay is >= 0")
 
@@ -108,8 +120,12 @@ class Forge(Method):
             update_stream=o.update_stream,
             max_grad_norm=o.max_grad_norm,
             master_weights=o.master_weights,
+            fp8=o.fp8,
             **hparams,
         )
+        if o.fp8 is not None:
+            fp8_layers = sum(bool(getattr(m, "_forge_fp8", False)) for m in self.model.modules())
+            self.notes.append(f"fp8: {fp8_layers} fused linears with {o.fp8} FP8 GEMMs, lm_head in bf16")
         if o.debug_delay_us:
             self._slow_down(o.debug_delay_us)
 
@@ -119,8 +135,8 @@ class Forge(Method):
 
         delay, fused = Delay(us), self.opt.update_linear
 
-        def update_then_wait(weight, dy, x, *, config=None):
-            fused(weight, dy, x, config=config)
+        def update_then_wait(weight, dy, x, **options):
+            fused(weight, dy, x, **options)
             delay()
 
         self.opt.update_linear = update_then_wait  # what every ForgeLinear's backward calls

@@ -9,24 +9,36 @@ with the forward and backward (harness.run.graphs).
 `max_grad_norm` (None: off): `torch.nn.utils.clip_grad_norm_` over every parameter before each
 step, as training recipes do; it reads the gradients once more and syncs nothing with the host, so
 it is captured in the graph too. FORGE's `max_grad_norm` is compared against this.
+
+`fp8` (None: off): torchao's float8 training, as its README converts a model:
+`torchao.float8.convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(fp8))`
+with the "tensorwise" or "rowwise" recipe, every nn.Linear but lm_head (and any whose dimensions
+are not multiples of 16) becoming a Float8Linear, whose forward, dX and dW GEMMs run in FP8 and
+whose dW is written in the weight's dtype for the optimizer. FORGE's `fp8` is compared against it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
 
-from harness.run.methods.base import AdamWOptions, StepOptimizerMethod, check_max_grad_norm
+from harness.run.methods.base import AdamWOptions, StepOptimizerMethod, check_choice, check_max_grad_norm
 from harness.run.tensor_parallel import layout_groups
+
+FP8_RECIPES = (None, "tensorwise", "rowwise")  # torchao's Float8LinearRecipeName values
+FP8_SKIP = "lm_head"  # kept in bf16, as FORGE's fp8 keeps it (forge.attach's fp8_skip)
 
 
 @dataclass
 class FusedAdamWOptions(AdamWOptions):
     max_grad_norm: float | None = None  # clip_grad_norm_ before each step; None: no clipping
+    fp8: str | None = None  # torchao's float8 training recipe for the linears; None: bf16 GEMMs
 
     def __post_init__(self) -> None:
         check_max_grad_norm(self.max_grad_norm)
+        check_choice("fp8", self.fp8, FP8_RECIPES)
 
 
 class FusedAdamW(StepOptimizerMethod):
@@ -35,7 +47,15 @@ class FusedAdamW(StepOptimizerMethod):
     graph_capturable = True
     Options = FusedAdamWOptions
 
+    @classmethod
+    def unavailable_reason(cls, device: str, options=None) -> str | None:
+        if options is not None and options.fp8 is not None and importlib.util.find_spec("torchao") is None:
+            return "fp8 needs torchao's float8 training (pip install 'forge-bench[baselines]')"
+        return super().unavailable_reason(device, options)
+
     def setup(self) -> None:
+        if self.options.fp8 is not None:
+            self._convert_to_float8(self.options.fp8)
         fused = self.device == "cuda"
         if not fused:
             self.notes.append("no CUDA: plain torch.optim.AdamW (foreach) instead of fused=True")
@@ -50,6 +70,19 @@ class FusedAdamW(StepOptimizerMethod):
             foreach=None if fused else True,  # the multi-tensor path on a CPU too, as the note says
             capturable=self.cuda_graph,
         )
+
+    def _convert_to_float8(self, recipe: str) -> None:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        def converted(module: torch.nn.Module, fqn: str) -> bool:
+            n, k = module.weight.shape
+            return fqn.split(".")[-1] != FP8_SKIP and n % 16 == 0 and k % 16 == 0
+
+        convert_to_float8_training(
+            self.model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=converted
+        )
+        count = sum(type(m).__name__ == "Float8Linear" for m in self.model.modules())
+        self.notes.append(f"fp8: torchao Float8Linear ({recipe}) on {count} linears, lm_head in bf16")
 
     def update(self) -> None:
         if self.options.max_grad_norm is not None:

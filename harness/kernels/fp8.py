@@ -1,0 +1,117 @@
+"""`python -m harness kernels --fp8`: the FP8 fused kernel against the FP8 GEMM it replaces.
+
+For every linear shape of a model and token count this times, side by side on the same random
+inputs cast to FP8 as `forge.fp8` casts them (dy e5m2, x e4m3, one scale per tensor, T-major copies),
+with `triton.testing.do_bench(..., return_mode="median")`:
+
+  fp8_gemm_ms                 torch._scaled_mm(dy8^T, x8), bf16 out (fp32 accumulation, as
+                              torchao's weight-gradient GEMM): the FP8 dW GEMM alone;
+  fp8_gemm_plus_fused_adamw_ms  that GEMM into .grad, then torch.optim.AdamW(fused=True) on bf16
+                              weights with bf16 states: what fused AdamW over FP8 linears pays;
+  forge_fp8_ms                the fused kernel on the FP8 operands (AdamW, bf16 states), under the
+                              config FORGE ships (`forge.kernels.configs.fp8_config`);
+  forge_fp8_<config>_ms       the same under other launch configs (`CANDIDATES`), for tuning;
+  bf16_gemm_ms, forge_bf16_ms the bf16 GEMM and the bf16 fused kernel, for scale.
+One record per (shape, T), with the environment, in a new JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Launch configs timed beside the shipped one: 128 x 128 tiles without the register cap (one program
+# per multiprocessor, no spills), and with a 168-register cap and 4 stages.
+CANDIDATES = {
+    "128x128": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
+                    num_stages=3, maxnreg=None),
+    "128x128_s4": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
+                       num_stages=4, maxnreg=168),
+}  # fmt: skip
+
+
+def _operands(T: int, N: int, K: int):
+    """Fresh random bf16 dy and x, and their FP8 casts: T-major views and the dequantization scale."""
+    from forge import fp8
+
+    dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    _, dy8, x8, scale = fp8.backward(dy, x, None, need_dx=False)
+    dy_inv = fp8.cast(dy, fp8.GRAD_DTYPE)[1]
+    x_inv = fp8.cast(x, fp8.INPUT_DTYPE)[1]
+    return dy, x, dy8, x8, scale, dy_inv, x_inv
+
+
+def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
+    from triton.testing import do_bench
+
+    import forge
+    from forge.kernels import KernelConfig
+
+    torch.manual_seed(0)
+    dy, x, dy8, x8, scale, dy_inv, x_inv = _operands(T, N, K)
+    a, b = dy8.t(), x8  # (N, T) row-major and (T, K) column-major, as _scaled_mm takes them
+    row: dict[str, Any] = dict(shape_name=name, T=T, N=N, K=K)
+
+    def fp8_gemm():
+        return torch._scaled_mm(a, b, scale_a=dy_inv, scale_b=x_inv, out_dtype=torch.bfloat16)
+
+    row["fp8_gemm_ms"] = do_bench(fp8_gemm, return_mode="median")
+    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True)
+
+    def gemm_and_step():
+        p.grad = fp8_gemm()
+        opt.step()
+
+    gemm_and_step()  # the states
+    row["fp8_gemm_plus_fused_adamw_ms"] = do_bench(gemm_and_step, return_mode="median")
+    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    fopt = forge.attach(layer, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="bf16")
+    w = layer.weight
+
+    def fused(config=None):
+        return lambda: fopt.update_linear(w, dy8, x8, grad_scale=scale, config=config)
+
+    row["forge_fp8_ms"] = do_bench(fused(), return_mode="median")
+    for label, fields in CANDIDATES.items():
+        row[f"forge_fp8_{label}_ms"] = do_bench(fused(KernelConfig(**fields)), return_mode="median")
+    row["bf16_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+    row["forge_bf16_ms"] = do_bench(lambda: fopt.update_linear(w, dy, x), return_mode="median")
+    assert torch.isfinite(w).all(), "weights became non-finite during timing"
+    row["forge_fp8_vs_fp8_gemm"] = row["forge_fp8_ms"] / row["fp8_gemm_ms"]
+    row["forge_fp8_vs_fp8_gemm_plus_fused_adamw"] = row["forge_fp8_ms"] / row["fp8_gemm_plus_fused_adamw_ms"]
+    return row
+
+
+def run(output: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, int]], tokens: list[int]) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("x") as f:
+        for T in tokens:
+            for name, (N, K) in shapes.items():
+                try:
+                    row = dict(meta, sweep="fp8_kernels", status="ok", **bench_shape(name, T, N, K))
+                except Exception as e:  # recorded, and the next shape runs
+                    row = dict(
+                        meta,
+                        sweep="fp8_kernels",
+                        status="error",
+                        shape_name=name,
+                        T=T,
+                        N=N,
+                        K=K,
+                        error=f"{type(e).__name__}: {e}"[:2000],
+                    )
+                    print(f"{name:18s} T={T:5d}  error: {row['error'][:200]}")
+                else:
+                    timed = [k for k in row if k.endswith("_ms")]
+                    times = "  ".join(f"{k[:-3]} {row[k]:.3f}" for k in timed)
+                    print(f"{name:18s} T={T:5d}  {times} ms  fused/gemm {row['forge_fp8_vs_fp8_gemm']:.2f}")
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                torch.cuda.empty_cache()
