@@ -121,3 +121,20 @@ def test_fp8_operands_come_t_major_in_pairs():
         opt.update_linear(layer.weight, dy8, x8, grad_scale=scale)
     with pytest.raises(ValueError, match="come in pairs"):
         opt.update_linear(layer.weight, dy8.t().contiguous().t(), torch.randn(T, K), grad_scale=scale)
+
+
+def test_fp8_layers_compile_and_train_as_eager():
+    """Under torch.compile an FP8 layer runs its eager Function between compiled regions (a graph
+    break per layer): the same weights as eager, to the bit, under aot_eager."""
+    torch.manual_seed(3)
+    eager = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+    compiled = copy.deepcopy(eager)
+    for model in (eager, compiled):
+        forge.attach(model, "adamw", state_dtype="fp32", lr=1e-2, fp8="tensorwise")
+    run = torch.compile(compiled, backend="aot_eager")
+    for _ in range(3):
+        x = torch.randn(16, 32)
+        eager(x).pow(2).mean().backward()
+        run(x).pow(2).mean().backward()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        assert torch.equal(a, b)
