@@ -1,6 +1,6 @@
 """GPU-only checks of FORGE's FP8 layers (skipped without CUDA): on Hopper's FP8 tensor cores the
 fused update equals torch.optim's step on the fp32 result of `torch._scaled_mm` over the same FP8
-operands, and the forward and dX equal torchao's Float8Linear (to a bf16 rounding).
+operands, and the forward and dX, as torchao's Float8Linear's, are the FP8 GEMMs of those casts.
 
 Run on the device, in one process (its image has no pytest-xdist):
 `pytest -o addopts="" tests/forge/test_gpu_fp8.py -q`.
@@ -48,20 +48,35 @@ def test_the_fused_fp8_update_equals_adamw_on_scaled_mm(shape):
     torch.testing.assert_close(layer.weight, twin.weight, rtol=1e-5, atol=1e-7)
 
 
-def test_forward_and_dx_equal_torchao_float8linear():
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_forward_and_dx_are_the_fp8_gemms_as_torchao_computes_them():
+    """FORGE's forward and dX against the exact product of the same FP8 casts (fp64), and torchao's
+    Float8Linear against it too, norm-relative, within a few bf16 roundings: the forward keeps the
+    FP8 MMA's own accumulator (fast accumulation, as torchao's does), dX adds into fp32, so the two
+    layers need not agree to the bit on the GPU; on the CPU (`tests/forge/test_fp8.py`) they do."""
     float8 = pytest.importorskip("torchao.float8")
     torch.manual_seed(1)
     ours = nn.Linear(4096, 1024, bias=False, device="cuda", dtype=torch.bfloat16)
     theirs = copy.deepcopy(ours)
+    w = ours.weight.detach().clone()
     forge.attach(ours, "adamw", lr=0.0, fp8="tensorwise")
     float8.convert_to_float8_training(theirs, config=float8.Float8LinearConfig.from_recipe_name("tensorwise"))
     x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
-    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y_ours, y_theirs = ours(x_ours), theirs(x_theirs)
-    y_ours.backward(dy)
-    y_theirs.backward(dy)
-    # the same casts and cuBLAS calls: equal but for a bf16 rounding where cuBLAS picks another kernel
-    print(f"bitwise equal: y {torch.equal(y_ours, y_theirs)}, dx {torch.equal(x_ours.grad, x_theirs.grad)}")
-    torch.testing.assert_close(y_ours, y_theirs)
-    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    x8, x_inv = fp8.cast(x, fp8.INPUT_DTYPE)
+    w8, w_inv = fp8.cast(w, fp8.INPUT_DTYPE)
+    dy8, dy_inv = fp8.cast(dy, fp8.GRAD_DTYPE)
+    y_exact = x8.double() @ w8.double().t() * (x_inv.double() * w_inv.double())
+    dx_exact = dy8.double() @ w8.double() * (dy_inv.double() * w_inv.double())
+    errors = {}
+    for name, layer in (("forge", ours), ("torchao", theirs)):
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        y.backward(dy)
+        errors[name] = (_relative(y, y_exact), _relative(xi.grad, dx_exact))
+    print(f"norm-relative error of y and dx against the exact FP8 product: {errors}")
+    for name, (y_error, dx_error) in errors.items():
+        assert y_error < 5e-3 and dx_error < 5e-3, (name, errors)
