@@ -104,10 +104,14 @@ def reference_of(group: Sequence[Record]) -> Record | None:
 def groups_of(records: Sequence[Record]) -> dict[tuple[str, str, int], list[Record]]:
     """Convergence records by (sweep, model, seed), the latest of each configuration: the runs
     that share weights and data order, so that curves compare step by step."""
+    by_sweep: dict[str, list[Record]] = {}
+    for record in records:
+        if is_convergence(record):  # the latest of a configuration within its own sweep: two
+            by_sweep.setdefault(str(record.get("sweep")), []).append(record)  # sweeps' schedules differ
     groups: dict[tuple[str, str, int], list[Record]] = {}
-    for record in latest_by_key([r for r in records if is_convergence(r)]).values():
-        key = (str(record.get("sweep")), str(record.get("model")), seed_of(record))
-        groups.setdefault(key, []).append(record)
+    for sweep, runs in by_sweep.items():
+        for record in latest_by_key(runs).values():
+            groups.setdefault((sweep, str(record.get("model")), seed_of(record)), []).append(record)
     return groups
 
 

@@ -83,8 +83,8 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
     controls: set[tuple] = set()
     for (sweep, model, seed), group in groups_of(runs).items():
         reference = reference_of(group)
-        if reference is None:
-            continue
+        if reference is None or not _is_control(reference):
+            continue  # the table judges against fp32 master weights only (a group that lacks them waits)
         for record in sorted(group, key=lambda r: str(r.get("time") or "")):
             if record is reference:
                 continue
@@ -119,7 +119,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
             "d: a method's held-out loss minus its seed's reference (fused AdamW, fp32 master weights) at "
             "the same evaluation steps, averaged over the phase; mean and Student's t 95% interval over the "
             f"seeds. Noise band: the largest |mean| + half-width of the fp32 controls. {MIN_SEEDS} seeds at "
-            "least for a verdict."
+            "least for a verdict. A sweep and seed without its fp32-master reference is left out."
         ],
     )
     return Selection(table, runs)

@@ -88,3 +88,23 @@ def test_a_mean_outside_the_band_whose_interval_reaches_into_it_is_unresolved():
         ]
     verdict, target = _verdicts(records)[("forge_int8", "pretrain")]
     assert verdict.startswith("unresolved: +0.0027") and target == "not met"
+
+
+def test_a_seed_without_its_fp32_reference_is_left_out_not_judged_against_bf16():
+    """Runs whose fp32-master reference is missing (a sweep cut short) are not compared with the
+    bf16 fused AdamW instead."""
+    rng = random.Random(3)
+    records = [_run("fused_adamw", "fused_adamw", "bf16", 0, 0.05, 0.0, rng)]
+    records += [_run("forge_bf16", "forge", "bf16+sr", 0, 0.0, 0.0, rng)]
+    assert ft.fidelity(records) is None
+
+
+def test_two_sweeps_of_the_same_points_stay_apart():
+    """A shorter protocol's runs (another sweep) do not replace a longer one's of the same method,
+    model and seed: each sweep's curves are compared within that sweep."""
+    records = _records(3)
+    short = [dict(r, sweep="convergence_short", time="2026-12-02T00:00:00") for r in _records(3, bias=0.0)]
+    verdicts = ft.fidelity(records + short).table
+    col = {name: i for i, name in enumerate(verdicts.header)}
+    sweeps = {(r[col["Sweep"]], r[col["Method"]]) for r in verdicts.rows}
+    assert ("convergence", "forge_bf16") in sweeps and ("convergence_short", "forge_bf16") in sweeps
