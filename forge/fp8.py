@@ -23,7 +23,9 @@ sum over T (tests/forge/test_fp8.py).
 
 What is saved for the backward: x in its own dtype, as Float8Linear saves it (the q, k and v
 projections of an attention block share that one tensor), re-cast in the backward; the weight is
-re-cast there too (the same value as in the forward: nothing has updated it yet). On a machine
+re-cast there too (the same value as in the forward: nothing has updated it yet). On a GPU each
+cast is two launches of `forge.kernels.fp8_cast` (the tensor's maximum, then the cast, row-major,
+transposed or both), equal bit for bit to `cast`, the PyTorch ops kept as its reference. On a machine
 without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
 multiplied in fp32 and scaled, what `torch._scaled_mm` computes up to its summation order.
 """
@@ -77,10 +79,23 @@ def scaled_mm(a8: torch.Tensor, b8: torch.Tensor, a_inv: torch.Tensor, b_inv: to
     return (torch.mm(a8.float(), b8.float()) * (a_inv * b_inv)).to(out_dtype)
 
 
+def cast_for_gemm(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, transposed: bool = False):
+    """(t8 row-major or None, its transpose row-major or None, inverse scale) of a 2-D tensor, the
+    values of `cast`: on a GPU two launches of `forge.kernels.fp8_cast` (the tensor read twice, each
+    copy written once), elsewhere `cast` and a transposed copy."""
+    t = t.detach().contiguous()
+    if t.is_cuda:
+        from forge.kernels import fp8_cast
+
+        return fp8_cast.cast(t, dtype, rows=rows, transposed=transposed)
+    t8, inverse = cast(t, dtype)
+    return (t8 if rows else None), (t8.t().contiguous() if transposed else None), inverse
+
+
 def forward(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """y = x2 W^T through FP8 (x2: (T, K)), in x2's dtype."""
-    x8, x_inv = cast(x2, INPUT_DTYPE)
-    w8, w_inv = cast(weight, INPUT_DTYPE)
+    x8, _, x_inv = cast_for_gemm(x2, INPUT_DTYPE)
+    w8, _, w_inv = cast_for_gemm(weight, INPUT_DTYPE)
     return scaled_mm(x8, w8.t(), x_inv, w_inv, x2.dtype, fast_accum=True)
 
 
@@ -89,10 +104,10 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, need_dx:
     dx = dy W in FP8 with the old W; dy8 and x8 are views of T-contiguous copies (what the fused
     kernel reads), and the scale (a one-element fp32 tensor) is what their product dy8^T x8 is
     multiplied by to give dW."""
-    dy8, dy_inv = cast(dy2, GRAD_DTYPE)
+    dy8, dy8_t, dy_inv = cast_for_gemm(dy2, GRAD_DTYPE, rows=need_dx, transposed=True)
     dx = None
     if need_dx:
-        w8, w_inv = cast(weight, INPUT_DTYPE)
-        dx = scaled_mm(dy8, w8.t().contiguous().t(), dy_inv, w_inv, x2.dtype)
-    x8, x_inv = cast(x2, INPUT_DTYPE)
-    return dx, dy8.t().contiguous().t(), x8.t().contiguous().t(), (dy_inv * x_inv).reshape(1)
+        _, w8_t, w_inv = cast_for_gemm(weight, INPUT_DTYPE, rows=False, transposed=True)
+        dx = scaled_mm(dy8, w8_t.t(), dy_inv, w_inv, x2.dtype)  # W8 (N, K) column-major
+    _, x8_t, x_inv = cast_for_gemm(x2, INPUT_DTYPE, rows=False, transposed=True)
+    return dx, dy8_t.t(), x8_t.t(), (dy_inv * x_inv).reshape(1)
