@@ -42,6 +42,9 @@ STATE_POINTER = {"fp32": "*fp32", "bf16": "*bf16", "int8": "*i8"}
 # The element-wise kernel (every parameter that is not a fused Linear weight) at the block shape
 # it takes for a 4096-wide parameter; `measure` and `resources` accept it as a config.
 ELEMENTWISE = {"kernel": "elementwise", "block_r": 8, "block_c": 512, "num_warps": 8}
+# The FP8 cast of `forge.kernels.fp8_cast` (a bf16 tensor to e4m3, row-major and transposed) at its
+# GPU tile; as a config, `measure` builds it.
+FP8_CAST = {"kernel": "fp8_cast", "block_r": 64, "block_c": 128, "num_warps": 8}
 
 
 def candidate_groups() -> dict[str, list[dict[str, Any]]]:
@@ -220,6 +223,26 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+def _compile_fp8_cast(arch: int, block_r: int, block_c: int, num_warps: int):
+    """The CompiledKernel of `forge.kernels.fp8_cast.cast_kernel` (bf16 to e4m3, both layouts)."""
+    from forge.kernels.fp8_cast import MAX_PARTIALS, cast_kernel
+
+    signature = dict(t_ptr="*bf16", partial_ptr="*fp32", out_ptr="*u8", out_t_ptr="*u8", inv_ptr="*fp32")
+    integers = dict(R=PROBLEM[1], C=PROBLEM[2], PARTIALS=MAX_PARTIALS)
+    constants = dict(
+        FP8_MAX=448.0,
+        EPS=1e-12,
+        FORMAT="e4m3",
+        ROWS=True,
+        TRANSPOSED=True,
+        PARTIALS_BLOCK=MAX_PARTIALS,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+    )
+    options = dict(num_warps=num_warps)
+    return _build(cast_kernel, signature, integers, constants, arch, options, rule_arguments=False)
+
+
 def _compile_elementwise(arch: int, state_dtype: str, block_r: int = 8, block_c: int = 512):
     """The CompiledKernel of the element-wise AdamW update (norms, embeddings) for sm_<arch>, at
     the block shape `forge.kernels.elementwise_update` picks for a 4096-wide parameter."""
@@ -279,6 +302,7 @@ def _build(
     constants: dict[str, Any],
     arch: int,
     options: dict,
+    rule_arguments: bool = True,
 ):
     """Compile as a launch would: Triton specializes a real call on its argument values (an integer
     equal to 1 becomes a constant, one divisible by 16 and every 16-byte aligned pointer is marked
@@ -291,11 +315,12 @@ def _build(
     ones, divisible_integers = launch_specialization(integers)
     constants = dict(constants, **{name: 1 for name in ones})
     signature = dict(signature, **{name: "i32" for name in integers if name not in ones})
-    signature.update({f"h{i}": "fp32" for i in range(9)})
-    signature["seed"] = "i32"  # do_not_specialize: never a constant, never marked divisible
-    signature["step_ptr"] = "*bf16"  # the weight again, unread: the launches of an eager step
-    signature["scale_ptr"] = "*bf16"  # likewise: no clipping
-    constants = dict(constants, STEPS_IN_MEMORY=False)
+    if rule_arguments:  # the update kernels' step scalars (the FP8 cast has none)
+        signature.update({f"h{i}": "fp32" for i in range(9)})
+        signature["seed"] = "i32"  # do_not_specialize: never a constant, never marked divisible
+        signature["step_ptr"] = "*bf16"  # the weight again, unread: the launches of an eager step
+        signature["scale_ptr"] = "*bf16"  # likewise: no clipping
+        constants = dict(constants, STEPS_IN_MEMORY=False)
     signature.update({name: "constexpr" for name in constants})
     missing = [name for name in kernel.arg_names if name not in signature]
     if missing:
@@ -357,11 +382,13 @@ def loads_before_first_store(sass: str) -> int:
 def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", tma: bool = True) -> dict:
     """Registers, spills, shared memory and programs per multiprocessor of one config, built in this
     process (`resources` builds in a fresh one). `ELEMENTWISE` as the config measures the element-wise
-    kernel."""
+    kernel, `FP8_CAST` the FP8 cast."""
     if not compile_here():
         raise RuntimeError("forge's kernels were defined for Triton's interpreter here: use resources()")
     if config.get("kernel") == "elementwise":
         compiled = _compile_elementwise(arch, state_dtype, config["block_r"], config["block_c"])
+    elif config.get("kernel") == "fp8_cast":
+        compiled = _compile_fp8_cast(arch, config["block_r"], config["block_c"], config["num_warps"])
     else:
         compiled = _compile(config, arch, state_dtype, config.get("tma", "host") if tma else "none")
     usage, sass = _cubin_report(compiled.asm["cubin"])
@@ -425,8 +452,8 @@ def collect(process: subprocess.Popen) -> list[dict]:
 
 def describe(c: dict) -> str:
     """A launch config in a few words: tile, slices, warps, stages, register cap, grid."""
-    if c.get("kernel") == "elementwise":
-        return f"element-wise {c['block_r']}x{c['block_c']} warps {c['num_warps']}"
+    if c.get("kernel") in ("elementwise", "fp8_cast"):
+        return f"{c['kernel'].replace('_', ' ')} {c['block_r']}x{c['block_c']} warps {c['num_warps']}"
     if c.get("warp_specialized"):
         return _describe_warp_specialized(c)
     name = (

@@ -46,7 +46,7 @@ def _planned(state_dtype: str) -> list[dict]:
         overlapped = groups["shipped"][2]
         configs += [dict(overlapped, overlap_slices=False), overlapped]
     if state_dtype == "bf16":
-        configs += [groups["pointers"][1], kernel_build.ELEMENTWISE]
+        configs += [groups["pointers"][1], kernel_build.ELEMENTWISE, kernel_build.FP8_CAST]
     return configs + _warp_specialized(state_dtype)
 
 
@@ -102,6 +102,13 @@ def test_the_build_specializes_integers_as_a_launch_does():
 def test_the_elementwise_kernel_builds_for_hopper():
     (r,) = built([kernel_build.ELEMENTWISE])
     assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1
+
+
+def test_the_fp8_cast_builds_for_hopper_without_spilling():
+    """`forge.kernels.fp8_cast`'s cast (bf16 to e4m3, row-major and transposed, the FP8 rounding in
+    integer operations) compiles for sm_90 with no spills."""
+    (r,) = built([kernel_build.FP8_CAST])
+    assert 0 < r["registers"] <= 255 and r["spill_stores"] == 0, r
 
 
 def test_programs_per_multiprocessor():
