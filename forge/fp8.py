@@ -6,9 +6,9 @@ recipe, and fuses its weight gradient as FORGE fuses a bf16 one:
 
 * Each operand is cast to FP8 with one scale per tensor, from its current absolute maximum
   (dynamic scaling): scale = FP8_MAX / max(amax, 1e-12) (taken in fp64 and rounded to fp32, as
-  torchao does, so the two cast every tensor to the same bits), values saturated to +-FP8_MAX. The input x
-  and the weight W are cast to float8_e4m3fn (more precision), the output gradient dy to
-  float8_e5m2 (more range).
+  torchao does, so the two cast every tensor to the same bits), values saturated to +-FP8_MAX.
+  The input x and the weight W are cast to float8_e4m3fn (more precision), the output gradient
+  dy to float8_e5m2 (more range).
 * forward: y = (x8 W8^T) / (sx sw), on FP8 tensor cores (`torch._scaled_mm`), in x's dtype, with
   the MMA's fast accumulation as torchao's forward (its backward GEMMs accumulate in fp32);
 * backward: dx = (dy8 W8) / (sdy sw) with the old W, then the fused kernel
@@ -25,8 +25,8 @@ What is saved for the backward: x in its own dtype, as Float8Linear saves it (th
 projections of an attention block share that one tensor), re-cast in the backward; the weight is
 re-cast there too (the same value as in the forward: nothing has updated it yet). On a GPU each
 cast is two launches of `forge.kernels.fp8_cast` (the tensor's maximum, then the cast, row-major,
-transposed or both), equal bit for bit to `cast`, the PyTorch ops kept as its reference. On a machine
-without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
+transposed or both), equal bit for bit to `cast`, the PyTorch ops kept as its reference. On a
+machine without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
 multiplied in fp32 and scaled, what `torch._scaled_mm` computes up to its summation order.
 """
 
