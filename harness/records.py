@@ -87,12 +87,14 @@ def load_records(
 
 def split_kinds(records: Iterable[Record]) -> tuple[list[Record], list[Record]]:
     """(step records, kernel records). Offline tuning records (`variant: forge_tune`, from
-    `python -m harness kernels --tune`) are neither: `python -m harness.kernels.tuning` reads them."""
+    `python -m harness kernels --tune`) are neither: `python -m harness.kernels.tuning` reads them.
+    The kernel lab's other records (`method: kernel`: `--clip-norms`, `--fp8`) are kernel records."""
     steps, kernels = [], []
     for record in records:
         if record.get("variant") == "forge_tune":
             continue
-        (kernels if not missing(record.get("variant")) else steps).append(record)
+        kernel = not missing(record.get("variant")) or record.get("method") == "kernel"
+        (kernels if kernel else steps).append(record)
     return steps, kernels
 
 

@@ -95,12 +95,19 @@ def run(output: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, int]], 
         for T in tokens:
             for name, (N, K) in shapes.items():
                 try:
-                    row = dict(meta, sweep="fp8_kernels", status="ok", **bench_shape(name, T, N, K))
+                    row = dict(
+                        meta,
+                        sweep="fp8_kernels",
+                        status="ok",
+                        model=name.split("/")[0],
+                        **bench_shape(name, T, N, K),
+                    )
                 except Exception as e:  # recorded, and the next shape runs
                     row = dict(
                         meta,
                         sweep="fp8_kernels",
                         status="error",
+                        model=name.split("/")[0],
                         shape_name=name,
                         T=T,
                         N=N,

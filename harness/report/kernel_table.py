@@ -96,7 +96,7 @@ def _ms(record: Record | None, notes: Notes) -> str:
 
 def t4_kernels(records: Sequence[Record]) -> list[Selection]:
     """T4 (every point) and T4 summary; empty when there are no kernel records."""
-    chosen = latest(records)
+    chosen = latest(r for r in records if not missing(r.get("variant")))
     if not chosen:
         return []
     points: dict[tuple, dict[str, list[Record]]] = {}
@@ -272,3 +272,61 @@ def _step_sum(shapes: dict[str, Record | None], layers: int | None) -> float | N
     if not layers or any(not _ok(shapes.get(name)) for name in SHAPE_ORDER):
         return None
     return sum(_time(shapes[name]) * (1 if name == "lm_head" else layers) for name in SHAPE_ORDER)
+
+
+FP8_SWEEP = "fp8_kernels"  # `python -m harness kernels --fp8` (harness.kernels.fp8)
+FP8_TARGET = 1.15  # the FP8 fused kernel against the FP8 GEMM alone, at T >= 4096
+
+
+def t4_fp8(records: Sequence[Record]) -> Selection | None:
+    """The FP8 fused kernel against the FP8 GEMM alone and the FP8 GEMM + fused AdamW, per shape and
+    T (the latest record of each); None without `--fp8` records."""
+    latest_of: dict[tuple, Record] = {}
+    for record in records:
+        if record.get("sweep") == FP8_SWEEP and record.get("status", "ok") == "ok":
+            key = (str(record.get("shape_name")), _value(record, "T"))
+            if key not in latest_of or str(record.get("time")) >= str(latest_of[key].get("time")):
+                latest_of[key] = record
+    if not latest_of:
+        return None
+
+    def order(key: tuple) -> tuple:
+        shape = key[0].rsplit("/", 1)[-1]
+        return (key[1] or 0, SHAPE_ORDER.index(shape) if shape in SHAPE_ORDER else len(SHAPE_ORDER), key[0])
+
+    rows = []
+    for key in sorted(latest_of, key=order):
+        r = latest_of[key]
+        fused, gemm, both = r.get("forge_fp8_ms"), r.get("fp8_gemm_ms"), r.get("fp8_gemm_plus_fused_adamw_ms")
+        rows.append([
+            key[0], _int(r.get("T")), f"{_int(r.get('N'))} x {_int(r.get('K'))}", fmt_float(fused, 3),
+            fmt_float(gemm, 3), fmt_float(both, 3), fmt_ratio(fused / gemm if fused and gemm else None),
+            fmt_ratio(fused / both if fused and both else None), fmt_float(r.get("forge_bf16_ms"), 3),
+            fmt_float(r.get("bf16_gemm_ms"), 3),
+        ])  # fmt: skip
+    chosen = list(latest_of.values())
+    table = Table(
+        name="t4_kernels_fp8",
+        title="T4 FP8: the fused kernel on FP8 operands against the FP8 GEMM (median kernel time)",
+        header=[
+            "Shape",
+            "T",
+            "N x K",
+            "FORGE FP8 ms",
+            "FP8 GEMM ms",
+            "FP8 GEMM+AdamW ms",
+            "vs FP8 GEMM",
+            "vs FP8 GEMM+AdamW",
+            "FORGE bf16 ms",
+            "bf16 GEMM ms",
+        ],
+        rows=rows,
+        align="lrl" + "r" * 7,
+        notes=[
+            "FP8 GEMM: torch._scaled_mm(dy8^T, x8), bf16 out, fp32 accumulation; +AdamW: then torch's fused "
+            "AdamW on bf16 weights and states. FORGE FP8: the fused kernel on the same T-major e5m2 dy and "
+            f"e4m3 x (AdamW, bf16 states). Target: at most {FP8_TARGET:.2f}x the FP8 GEMM at T >= 4096. "
+            + runs(dict(r, model=r.get("model") or str(r.get("shape_name")).split("/")[0]) for r in chosen)
+        ],
+    )
+    return Selection(table, chosen)

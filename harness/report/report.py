@@ -34,7 +34,7 @@ from harness.records import Record, in_scratch, load_records, split_kinds
 from harness.report import plots, preambles
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.fidelity_table import fidelity
-from harness.report.kernel_table import SHAPE_ORDER, t4_kernels
+from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
 from harness.report.paper_table import paper_comparison
 from harness.report.readme import Section, render
@@ -65,7 +65,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
         _step_section("t2", "T2: scaling over Qwen3 sizes", "qwen3_scaling_h200", t2_scaling(steps), out),
         _capacity_section(t3_capacity(steps), preambles.model_sizes(steps), out),
-        _kernel_section(t4_kernels(kernels), out),
+        _kernel_section([*t4_kernels(kernels), *filter(None, [t4_fp8(kernels)])], out),
         _step_section(
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),

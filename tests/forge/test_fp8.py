@@ -27,7 +27,7 @@ def _fp8_gradient(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (dy8.double().t() @ x8.double() * (dy_inv.double() * x_inv.double())).float()
 
 
-@pytest.mark.parametrize("rule", ["adamw", "lion", "sgd-momentum", "rmsprop"])
+@pytest.mark.parametrize("rule", ["adamw", "sgd-momentum"])  # the epilogue is every rule's (test_rules.py)
 def test_the_fused_fp8_update_equals_torch_optim_on_the_fp8_gemm(rule):
     """fp32 weights and states, STEPS steps: the weight after FORGE's FP8 backward equals torch.optim's
     on the gradient of the same FP8 GEMM, to fp32 rounding (the kernel sums over T in another order)."""
@@ -75,7 +75,7 @@ def test_bf16_weights_train_with_fp8_gemms(state_dtype):
     forge.attach(model, "adamw", state_dtype=state_dtype, lr=3e-3, fp8="tensorwise")
     x, target = torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
     losses = []
-    for _ in range(8):
+    for _ in range(5):
         loss = (model(x) - target).float().pow(2).mean()
         loss.backward()
         losses.append(loss.item())
@@ -132,7 +132,7 @@ def test_fp8_layers_compile_and_train_as_eager():
     for model in (eager, compiled):
         forge.attach(model, "adamw", state_dtype="fp32", lr=1e-2, fp8="tensorwise")
     run = torch.compile(compiled, backend="aot_eager")
-    for _ in range(3):
+    for _ in range(2):
         x = torch.randn(16, 32)
         eager(x).pow(2).mean().backward()
         run(x).pow(2).mean().backward()

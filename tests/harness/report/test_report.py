@@ -458,3 +458,20 @@ def test_an_option_added_later_keys_old_records_at_the_value_they_ran_at():
     assert config_key(old) == config_key(new) != config_key(g128)
     other = {"method": "fused_adamw", "method_options": {"lr": 1e-4}, "model": "m"}
     assert "int8_group" not in config_key(other)[1]
+
+
+def test_the_fp8_kernel_table_and_the_labs_other_records_stay_out_of_the_step_tables():
+    """`python -m harness kernels --fp8` records (the committed H200 run) become T4 FP8, ordered by T
+    and shape, with the fused kernel's ratio to the FP8 GEMM; like `--clip-norms` records they are
+    kernel records, never a row of the step tables."""
+    from harness.report.kernel_table import t4_fp8
+
+    path = Path(__file__).parents[3] / "results" / "kernels" / "fp8-kernels-20261201-7e7e438.jsonl"
+    records = load_records([str(path)])
+    steps, kernels = split_kinds(records + [dict(records[0], sweep="clip_norms")])
+    assert steps == [] and len(kernels) == len(records) + 1
+    table = t4_fp8(kernels).table
+    col = {name: i for i, name in enumerate(table.header)}
+    assert len(table.rows) == 16 and table.rows[0][col["T"]] == "1024"
+    gate = next(r for r in table.rows if r[col["Shape"]] == "llama3.1-8b/gate" and r[col["T"]] == "4096")
+    assert gate[col["FORGE FP8 ms"]] == "0.748" and gate[col["vs FP8 GEMM"]] == "1.94x"
