@@ -419,7 +419,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._check_once()
             self._clip.add_linear(weight, dy, x, config)
         elif self._update_stream is not None and dy.is_cuda:
-            with self._update_stream.fork(dy, x):
+            reads = (dy, x) if grad_scale is None else (dy, x, grad_scale)  # FP8: its scale too
+            with self._update_stream.fork(*reads):
                 self._fused_update(weight, dy, x, config, grad_scale, into=into)
         else:
             self._fused_update(weight, dy, x, config, grad_scale, into=into)
