@@ -85,3 +85,19 @@ def test_forward_and_dx_are_the_fp8_gemms_as_torchao_computes_them():
     print(f"forge and torchao bitwise equal: y {torch.equal(y_of['forge'], y_of['torchao'])}")
     for name, (y_error, dx_error) in errors.items():
         assert y_error < 5e-3 and dx_error < 5e-3, (name, errors)
+
+
+@pytest.mark.parametrize("dtype", [fp8.INPUT_DTYPE, fp8.GRAD_DTYPE], ids=["e4m3", "e5m2"])
+def test_the_fused_casts_equal_the_pytorch_casts_on_the_gpu(dtype):
+    """`forge.kernels.fp8_cast` (what the FP8 layers run on a GPU) against `forge.fp8.cast`
+    (PyTorch ops), bit for bit, on a Llama-sized bf16 weight and a ragged activation."""
+    from forge.kernels import fp8_cast
+
+    torch.manual_seed(2)
+    for shape in ((14336, 4096), (1000, 1008)):
+        t = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        expected, inverse = fp8.cast(t, dtype)
+        rows, transposed, inv = fp8_cast.cast(t, dtype, rows=True, transposed=True)
+        assert torch.equal(rows.view(torch.uint8), expected.view(torch.uint8)), shape
+        assert torch.equal(transposed.view(torch.uint8), expected.t().contiguous().view(torch.uint8)), shape
+        assert torch.equal(inv, inverse), shape
