@@ -8,6 +8,7 @@
 - `update_tile`: the tile update both kernels end in; `quant` (int8 states, one scale per 64 or
   128 elements) and `rounding` (fp32 -> bf16, stochastic for weights) beneath it.
 - `launch`: launches of a compiled kernel that skip Triton's per-call dispatch (host time).
+- `fp8_cast`: the FP8 casts of `forge.fp8` (a tensor's maximum, then the cast) in two launches.
 
 Importing this package is FORGE's first use of Triton: `forge.backend.prepare` decides here,
 before Triton is imported, whether the kernels run compiled or in Triton's CPU interpreter (on a
