@@ -78,6 +78,11 @@ class KernelConfig:
     # round-to-nearest for bf16 stores. For bf16 and int8 states, whose own rounding is ~2^14 times
     # coarser or more (their default on Hopper); off, the epilogue matches torch.optim's arithmetic.
     fast_epilogue: bool = False
+    # FP8 operands (the Triton kernel): keep the FP8 MMA's own accumulator over the whole T loop
+    # (cuBLAS's fast accumulation) instead of adding each T tile into fp32. Fewer registers, fewer
+    # bits: a candidate to time, never FORGE's choice (the update would no longer equal torch.optim's
+    # on the fp32-accumulated FP8 GEMM).
+    fp8_fast_accum: bool = False
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -262,7 +267,7 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
     tma = _tma_mode(cfg.tma, dy, x, exact)
     constexprs = dict(
         **epilogue,
-        STEPS_IN_MEMORY=steps_in_memory, TMA=tma, T_MAJOR=fp8,
+        STEPS_IN_MEMORY=steps_in_memory, TMA=tma, T_MAJOR=fp8, FP8_FAST_ACCUM=cfg.fp8_fast_accum,
         UPCAST_DOT=on_interpreter or exact, DOT_PRECISION="ieee" if (exact or on_interpreter) else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=cfg.block_t, GROUP_N=cfg.group_n,
         EPILOGUE_SPLIT=cfg.epilogue_split, OVERLAP_SLICES=cfg.overlap_slices,

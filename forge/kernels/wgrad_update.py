@@ -86,6 +86,7 @@ def wgrad_update_kernel(
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # "host": dy and x by bulk tensor copies through host-built descriptors; "none": pointers
     T_MAJOR: tl.constexpr,  # dy and x T-contiguous (FP8): read as (BLOCK_N, BLOCK_T) and (BLOCK_K, BLOCK_T) tiles
+    FP8_FAST_ACCUM: tl.constexpr,  # T_MAJOR: the MMA's own accumulator over all T (`KernelConfig.fp8_fast_accum`)
     UPCAST_DOT: tl.constexpr,  # interpreter: tl.dot on bf16 is wrong there, so dot in fp32
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact fp32 products
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -112,7 +113,8 @@ def wgrad_update_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     if T_MAJOR:  # dW = dyT xT^T: both operands contiguous along T, the layout FP8 tensor cores read
         acc = _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n,
-                                 stride_x_t, stride_x_k, TMA, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
+                                 stride_x_t, stride_x_k, TMA, UPCAST_DOT, DOT_PRECISION, FP8_FAST_ACCUM,
+                                 BLOCK_N, BLOCK_K, BLOCK_T)
     elif TMA == "host":  # out-of-bounds rows and columns read as zeros
         for t0 in range(0, T, BLOCK_T):
             dy = dy_src.load([t0, n0])
@@ -151,9 +153,11 @@ def wgrad_update_kernel(
 @triton.jit
 def _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
                        TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr):
+                       FAST_ACCUM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
     """The main loop on T-contiguous operands: descriptors of dy^T (N, T) and x^T (K, T) (TMA
-    "host"), or pointers with a unit T stride."""
+    "host"), or pointers with a unit T stride. Each T tile's products are added into the fp32
+    accumulator (Hopper's FP8 MMA keeps fewer bits in its own), unless FAST_ACCUM."""
     if TMA == "host":
         for t0 in range(0, T, BLOCK_T):
             dy = dy_src.load([n0, t0])
@@ -161,7 +165,7 @@ def _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_
             if UPCAST_DOT:
                 dy = dy.to(tl.float32)
                 x = x.to(tl.float32)
-            acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
+            acc = _t_major_dot(dy, x, acc, DOT_PRECISION, FAST_ACCUM, BLOCK_T)
     else:
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -175,9 +179,19 @@ def _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_
             if UPCAST_DOT:
                 dy = dy.to(tl.float32)
                 x = x.to(tl.float32)
-            acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
+            acc = _t_major_dot(dy, x, acc, DOT_PRECISION, FAST_ACCUM, BLOCK_T)
             dy_ptrs += BLOCK_T * stride_dy_t
             x_ptrs += BLOCK_T * stride_x_t
+    return acc
+
+
+@triton.jit
+def _t_major_dot(dy, x, acc, DOT_PRECISION: tl.constexpr, FAST_ACCUM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """acc + dy x^T for (BLOCK_N, BLOCK_T) dy and (BLOCK_K, BLOCK_T) x tiles."""
+    if FAST_ACCUM:
+        acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION)
+    else:
+        acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
     return acc
 
 

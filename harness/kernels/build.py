@@ -167,6 +167,7 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
     constants.update(
         TMA=tma,
         T_MAJOR=bool(config.get("fp8")),
+        FP8_FAST_ACCUM=bool(config.get("fp8_fast_accum")),
         UPCAST_DOT=False,
         DOT_PRECISION="tf32",
         BLOCK_N=config["block_n"],

@@ -25,12 +25,16 @@ from typing import Any
 import torch
 
 # Launch configs timed beside the shipped one: 128 x 128 tiles without the register cap (one program
-# per multiprocessor, no spills), and with a 168-register cap and 4 stages.
+# per multiprocessor, no spills), with a 168-register cap and 4 stages, and with fast accumulation.
 CANDIDATES = {
     "128x128": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
                     num_stages=3, maxnreg=None),
     "128x128_s4": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
                        num_stages=4, maxnreg=168),
+    # the FP8 MMA's own accumulator over all T (no second accumulator: 128 x 128 fits two programs an
+    # SM without spills); what the fp32 promotion costs, not a config FORGE ships
+    "128x128_fast": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
+                         num_stages=3, maxnreg=128, fp8_fast_accum=True),
 }  # fmt: skip
 
 
