@@ -16,11 +16,12 @@ One record per (shape, T), with the environment, in a new JSONL file.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness.kernels import shape_records
 
 
 def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
@@ -52,13 +53,5 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
 
 
 def run(output: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, int]], tokens: list[int]) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("x") as f:
-        for T in tokens:
-            for name, (N, K) in shapes.items():
-                row = dict(meta, sweep="clip_norms", **bench_shape(name, T, N, K))
-                timed = [k for k in row if k.endswith("_ms") and k != "chosen_ms"]
-                times = "  ".join(f"{k[:-3]} {row[k]:.3f}" for k in timed)
-                print(f"{name:18s} T={T:5d}  {times} ms  -> {row['chosen']}")
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+    summary = lambda row: f"-> {row['chosen']}"  # noqa: E731
+    shape_records.write(output, meta, "clip_norms", shapes, tokens, bench_shape, summary)

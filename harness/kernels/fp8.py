@@ -17,12 +17,13 @@ One record per (shape, T), with the environment, in a new JSONL file.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness.kernels import shape_records
 
 # Launch configs timed beside the shipped one: 128 x 128 tiles without the register cap (one program
 # per multiprocessor, no spills), with a 168-register cap and 4 stages, and with fast accumulation.
@@ -39,15 +40,15 @@ CANDIDATES = {
 
 
 def _operands(T: int, N: int, K: int):
-    """Fresh random bf16 dy and x, and their FP8 casts: T-major views and the dequantization scale."""
+    """Fresh random bf16 dy and x, and their FP8 casts as `forge.fp8.backward` makes them: T-major
+    views, the dequantization scale, and each operand's inverse scale."""
     from forge import fp8
 
     dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    _, dy8, x8, scale = fp8.backward(dy, x, None, need_dx=False)
-    dy_inv = fp8.cast(dy, fp8.GRAD_DTYPE)[1]
-    x_inv = fp8.cast(x, fp8.INPUT_DTYPE)[1]
-    return dy, x, dy8, x8, scale, dy_inv, x_inv
+    _, dy8_t, dy_inv = fp8.cast_for_gemm(dy, fp8.GRAD_DTYPE, rows=False, transposed=True)
+    _, x8_t, x_inv = fp8.cast_for_gemm(x, fp8.INPUT_DTYPE, rows=False, transposed=True)
+    return dy, x, dy8_t.t(), x8_t.t(), (dy_inv * x_inv).reshape(1), dy_inv, x_inv
 
 
 def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
@@ -94,35 +95,5 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
 
 
 def run(output: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, int]], tokens: list[int]) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("x") as f:
-        for T in tokens:
-            for name, (N, K) in shapes.items():
-                try:
-                    row = dict(
-                        meta,
-                        sweep="fp8_kernels",
-                        status="ok",
-                        model=name.split("/")[0],
-                        **bench_shape(name, T, N, K),
-                    )
-                except Exception as e:  # recorded, and the next shape runs
-                    row = dict(
-                        meta,
-                        sweep="fp8_kernels",
-                        status="error",
-                        model=name.split("/")[0],
-                        shape_name=name,
-                        T=T,
-                        N=N,
-                        K=K,
-                        error=f"{type(e).__name__}: {e}"[:2000],
-                    )
-                    print(f"{name:18s} T={T:5d}  error: {row['error'][:200]}")
-                else:
-                    timed = [k for k in row if k.endswith("_ms")]
-                    times = "  ".join(f"{k[:-3]} {row[k]:.3f}" for k in timed)
-                    print(f"{name:18s} T={T:5d}  {times} ms  fused/gemm {row['forge_fp8_vs_fp8_gemm']:.2f}")
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                torch.cuda.empty_cache()
+    summary = lambda row: f"fused/gemm {row['forge_fp8_vs_fp8_gemm']:.2f}"  # noqa: E731
+    shape_records.write(output, meta, "fp8_kernels", shapes, tokens, bench_shape, summary)

@@ -74,9 +74,10 @@ class FusedAdamW(StepOptimizerMethod):
     def _convert_to_float8(self, recipe: str) -> None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+        from forge.fp8 import eligible  # the same layers as FORGE's fp8 (dimensions multiples of 16)
+
         def converted(module: torch.nn.Module, fqn: str) -> bool:
-            n, k = module.weight.shape
-            return fqn.split(".")[-1] != FP8_SKIP and n % 16 == 0 and k % 16 == 0
+            return fqn.split(".")[-1] != FP8_SKIP and eligible(module.weight)
 
         convert_to_float8_training(
             self.model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=converted
