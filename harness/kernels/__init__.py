@@ -6,8 +6,10 @@
                       (`python -m harness kernels --regress --output FILE`)
     build             the kernels compiled for Hopper on any machine, with their registers, spills
                       and shared memory (`python -m harness.kernels.build`; CPU)
+    clip_norms        the ways of taking a layer's dW norm for clipping (`--clip-norms --output FILE`)
     fp8               the FP8 fused kernel against the FP8 GEMM and the FP8 GEMM + fused AdamW
                       (`python -m harness kernels --fp8 --output FILE`)
+    shape_records     the per-(shape, T) record writer those two share
     tuning            which launch config wins where, from the records of `--tune` (CPU)
     profile           where one training step's time goes, per method (GPU; a CPU dry run)
     compare_profiles  two such profiles side by side, kernel by kernel (CPU)
@@ -15,6 +17,6 @@
     elementwise       the element-wise update (norms, embeddings) at other block shapes (GPU)
     tp_exactness      tensor-parallel FORGE against torch.optim at a real size (2 GPUs, torchrun)
 
-Each is a module with a `main`; README.md in this folder says what each answers. The lab uses
+Each tool is a module with a `main` (or a `--flag` of bench); README.md in this folder says what each answers. The lab uses
 forge's public API only (`forge`, `forge.kernels`), like the rest of the harness.
 """
