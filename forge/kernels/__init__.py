@@ -23,7 +23,13 @@ from forge.backend import interpreting, prepare
 
 prepare()  # before the first import of Triton below
 
-from forge.kernels.configs import WARP_SPECIALIZED_DEFAULTS, KernelConfig, pick_config  # noqa: E402
+from forge.kernels.configs import (  # noqa: E402
+    FP8_WARP_SPECIALIZED,
+    WARP_SPECIALIZED_DEFAULTS,
+    KernelConfig,
+    fp8_config,
+    pick_config,
+)
 from forge.kernels.elementwise_update import elementwise_update, elementwise_update_kernel  # noqa: E402
 from forge.kernels.elementwise_update import num_warps as elementwise_num_warps  # noqa: E402
 from forge.kernels.update_tile import STEP_ROW, epilogue_constexprs, slot_arguments, step_arguments  # noqa: E402
@@ -36,6 +42,7 @@ except ImportError:  # pragma: no cover - an older Triton
     wgrad_update_ws_kernel = ws_max_registers = None
 
 __all__ = [
+    "FP8_WARP_SPECIALIZED",
     "STEP_ROW",
     "WARP_SPECIALIZED_DEFAULTS",
     "KernelConfig",
@@ -43,6 +50,7 @@ __all__ = [
     "elementwise_update",
     "elementwise_update_kernel",
     "epilogue_constexprs",
+    "fp8_config",
     "interpreting",
     "pick_config",
     "slot_arguments",

@@ -24,6 +24,8 @@ in docs/performance.md), and are picked by shape:
   multiprocessor: 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
   and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
   layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
+  FP8 operands (`forge.fp8`) take it too (`FP8_WARP_SPECIALIZED`): 128 x 128 tiles of two
+  64-row MMA warpgroups, 128 tokens a stage, 4 epilogue warps in 8-row slices.
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -106,6 +108,18 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
+# FP8 operands: two MMA warpgroups of 64 rows each hold the accumulator and the FP8 MMA's partial
+# one, which leaves 168 registers to 4 epilogue warps; in 8-row overlapped slices every state dtype
+# builds without spills, with the exact epilogue too (`python -m harness.kernels.build`, triton 3.6
+# and 3.9); 4 stages of 128 tokens (32 KiB each) and the staging buffer take 194 KiB of shared
+# memory. fp32 states keep the exact epilogue, as above. Not yet tuned on a GPU.
+_HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4,
+                              warp_specialized=True, epilogue_rows=8, overlap_slices=True)
+FP8_WARP_SPECIALIZED = {
+    "fp32": _HOPPER_WS_FP8,
+    "bf16": replace(_HOPPER_WS_FP8, fast_epilogue=True),
+    "int8": replace(_HOPPER_WS_FP8, fast_epilogue=True),
+}
 # Smaller grids keep the Triton kernel. bf16 and int8 states gain from one tile per multiprocessor
 # (results/tuning/tuning-warp_specialized-20261130-9e79388.jsonl, tuning-evict_first-20261130-3115a49.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
 # Llama-3.1-8B's k, 256 tiles, 0.76-1.05x); fp32 states were not timed there.
@@ -132,7 +146,7 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
     if (on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
             or not _can_run_warp_specialized(state_dtype, dy, x) or 2 * T * N * K < _HOST_BOUND_FLOPS):
         return None
-    config = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    config = (FP8_WARP_SPECIALIZED if is_fp8(dy) else WARP_SPECIALIZED_DEFAULTS)[state_dtype]
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
     if tiles < _WS_MIN_TILES_PER_SM[state_dtype] * _multiprocessors(dy.device):
         return None
@@ -140,10 +154,15 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
 
 
 def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tensor) -> bool:
-    """Gluon installed, a Hopper GPU, bf16 dy and x that TMA can read, states the kernel knows."""
-    return (wgrad_update_ws is not None and state_dtype in WARP_SPECIALIZED_DEFAULTS
-            and dy.dtype == torch.bfloat16 and x.dtype == torch.bfloat16
-            and _can_use_tma(dy) and _can_use_tma(x) and _is_hopper(dy.device))
+    """Gluon installed, a Hopper GPU, bf16 dy and x that TMA can read (or FP8 ones contiguous along
+    T that it can read transposed), states the kernel knows."""
+    if wgrad_update_ws is None or state_dtype not in WARP_SPECIALIZED_DEFAULTS:
+        return False
+    if is_fp8(dy):
+        operands = is_fp8(x) and _can_use_tma_t_major(dy) and _can_use_tma_t_major(x)
+    else:
+        operands = dy.dtype == x.dtype == torch.bfloat16 and _can_use_tma(dy) and _can_use_tma(x)
+    return operands and _is_hopper(dy.device)
 
 
 @functools.cache
@@ -238,27 +257,30 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
     K = x.shape[1]
     assert weight.shape == (N, K) and weight.is_contiguous(), "weight must be a contiguous (N, K) tensor"
     on_interpreter = interpreting()
-    if config is None:
-        config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
-    elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
-        raise ValueError(
-            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "
-            f"can read, and {'/'.join(WARP_SPECIALIZED_DEFAULTS)} states (got {state_dtype} states, dy {dy.dtype} "
-            f"on {dy.device}); leave config=None to let FORGE choose the kernel"
-        )
-    if config is not None and config.fast_epilogue and not config.warp_specialized:
-        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
-    epilogue = epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
-                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group,
-                                   grad_scale=grad_scale, kahan=kahan)
-    if config is not None and config.warp_specialized:
-        return _warp_specialized_plan(config, T, N, K, dy.device, epilogue, int8_group, steps_in_memory)
     fp8 = is_fp8(dy)
     if fp8 != is_fp8(x) or (fp8 and (dy.stride(0) != 1 or x.stride(0) != 1)):
         raise ValueError(
             f"FP8 operands come in pairs, contiguous along T (forge.fp8.backward makes them); got dy {dy.dtype} with "
             f"strides {dy.stride()} and x {x.dtype} with strides {x.stride()}"
         )
+    if config is None:
+        config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
+    elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
+        raise ValueError(
+            "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "
+            f"can read (or FP8 ones contiguous along T), and {'/'.join(WARP_SPECIALIZED_DEFAULTS)} states (got {state_dtype} states, dy {dy.dtype} "
+            f"on {dy.device}); leave config=None to let FORGE choose the kernel"
+        )
+    if config is not None and config.fast_epilogue and not config.warp_specialized:
+        raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
+    if config is not None and config.fp8_fast_accum and config.warp_specialized:
+        raise ValueError("KernelConfig.fp8_fast_accum is an option of the Triton kernel: the warp-specialized one "
+                         "always adds each T tile into fp32 (set warp_specialized=False)")
+    epilogue = epilogue_constexprs(states, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+                                   stochastic_rounding=stochastic_rounding, int8_group=int8_group,
+                                   grad_scale=grad_scale, kahan=kahan)
+    if config is not None and config.warp_specialized:
+        return _warp_specialized_plan(config, T, N, K, dy.device, epilogue, int8_group, steps_in_memory, fp8)
     cfg = config or pick_config(T, N, K, state_dtype, on_interpreter, int8_group)
     if fp8 and config is None:
         cfg = fp8_config(cfg, on_interpreter)
@@ -281,14 +303,14 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
 
 
 def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: torch.device, epilogue: dict,
-                           int8_group: int, steps_in_memory: bool) -> Plan:
+                           int8_group: int, steps_in_memory: bool, fp8: bool) -> Plan:
     """A `wgrad_update_ws` launch: one program per multiprocessor (fewer for few tiles)."""
     constexprs = dict(
         **epilogue,
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
         FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
     )
-    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n))
+    options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n, fp8))
     tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)
     grid = (min(tiles, _multiprocessors(device)),)
     return Plan("gluon", cfg, "host", grid, cdiv(K, int8_group), constexprs, options)

@@ -10,7 +10,8 @@ memory and mbarriers:
     loader    1 warp     TMA copies of dy and x tiles into a ring of `num_stages` slots
     MMA       4-8 warps  wgmma over the ring into a (BLOCK_N, BLOCK_K) fp32 accumulator in
                          registers, one warpgroup per 128 rows (a 256-row tile shares each x tile
-                         between two); the finished tile goes to a staging buffer in shared memory
+                         between two; FP8: per 64 rows, below); the finished tile goes to a
+                         staging buffer in shared memory
     epilogue  4-8 warps  the optimizer update of the staged tile, `epilogue_rows` rows at a time:
                          the same `update_tile` code as the Triton kernel (every rule, fp32, bf16
                          and int8 states, stochastic rounding, steps read from memory)
@@ -19,7 +20,14 @@ The gradient tile lives in registers, then in shared memory, and dies there: nev
 memory. The MMA warps start the next tile as soon as the staging buffer is free, i.e. while the
 epilogue warps update the tile before.
 
-Where it runs: Hopper (sm_90: wgmma and TMA), bf16 operands that TMA can read, any state dtype.
+FP8 operands (`forge.fp8`: e5m2 dy and e4m3 x, both contiguous along T, the layout FP8 wgmma
+reads) take the same partitions with T-major tiles: the loader copies (BLOCK_N, BLOCK_T) and
+(BLOCK_K, BLOCK_T) blocks of dy^T and x^T, and each MMA adds its BLOCK_T tokens' products into the
+fp32 accumulator (`max_num_imprecise_acc`; Hopper's FP8 MMA keeps fewer bits in its own), as the
+Triton kernel's T-major loop does. That takes a second accumulator, so one MMA warpgroup covers 64
+rows instead of 128, and a 128-row tile takes two.
+
+Where it runs: Hopper (sm_90: wgmma and TMA), bf16 or FP8 operands that TMA can read, any state dtype.
 FORGE launches it unasked on grids of at least one tile per multiprocessor (four for fp32 states;
 `forge.kernels.configs.WARP_SPECIALIZED_DEFAULTS`); `forge.kernels.wgrad_update` hands it the launch
 and `launch` below runs it. Its epilogue warps bound it at small T: their code issues
@@ -55,7 +63,9 @@ GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as t
 # rounding of `forge.kernels.rounding` spilled 8-88 bytes under triton 3.9).
 MMA_REGS = gl.constexpr(184)
 # A 256-row tile takes two MMA warpgroups (8 warps, 128 accumulator registers each, as above) and
-# leaves 4 epilogue warps: 160 for the MMA warps leaves those 168.
+# leaves 4 epilogue warps: 160 for the MMA warps leaves those 168. So does a 128-row tile of FP8
+# operands: two warpgroups of 64 rows, each with its accumulator and the MMA's partial one (64
+# registers each).
 WIDE_MMA_REGS = gl.constexpr(160)
 LOADER_REGS = gl.constexpr(24)
 
@@ -76,9 +86,10 @@ def _tile_origin(tile, N, K, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
 def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """Fill the ring: for every tile of this program, the dy and x tiles of each BLOCK_T tokens."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
-    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
-    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    T_MAJOR: gl.constexpr = dy_bufs.dtype.primitive_bitwidth == 8  # FP8: (BLOCK_N | BLOCK_K, BLOCK_T) tiles
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[2] if T_MAJOR else dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[1] if T_MAJOR else dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[1] if T_MAJOR else x_bufs.type.shape[2]
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots filled so far, over all tiles
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -87,8 +98,12 @@ def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, ac
             slot = count % STAGES
             mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)  # passes at once on the first lap
             mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-            _tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))  # rows past T read as 0
-            _tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+            if T_MAJOR:  # blocks of dy^T and x^T; columns past T read as 0
+                _tma_load(dy_desc, [n0, t0], ready.index(slot), dy_bufs.index(slot))
+                _tma_load(x_desc, [k0, t0], ready.index(slot), x_bufs.index(slot))
+            else:  # rows past T read as 0
+                _tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
+                _tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
             count += 1
 
 
@@ -96,12 +111,15 @@ def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, ac
 def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """dW tile = dy_tile^T x_tile summed over the ring, then handed to the epilogue's staging buffer."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
-    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
-    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
-    # one warpgroup per 128 rows of the tile (`mma_warps`)
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BLOCK_N // 32, 1],
-                                                     instr_shape=[16, BLOCK_K, 16])
+    T_MAJOR: gl.constexpr = dy_bufs.dtype.primitive_bitwidth == 8  # as in _load_partition
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[2] if T_MAJOR else dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[1] if T_MAJOR else dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[1] if T_MAJOR else x_bufs.type.shape[2]
+    # one warpgroup per 128 rows of the tile, per 64 with FP8 operands (`mma_warps`); the MMA's
+    # depth is 32 bytes of operand: 16 bf16 or 32 FP8 tokens
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[BLOCK_N // (16 if T_MAJOR else 32), 1],
+        instr_shape=[16, BLOCK_K, 32 if T_MAJOR else 16])
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots consumed so far, over all tiles
     done = 0  # tiles handed over
@@ -110,7 +128,11 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
         for t0 in range(0, T, BLOCK_T):
             slot = count % STAGES
             mbarrier.wait(ready.index(slot), (count // STAGES) & 1)
-            acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot), acc, is_async=True)
+            if T_MAJOR:  # each BLOCK_T tokens' products added into the fp32 accumulator
+                acc = warpgroup_mma(dy_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), acc, is_async=True,
+                                    max_num_imprecise_acc=BLOCK_T)
+            else:
+                acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # the MMA before this one has finished reading its slot: the loader may refill it
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=t0 > 0)
@@ -213,12 +235,18 @@ def update_staged_tile(
 def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
     """The shared memory the partitions hand tiles through, barriers initialised: the ring of
     STAGES dy and x tiles with its ready and empty barriers, and the staging buffer of one
-    finished fp32 gradient tile with its own."""
-    BLOCK_T: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BLOCK_T, BLOCK_N], dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_T, BLOCK_K], x_desc.layout)
+    finished fp32 gradient tile with its own. The ring's slots take the descriptors' block shapes:
+    (BLOCK_T, BLOCK_N) and (BLOCK_T, BLOCK_K) for bf16, (BLOCK_N, BLOCK_T) and (BLOCK_K, BLOCK_T)
+    for FP8."""
+    T_MAJOR: gl.constexpr = dy_desc.dtype.primitive_bitwidth == 8
+    DY_ROWS: gl.constexpr = dy_desc.block_type.shape[0]
+    DY_COLS: gl.constexpr = dy_desc.block_type.shape[1]
+    X_ROWS: gl.constexpr = x_desc.block_type.shape[0]
+    X_COLS: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = DY_ROWS if T_MAJOR else DY_COLS
+    BLOCK_K: gl.constexpr = X_ROWS if T_MAJOR else X_COLS
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, DY_ROWS, DY_COLS], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, X_ROWS, X_COLS], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -240,8 +268,8 @@ def wgrad_update_ws_kernel(
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place (else unread)
     r_ptr,  # KAHAN: (N, K) bf16 residual of the weight, updated in place; else unread
-    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
-    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
+    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks; FP8 (e5m2): of dy^T, (BLOCK_N, BLOCK_T)
+    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks; FP8 (e4m3): of x^T, (BLOCK_K, BLOCK_T)
     T, N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor
@@ -258,7 +286,10 @@ def wgrad_update_ws_kernel(
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
 ):
-    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]  # 128 or 256 rows: one MMA warpgroup per 128
+    T_MAJOR: gl.constexpr = dy_desc.dtype.primitive_bitwidth == 8
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[0] if T_MAJOR else dy_desc.block_type.shape[1]
+    # one MMA warpgroup per 128 rows (128 or 256), per 64 with FP8 operands (128 rows: two)
+    MMA_WARPS: gl.constexpr = BLOCK_N // 16 if T_MAJOR else BLOCK_N // 32
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     gl.warp_specialize([
@@ -270,35 +301,39 @@ def wgrad_update_ws_kernel(
                                OVERLAP_SLICES)),
         (_mma_partition, workers),
         (_load_partition, workers),
-    ], [BLOCK_N // 32, 1], [MMA_REGS if BLOCK_N == 128 else WIDE_MMA_REGS, LOADER_REGS])
+    ], [MMA_WARPS, 1], [MMA_REGS if MMA_WARPS == 4 else WIDE_MMA_REGS, LOADER_REGS])
+
+
+_GLUON_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float8_e4m3fn": gl.float8e4nv, "torch.float8_e5m2": gl.float8e5}
 
 
 @functools.cache
-def _shared_layout(rows: int, cols: int):
-    """wgmma's shared-memory layout of a (rows, cols) bf16 block (asked once per block shape: the
-    descriptors below are built on every launch)."""
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+def _shared_layout(rows: int, cols: int, dtype: str):
+    """wgmma's shared-memory layout of a (rows, cols) block of `dtype` (asked once per block shape:
+    the descriptors below are built on every launch)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], _GLUON_DTYPES[dtype])
 
 
 def descriptor(t, block_shape):
-    """A Gluon TMA descriptor of a 2-D bf16 tensor in `block_shape` blocks (wgmma's shared layout)."""
+    """A Gluon TMA descriptor of a 2-D bf16 or FP8 tensor in `block_shape` blocks (wgmma's shared layout)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows, cols = block_shape
-    return TensorDescriptor.from_tensor(t, [rows, cols], _shared_layout(rows, cols))
+    return TensorDescriptor.from_tensor(t, [rows, cols], _shared_layout(rows, cols, str(t.dtype)))
 
 
-def mma_warps(block_n: int) -> int:
-    """MMA warps of a tile of `block_n` rows (128 or 256): one warpgroup per 128 rows."""
-    return block_n // 32
+def mma_warps(block_n: int, fp8: bool = False) -> int:
+    """MMA warps of a tile of `block_n` rows: one warpgroup per 128 rows (128 or 256), per 64 with
+    FP8 operands."""
+    return block_n // 16 if fp8 else block_n // 32
 
 
-def max_registers(epilogue_warps: int, block_n: int = 128) -> int:
+def max_registers(epilogue_warps: int, block_n: int = 128, fp8: bool = False) -> int:
     """The kernel-wide register cap: warps are allocated by groups of four (epilogue, MMA, loader:
     12 to 16 warps in all) and all of them must fit the multiprocessor's 64 Ki registers; the
-    loader then gives back to 24, the MMA warps take MMA_REGS (WIDE_MMA_REGS for 256 rows) and the
-    epilogue what is left."""
-    warps = epilogue_warps + mma_warps(block_n) + 4
+    loader then gives back to 24, the MMA warps take MMA_REGS (WIDE_MMA_REGS for two warpgroups)
+    and the epilogue what is left."""
+    warps = epilogue_warps + mma_warps(block_n, fp8) + 4
     return min(255, 65536 // (warps * 32)) // 8 * 8
 
 
@@ -308,11 +343,16 @@ _launch = DirectLauncher(wgrad_update_ws_kernel)
 def launch(key, plan, weight, slots, dy, x, step: tuple) -> None:
     """Run `plan` (a "gluon" `forge.kernels.configs.Plan`) for the problem `key`: `slots` as
     `update_tile.slot_arguments`, `step` as `update_tile.step_arguments` return them. dy and x get
-    descriptors of the plan's block shapes (built on every launch: they hold the tensors' addresses)."""
+    descriptors of the plan's block shapes (built on every launch: they hold the tensors' addresses);
+    FP8 dy and x, contiguous along T, get descriptors of their transposes."""
     cfg = plan.config
     T, N = dy.shape
     K = x.shape[1]
-    dy_desc = descriptor(dy, (cfg.block_t, cfg.block_n))
-    x_desc = descriptor(x, (cfg.block_t, cfg.block_k))
+    if dy.element_size() == 1:
+        dy_desc = descriptor(dy.t(), (cfg.block_n, cfg.block_t))
+        x_desc = descriptor(x.t(), (cfg.block_k, cfg.block_t))
+    else:
+        dy_desc = descriptor(dy, (cfg.block_t, cfg.block_n))
+        x_desc = descriptor(x, (cfg.block_t, cfg.block_k))
     args = (weight, *slots, dy_desc, x_desc, T, N, K, plan.num_groups, *step)
     _launch(key, plan.grid, args, plan.constexprs, plan.options)

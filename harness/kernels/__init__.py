@@ -17,6 +17,7 @@
     elementwise       the element-wise update (norms, embeddings) at other block shapes (GPU)
     tp_exactness      tensor-parallel FORGE against torch.optim at a real size (2 GPUs, torchrun)
 
-Each tool is a module with a `main` (or a `--flag` of bench); README.md in this folder says what each answers. The lab uses
-forge's public API only (`forge`, `forge.kernels`), like the rest of the harness.
+Each tool is a module with a `main` (or a `--flag` of bench); README.md in this folder says what
+each answers. The lab uses forge's public API only (`forge`, `forge.kernels`), like the rest of the
+harness.
 """

@@ -184,7 +184,8 @@ def _compile(config: dict[str, Any], arch: int, state_dtype: str, tma: str, stoc
 
 
 def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: str, stochastic_rounding: bool):
-    """The CompiledKernel of `forge.kernels.wgrad_update_ws` (Gluon) for the fused AdamW update."""
+    """The CompiledKernel of `forge.kernels.wgrad_update_ws` (Gluon) for the fused AdamW update; with
+    `fp8`, of e5m2 dy and e4m3 x contiguous along T (descriptors of their transposes)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -196,9 +197,16 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
     T, N, K = PROBLEM
     signature = _slots_signature(state_dtype)
-    for name, rows, cols in (("dy_desc", bt, bn), ("x_desc", bt, bk)):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
-        signature[name] = f"tensordesc<bf16[{rows}, {cols}],{layout!r}>"
+    fp8 = bool(config.get("fp8"))
+    blocks = (
+        (("dy_desc", "fp8e5", bn, bt), ("x_desc", "fp8e4nv", bk, bt))
+        if fp8
+        else (("dy_desc", "bf16", bt, bn), ("x_desc", "bf16", bt, bk))
+    )
+    element = {"bf16": gl.bfloat16, "fp8e5": gl.float8e5, "fp8e4nv": gl.float8e4nv}
+    for name, dtype, rows, cols in blocks:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], element[dtype])
+        signature[name] = f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
     integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
     signature.update({name: "i32" for name in integers})
     signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32", scale_ptr="*fp32")
@@ -219,7 +227,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
-    maxnreg = ws_max_registers(config["num_warps"], bn)
+    maxnreg = ws_max_registers(config["num_warps"], bn, fp8)
     options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
@@ -397,7 +405,9 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
     shared = int(compiled.metadata.shared)
     threads = 32 * config["num_warps"]
     if config.get("warp_specialized"):  # plus the MMA warps and the loader's group of four
-        threads += 32 * 8
+        from forge.kernels.wgrad_update_ws import mma_warps
+
+        threads += 32 * (mma_warps(config["block_n"], bool(config.get("fp8"))) + 4)
     return dict(
         config=config,
         arch=arch,

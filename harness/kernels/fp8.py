@@ -8,8 +8,9 @@ with `triton.testing.do_bench(..., return_mode="median")`:
                               torchao's weight-gradient GEMM): the FP8 dW GEMM alone;
   fp8_gemm_plus_fused_adamw_ms  that GEMM into .grad, then torch.optim.AdamW(fused=True) on bf16
                               weights with bf16 states: what fused AdamW over FP8 linears pays;
-  forge_fp8_ms                the fused kernel on the FP8 operands (AdamW, bf16 states), under the
-                              config FORGE ships (`forge.kernels.configs.fp8_config`);
+  forge_fp8_ms                the fused kernel on the FP8 operands (AdamW, bf16 states), as FORGE
+                              launches it (on Hopper the warp-specialized kernel where the grid
+                              fills the GPU, `FP8_WARP_SPECIALIZED`, else `fp8_config`'s);
   forge_fp8_<config>_ms       the same under other launch configs (`CANDIDATES`), for tuning;
   bf16_gemm_ms, forge_bf16_ms the bf16 GEMM and the bf16 fused kernel, for scale.
 One record per (shape, T), with the environment, in a new JSONL file.
@@ -25,13 +26,15 @@ import torch
 
 from harness.kernels import shape_records
 
-# Launch configs timed beside the shipped one: 128 x 128 tiles without the register cap (one program
-# per multiprocessor, no spills), with a 168-register cap and 4 stages, and with fast accumulation.
+# Launch configs timed beside FORGE's choice: the Triton kernel's FP8 config (64 x 128 tiles, two
+# or three programs an SM), the warp-specialized one with 16-row slices, and fast accumulation.
+# (128 x 128 Triton tiles, with or without a register cap, measured 1.05-2.7x the 64 x 128 ones:
+# results/kernels/fp8-kernels-20261201-7e7e438.jsonl.)
 CANDIDATES = {
-    "128x128": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
-                    num_stages=3, maxnreg=None),
-    "128x128_s4": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
-                       num_stages=4, maxnreg=168),
+    "triton": dict(block_n=64, block_k=128, block_t=128, group_n=8, epilogue_split=4, num_warps=8,
+                   num_stages=3, maxnreg=128),
+    "ws_16rows": dict(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4, warp_specialized=True,
+                      epilogue_rows=16, overlap_slices=True, fast_epilogue=True),
     # the FP8 MMA's own accumulator over all T (no second accumulator: 128 x 128 fits two programs an
     # SM without spills); what the fp32 promotion costs, not a config FORGE ships
     "128x128_fast": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,

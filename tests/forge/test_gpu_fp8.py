@@ -48,6 +48,56 @@ def test_the_fused_fp8_update_equals_adamw_on_scaled_mm(shape):
     torch.testing.assert_close(layer.weight, twin.weight, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize(
+    "T, N, K", [(1024, 4096, 2048), (4096, 4096, 2048), (1008, 1000, 4096)], ids=["T1024", "T4096", "edges"]
+)
+def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K, state_dtype):
+    """The FP8 path of `forge.kernels.wgrad_update_ws` against the Triton kernel's T-major loop on
+    the same FP8 operands and random states, stochastic rounding on: both add each 128 tokens'
+    products into fp32, so they differ only where a sum over T rounds the other way (fp32 states:
+    the exact epilogue; bf16 and int8: also the fast one). Edges: N and T no multiple of a tile."""
+    from forge.kernels import FP8_WARP_SPECIALIZED, fp8_config, pick_config, quant
+    from tests.forge.test_gpu import _assert_differ_only_in_rounding
+
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = (torch.randn(T, N, device="cuda", generator=g) / T**0.5).bfloat16()
+    weight = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
+    _, dy8, x8, scale = fp8.backward(dy, x, weight, need_dx=False)
+    hp = dict(lr=1e-3, weight_decay=0.01)
+
+    def step(config):
+        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+        opt = forge.attach(layer, "adamw", state_dtype=state_dtype, **hp)
+        state = opt.state[layer.weight]
+        start = torch.Generator(device="cuda").manual_seed(13)
+        matrices = sorted(n for n, v in state.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
+        for name in matrices:  # random states, as after some training (int8: codes and their scales)
+            if name.endswith("_absmax"):
+                continue
+            values = torch.rand(state[name].shape, device="cuda", generator=start) * 1e-3
+            if state_dtype == "int8":
+                codes, absmax = quant.quantize(values, state[name].dtype == torch.int8)
+                state[name].copy_(codes)
+                state[name + "_absmax"].copy_(absmax)
+            else:
+                state[name].copy_(values)
+        opt.update_linear(layer.weight, dy8, x8, config=config, grad_scale=scale)
+        return [layer.weight.detach(), *(state[n] for n in matrices)]
+
+    triton = fp8_config(pick_config(T, N, K, state_dtype, on_interpreter=False), on_interpreter=False)
+    triton_step = step(triton)
+    ws = FP8_WARP_SPECIALIZED["fp32"]  # the exact epilogue
+    for got, want in zip(step(ws), triton_step):
+        _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel")
+    if state_dtype != "fp32":
+        for got, want in zip(step(FP8_WARP_SPECIALIZED[state_dtype]), triton_step):
+            _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel's fast epilogue")
+
+
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 

@@ -11,7 +11,13 @@ import json
 
 import pytest
 
-from forge.kernels import WARP_SPECIALIZED_DEFAULTS, KernelConfig, pick_config, ws_max_registers
+from forge.kernels import (
+    FP8_WARP_SPECIALIZED,
+    WARP_SPECIALIZED_DEFAULTS,
+    KernelConfig,
+    pick_config,
+    ws_max_registers,
+)
 from forge.kernels.configs import fp8_config
 from harness.kernels import build as kernel_build
 
@@ -24,6 +30,11 @@ def _shipped(T: int, state_dtype: str) -> dict:
 def _fp8(T: int) -> dict:
     """The config FP8 operands take on Hopper at T tokens (`forge.kernels.configs.fp8_config`)."""
     return dict(dataclasses.asdict(fp8_config(pick_config(T, 14336, 4096, "bf16", False), False)), fp8=True)
+
+
+def _fp8_warp_specialized(state_dtype: str) -> dict:
+    """The warp-specialized config FP8 operands take on Hopper with `state_dtype` states."""
+    return dict(dataclasses.asdict(FP8_WARP_SPECIALIZED[state_dtype]), fp8=True)
 
 
 def _warp_specialized(state_dtype: str) -> list[dict]:
@@ -39,7 +50,8 @@ def _warp_specialized(state_dtype: str) -> list[dict]:
 def _planned(state_dtype: str) -> list[dict]:
     """Every config the tests below build with `state_dtype`."""
     groups = kernel_build.candidate_groups()
-    configs = [_shipped(T, state_dtype) for T in (1024, 8192)] + [_fp8(1024)]
+    configs = [_shipped(T, state_dtype) for T in (1024, 8192)]
+    configs += [_fp8(1024), _fp8_warp_specialized(state_dtype)]
     if state_dtype == "int8":
         configs.append(dict(_shipped(1024, "int8"), int8_group=128))
     if state_dtype in ("bf16", "int8"):
@@ -144,6 +156,19 @@ def test_the_fp8_config_builds_on_fp8_tensor_cores_without_spilling(state_dtype)
     (r,) = built([_fp8(1024)], state_dtype)
     assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["tensor_core_mmas"]["HGMMA"] == 0, r
     assert r["spill_stores"] == 0 and r["programs_per_sm"] >= 2, r
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_the_fp8_warp_specialized_kernel_builds_on_fp8_tensor_cores_without_spilling(state_dtype):
+    """The warp-specialized kernel on FP8 operands (two 64-row MMA warpgroups, each with the
+    accumulator and the FP8 MMA's partial one) builds to QGMMA alone, with no spills, under the
+    register cap of its 16 warps, one program per SM within shared memory."""
+    config = _fp8_warp_specialized(state_dtype)
+    (r,) = built([config], state_dtype)
+    assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["tensor_core_mmas"]["HGMMA"] == 0, r
+    assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
+    assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, r
+    assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, r
 
 
 def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
