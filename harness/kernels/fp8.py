@@ -12,6 +12,9 @@ with `triton.testing.do_bench(..., return_mode="median")`:
                               launches it (on Hopper the warp-specialized kernel where the grid
                               fills the GPU, `FP8_WARP_SPECIALIZED`, else `fp8_config`'s);
   forge_fp8_<config>_ms       the same under other launch configs (`CANDIDATES`), for tuning;
+  forge_fp8_int8_ms, forge_fp8_int8_<config>_ms  the same with int8 states (whose epilogue issues
+                              about twice the instructions of bf16 states'), FORGE's choice and
+                              the candidates;
   bf16_gemm_ms, forge_bf16_ms the bf16 GEMM and the bf16 fused kernel, for scale.
 One record per (shape, T), with the environment, in a new JSONL file.
 """
@@ -83,15 +86,24 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     fopt = forge.attach(layer, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="bf16")
     w = layer.weight
 
-    def fused(config=None):
-        return lambda: fopt.update_linear(w, dy8, x8, grad_scale=scale, config=config)
+    def fused(config=None, opt=fopt, weight=w):
+        return lambda: opt.update_linear(weight, dy8, x8, grad_scale=scale, config=config)
 
     row["forge_fp8_ms"] = do_bench(fused(), return_mode="median")
     for label, fields in CANDIDATES.items():
         row[f"forge_fp8_{label}_ms"] = do_bench(fused(KernelConfig(**fields)), return_mode="median")
+    layer8 = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer8.weight, std=0.02)
+    iopt = forge.attach(layer8, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="int8")
+    w8 = layer8.weight
+    row["forge_fp8_int8_ms"] = do_bench(fused(opt=iopt, weight=w8), return_mode="median")
+    for label, fields in CANDIDATES.items():
+        if not fields.get("fp8_fast_accum"):
+            timed = fused(KernelConfig(**fields), opt=iopt, weight=w8)
+            row[f"forge_fp8_int8_{label}_ms"] = do_bench(timed, return_mode="median")
     row["bf16_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
     row["forge_bf16_ms"] = do_bench(lambda: fopt.update_linear(w, dy, x), return_mode="median")
-    assert torch.isfinite(w).all(), "weights became non-finite during timing"
+    assert torch.isfinite(w).all() and torch.isfinite(w8).all(), "weights became non-finite during timing"
     row["forge_fp8_vs_fp8_gemm"] = row["forge_fp8_ms"] / row["fp8_gemm_ms"]
     row["forge_fp8_vs_fp8_gemm_plus_fused_adamw"] = row["forge_fp8_ms"] / row["fp8_gemm_plus_fused_adamw_ms"]
     return row

@@ -55,8 +55,11 @@ def test_the_fused_fp8_update_equals_adamw_on_scaled_mm(shape):
 def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K, state_dtype):
     """The FP8 path of `forge.kernels.wgrad_update_ws` against the Triton kernel's T-major loop on
     the same FP8 operands and random states, stochastic rounding on: both add each 128 tokens'
-    products into fp32, so they differ only where a sum over T rounds the other way (fp32 states:
-    the exact epilogue; bf16 and int8: also the fast one). Edges: N and T no multiple of a tile."""
+    products into fp32, but their FP8 MMAs are not the same instructions, and the FP8 accumulator
+    inside an MMA keeps fewer bits than fp32, so the sums differ in their last bits. fp32 weights
+    and moments show that in many elements (21.5% of them on an H200), so there they agree within fp32
+    ulps; bf16 and int8 states differ only where a sum rounds the other way, with the exact
+    and the fast epilogue. Edges: N and T no multiple of a tile."""
     from forge.kernels import FP8_WARP_SPECIALIZED, fp8_config, pick_config, quant
     from tests.forge.test_gpu import _assert_differ_only_in_rounding
 
@@ -92,7 +95,10 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     triton_step = step(triton)
     ws = FP8_WARP_SPECIALIZED["fp32"]  # the exact epilogue
     for got, want in zip(step(ws), triton_step):
-        _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel")
+        if state_dtype == "fp32":  # every bit of the sum shows: fp32 weights and moments within ulps
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)
+        else:
+            _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel")
     if state_dtype != "fp32":
         for got, want in zip(step(FP8_WARP_SPECIALIZED[state_dtype]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel's fast epilogue")
