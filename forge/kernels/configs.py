@@ -24,8 +24,9 @@ in docs/performance.md), and are picked by shape:
   multiprocessor: 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
   and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
   layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
-  FP8 operands (`forge.fp8`) take it too (`FP8_WARP_SPECIALIZED`): 128 x 128 tiles of two
-  64-row MMA warpgroups, 128 tokens a stage, 4 epilogue warps in 8-row slices.
+  FP8 operands (`forge.fp8`) take it too with fp32 and bf16 states (`FP8_WARP_SPECIALIZED`):
+  128 x 128 tiles of two 64-row MMA warpgroups, 128 tokens a stage, 4 epilogue warps in 8-row
+  slices (0.80-0.90x the Triton kernel at T = 4096); int8 states keep the Triton kernel there.
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -112,13 +113,16 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
 # one, which leaves 168 registers to 4 epilogue warps; in 8-row overlapped slices every state dtype
 # builds without spills, with the exact epilogue too (`python -m harness.kernels.build`, triton 3.6
 # and 3.9); 4 stages of 128 tokens (32 KiB each) and the staging buffer take 194 KiB of shared
-# memory. fp32 states keep the exact epilogue, as above. Not yet tuned on a GPU.
+# memory. fp32 states keep the exact epilogue, as above. On the H200, bf16 states
+# (results/kernels/fp8-kernels-20261201-577582c.jsonl, -d77a596.jsonl): 0.80-0.90x the Triton
+# kernel's time at T = 4096 on Llama-3.1-8B's large layers, 0.98-1.01x at T = 1024. int8 states keep
+# the Triton kernel: their epilogue, about twice bf16's instructions, on 4 warps took 2.10-2.19x its
+# time at T = 1024 and 1.25-1.42x at T = 4096 (-d77a596.jsonl).
 _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4,
                               warp_specialized=True, epilogue_rows=8, overlap_slices=True)
 FP8_WARP_SPECIALIZED = {
     "fp32": _HOPPER_WS_FP8,
     "bf16": replace(_HOPPER_WS_FP8, fast_epilogue=True),
-    "int8": replace(_HOPPER_WS_FP8, fast_epilogue=True),
 }
 # Smaller grids keep the Triton kernel. bf16 and int8 states gain from one tile per multiprocessor
 # (results/tuning/tuning-warp_specialized-20261130-9e79388.jsonl, tuning-evict_first-20261130-3115a49.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
@@ -146,7 +150,9 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
     if (on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
             or not _can_run_warp_specialized(state_dtype, dy, x) or 2 * T * N * K < _HOST_BOUND_FLOPS):
         return None
-    config = (FP8_WARP_SPECIALIZED if is_fp8(dy) else WARP_SPECIALIZED_DEFAULTS)[state_dtype]
+    config = (FP8_WARP_SPECIALIZED if is_fp8(dy) else WARP_SPECIALIZED_DEFAULTS).get(state_dtype)
+    if config is None:
+        return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
     if tiles < _WS_MIN_TILES_PER_SM[state_dtype] * _multiprocessors(dy.device):
         return None

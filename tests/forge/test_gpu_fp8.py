@@ -56,10 +56,12 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     """The FP8 path of `forge.kernels.wgrad_update_ws` against the Triton kernel's T-major loop on
     the same FP8 operands and random states, stochastic rounding on: both add each 128 tokens'
     products into fp32, but their FP8 MMAs are not the same instructions, and the FP8 accumulator
-    inside an MMA keeps fewer bits than fp32, so the sums differ in their last bits. fp32 weights
-    and moments show that in many elements (21.5% of them on an H200), so there they agree within fp32
-    ulps; bf16 and int8 states differ only where a sum rounds the other way, with the exact
-    and the fast epilogue. Edges: N and T no multiple of a tile."""
+    inside an MMA keeps about 14 bits, so the sums differ in their last bits. fp32 weights and
+    moments show that in many elements (21.5% of them on an H200, the largest gap 1.9e-6), so
+    there they agree to 2^-14 of the tensor's largest value; bf16 and int8 states differ only
+    where a sum rounds the other way, with the exact and the fast epilogue.
+    Edges: N and T no multiple of a tile. (FORGE picks this kernel for fp32 and bf16 states; the
+    int8 case runs bf16's config, as the FP8 kernel lab does.)"""
     from forge.kernels import FP8_WARP_SPECIALIZED, fp8_config, pick_config, quant
     from tests.forge.test_gpu import _assert_differ_only_in_rounding
 
@@ -95,12 +97,12 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     triton_step = step(triton)
     ws = FP8_WARP_SPECIALIZED["fp32"]  # the exact epilogue
     for got, want in zip(step(ws), triton_step):
-        if state_dtype == "fp32":  # every bit of the sum shows: fp32 weights and moments within ulps
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)
+        if state_dtype == "fp32":  # every bit of the sums shows, to the FP8 accumulator's ~14 bits
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2**-14 * float(want.abs().max()))
         else:
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel")
     if state_dtype != "fp32":
-        for got, want in zip(step(FP8_WARP_SPECIALIZED[state_dtype]), triton_step):
+        for got, want in zip(step(FP8_WARP_SPECIALIZED["bf16"]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel's fast epilogue")
 
 
