@@ -20,6 +20,10 @@ whole interval lies beyond the band; "within noise" when X lies inside it; else 
 interval straddles the band's edge: more seeds would tell). Fewer than `MIN_SEEDS` seeds, or no
 control with that many, are not judged, and the row says what is missing. The target column
 checks the fidelity target: within noise and |X| at most `TARGET_NATS`.
+
+A method with FP8 GEMMs (`fp8` among its options) also gets a row against its bf16 twin (the same
+method and options but `fp8`) of each seed, judged against the same band: does FP8 train as its
+bf16 self does, within what rounding alone moves?
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
     by_seed: dict[tuple, dict[int, float]] = {}  # one draw per seed: the latest run of a seed counts
     labels: dict[tuple, str] = {}
     controls: set[tuple] = set()
+    pairs: set[tuple] = set()  # an FP8 method against its bf16 twin
     for (sweep, model, seed), group in groups_of(runs).items():
         reference = reference_of(group)
         if reference is None or not _is_control(reference):
@@ -97,6 +102,13 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
                 labels[key] = display_name(record)
                 if _is_control(record):
                     controls.add(key)
+                twin = _bf16_twin(record, group)
+                paired = None if twin is None else heldout_deviation(record, twin, start, end)
+                if paired is not None:
+                    key = (sweep, model, phase, _order(record) + (" vs bf16",))
+                    by_seed.setdefault(key, {})[seed] = paired
+                    labels[key] = f"{display_name(record)} - {display_name(twin)}"
+                    pairs.add(key)
     if not by_seed:
         return None
     draws = {key: [seeds[s] for s in sorted(seeds)] for key, seeds in by_seed.items()}
@@ -106,7 +118,8 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
             mean, half = interval(draws[key])
             band_key = key[:3]
             bands[band_key] = max(bands.get(band_key, 0.0), abs(mean) + half)
-    rows = [_row(key, labels[key], draws[key], key in controls, bands.get(key[:3])) for key in sorted(draws)]
+    rows = [_row(key, labels[key], draws[key], key in controls, bands.get(key[:3]), key in pairs)
+            for key in sorted(draws)]
     header = ["Sweep", "Model", "Phase", "Method", "Seeds", "Mean held-out d (nats)", "95% interval"]
     header += ["Noise band (fp32 controls)", "Verdict", f"Target: within noise, |mean d| <= {TARGET_NATS}"]
     table = Table(
@@ -119,13 +132,28 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
             "d: a method's held-out loss minus its seed's reference (fused AdamW, fp32 master weights) at "
             "the same evaluation steps, averaged over the phase; mean and Student's t 95% interval over the "
             f"seeds. Noise band: the largest |mean| + half-width of the fp32 controls. {MIN_SEEDS} seeds at "
-            "least for a verdict. A sweep and seed without its fp32-master reference is left out."
+            "least for a verdict. A sweep and seed without its fp32-master reference is left out. "
+            "'A - B' rows: an FP8 method against its bf16 twin of the same seed, judged against the "
+            "same band (the fidelity target is not theirs)."
         ],
     )
     return Selection(table, runs)
 
 
-def _row(key: tuple, label: str, values: list[float], control: bool, band: float | None) -> list[str]:
+def _bf16_twin(record: Record, group: Sequence[Record]) -> Record | None:
+    """The run of the group that is `record` with bf16 GEMMs instead of FP8 ones, if any."""
+    options = record.get("method_options") or {}
+    if not options.get("fp8"):
+        return None
+    bare = {k: v for k, v in options.items() if k != "fp8"}
+    for other in group:
+        if other.get("method") == record.get("method") and (other.get("method_options") or {}) == bare:
+            return other
+    return None
+
+
+def _row(key: tuple, label: str, values: list[float], control: bool, band: float | None,
+         pair: bool = False) -> list[str]:
     sweep, model, phase, _ = key
     row = [sweep, model, phase, label, str(len(values))]
     if len(values) < 2:
@@ -134,8 +162,8 @@ def _row(key: tuple, label: str, values: list[float], control: bool, band: float
         mean, half = interval(values)
         row += [f"{mean:+.4f}", f"{mean - half:+.4f} to {mean + half:+.4f}"]
     row.append(NONE if band is None else f"+-{band:.4f}")
-    row += _verdict(values, control, band)
-    return row
+    verdict, target = _verdict(values, control, band)
+    return row + [verdict, NONE if pair else target]
 
 
 def _verdict(values: list[float], control: bool, band: float | None) -> list[str]:

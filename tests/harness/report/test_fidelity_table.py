@@ -108,3 +108,30 @@ def test_two_sweeps_of_the_same_points_stay_apart():
     col = {name: i for i, name in enumerate(verdicts.header)}
     sweeps = {(r[col["Sweep"]], r[col["Method"]]) for r in verdicts.rows}
     assert ("convergence", "forge_bf16") in sweeps and ("convergence_short", "forge_bf16") in sweeps
+
+
+def test_an_fp8_method_is_judged_against_its_bf16_twin_of_the_same_seed():
+    """`fp8` among a method's options adds a row of it against the same method without `fp8`, per
+    seed: an FP8 run as far from its twin as rounding moves fp32 is within noise; one 0.05 above,
+    biased. No target cell: the 0.005-nat target is for master weights against fp32."""
+    rng = random.Random(4)
+    records = []
+    for seed in range(3):
+        bf16 = _run("forge_bf16", "forge", "bf16+sr", seed, 0.03 + rng.gauss(0, 0.0005), 0.0005, rng)
+        bf16["method_options"] = dict(label="forge_bf16", state_dtype="bf16")
+        close = _run("forge_fp8", "forge", "bf16+sr", seed, 0.03 + rng.gauss(0, 0.0005), 0.0005, rng)
+        close["method_options"] = dict(label="forge_bf16", state_dtype="bf16", fp8="tensorwise")
+        far = _run("fused_adamw_fp8", "fused_adamw", "bf16", seed, 0.05, 0.0, rng)
+        far["method_options"] = dict(label="fused_adamw", fp8="tensorwise")
+        twin = _run("fused_adamw", "fused_adamw", "bf16", seed, 0.0, 0.0, rng)
+        twin["method_options"] = dict(label="fused_adamw")
+        records += [
+            _run("fused_adamw_fp32", "fused_adamw", "fp32", seed, 0.0, 0.0, rng),
+            _run("torch_adamw_fp32", "torch_adamw", "fp32", seed, rng.gauss(0, 0.0005), 0.0005, rng),
+            bf16, close, far, twin,
+        ]  # fmt: skip
+    verdicts = _verdicts(records)
+    assert verdicts[("forge_fp8 - forge_bf16", "pretrain")] == ("within noise", "—")
+    verdict, target = verdicts[("fused_adamw_fp8 - fused_adamw", "cpt")]
+    assert verdict.startswith("biased by +0.05") and target == "—"
+    assert ("forge_bf16 - forge_bf16", "cpt") not in verdicts  # a bf16 method has no twin row
