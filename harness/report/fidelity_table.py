@@ -118,8 +118,10 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
             mean, half = interval(draws[key])
             band_key = key[:3]
             bands[band_key] = max(bands.get(band_key, 0.0), abs(mean) + half)
-    rows = [_row(key, labels[key], draws[key], key in controls, bands.get(key[:3]), key in pairs)
-            for key in sorted(draws)]
+    rows = [
+        _row(key, labels[key], draws[key], key in controls, bands.get(key[:3]), key in pairs)
+        for key in sorted(draws)
+    ]
     header = ["Sweep", "Model", "Phase", "Method", "Seeds", "Mean held-out d (nats)", "95% interval"]
     header += ["Noise band (fp32 controls)", "Verdict", f"Target: within noise, |mean d| <= {TARGET_NATS}"]
     table = Table(
@@ -152,8 +154,9 @@ def _bf16_twin(record: Record, group: Sequence[Record]) -> Record | None:
     return None
 
 
-def _row(key: tuple, label: str, values: list[float], control: bool, band: float | None,
-         pair: bool = False) -> list[str]:
+def _row(
+    key: tuple, label: str, values: list[float], control: bool, band: float | None, pair: bool = False
+) -> list[str]:
     sweep, model, phase, _ = key
     row = [sweep, model, phase, label, str(len(values))]
     if len(values) < 2:
