@@ -12,7 +12,7 @@ import pytest
 
 from harness import results
 from harness.run import sweep
-from harness.run.config import group_choices
+from harness.run.config import compose_config, group_choices
 from tests.harness import CONF
 
 TINY = ["+exp=smoke", f"hydra.searchpath=[file://{CONF}]", "sweep.models=[tiny-llama]", "seq_len=16"]
@@ -175,7 +175,8 @@ def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
     overrides += ["sweep.max_batch_size=2"]
     records = results.read(sweep.run_sweep(overrides))
     assert records and all(r["status"] in results.STATUSES for r in records)
-    assert all(r["model"] == "tiny-llama" and r["sweep"] == exp for r in records)
+    name = compose_config([f"+exp={exp}"]).sweep.name  # the exp's, or the sweep it adds methods to
+    assert all(r["model"] == "tiny-llama" and r["sweep"] == name for r in records)
 
 
 def test_cli_run_one_point(tmp_path, capsys):
