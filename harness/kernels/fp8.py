@@ -30,7 +30,8 @@ import torch
 from harness.kernels import shape_records
 
 # Launch configs timed beside FORGE's choice: the Triton kernel's FP8 config (64 x 128 tiles, two
-# or three programs an SM), the warp-specialized one with 16-row slices, and fast accumulation.
+# or three programs an SM), the warp-specialized one with 16-row slices and with 64-row tiles, and
+# fast accumulation.
 # (128 x 128 Triton tiles, with or without a register cap, measured 1.05-2.7x the 64 x 128 ones:
 # results/kernels/fp8-kernels-20261201-7e7e438.jsonl.)
 CANDIDATES = {
@@ -38,6 +39,10 @@ CANDIDATES = {
                    num_stages=3, maxnreg=128),
     "ws_16rows": dict(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4, warp_specialized=True,
                       epilogue_rows=16, overlap_slices=True, fast_epilogue=True),
+    # 64-row tiles: one MMA warpgroup (184 registers: its accumulator and the partial one) leaves
+    # 8 epilogue warps, as the bf16 kernel has, for the update-bound T <= 2048 and int8 states
+    "ws_64x128": dict(block_n=64, block_k=128, block_t=128, num_warps=8, num_stages=4, warp_specialized=True,
+                      epilogue_rows=32, overlap_slices=True, fast_epilogue=True),
     # the FP8 MMA's own accumulator over all T (no second accumulator: 128 x 128 fits two programs an
     # SM without spills); what the fp32 promotion costs, not a config FORGE ships
     "128x128_fast": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,

@@ -9,6 +9,7 @@ Run on the device, in one process (its image has no pytest-xdist):
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -104,6 +105,10 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     if state_dtype != "fp32":
         for got, want in zip(step(FP8_WARP_SPECIALIZED["bf16"]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel's fast epilogue")
+        # 64-row tiles, one MMA warpgroup, 8 epilogue warps (a candidate of the FP8 kernel lab)
+        narrow = replace(FP8_WARP_SPECIALIZED["bf16"], block_n=64, num_warps=8, epilogue_rows=32)
+        for got, want in zip(step(narrow), triton_step):
+            _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel on 64-row tiles")
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -39,6 +39,13 @@ def _fp8_warp_specialized(state_dtype: str) -> dict:
     return dict(dataclasses.asdict(config), fp8=True)
 
 
+def _fp8_candidates() -> list[dict]:
+    """The FP8 kernel lab's warp-specialized candidates (`harness.kernels.fp8.CANDIDATES`)."""
+    from harness.kernels.fp8 import CANDIDATES
+
+    return [dict(c, fp8=True) for c in CANDIDATES.values() if c.get("warp_specialized")]
+
+
 def _warp_specialized(state_dtype: str) -> list[dict]:
     """The warp-specialized configs built per state dtype: every candidate for bf16 states; the
     shipped one for fp32; for int8 also the exact and the fast epilogue in plain slice order."""
@@ -61,6 +68,7 @@ def _planned(state_dtype: str) -> list[dict]:
         configs += [dict(overlapped, overlap_slices=False), overlapped]
     if state_dtype == "bf16":
         configs += [groups["pointers"][1], kernel_build.ELEMENTWISE, kernel_build.FP8_CAST]
+        configs += _fp8_candidates()
     return configs + _warp_specialized(state_dtype)
 
 
@@ -172,6 +180,16 @@ def test_the_fp8_warp_specialized_kernel_builds_on_fp8_tensor_cores_without_spil
     assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
     assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, r
     assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_the_fp8_kernel_labs_warp_specialized_candidates_build_without_spilling():
+    """What `python -m harness kernels --fp8` times beside FORGE's choice builds for sm_90 (bf16
+    states): 16-row slices, and 64-row tiles whose single MMA warpgroup leaves 8 epilogue warps."""
+    configs = _fp8_candidates()
+    assert any(c["block_n"] == 64 and c["num_warps"] == 8 for c in configs)
+    for config, r in zip(configs, built(configs)):
+        assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["spill_stores"] == 0, (config, r)
+        assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
 
 
 def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
