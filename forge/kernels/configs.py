@@ -274,8 +274,8 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
     elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
         raise ValueError(
             "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "
-            f"can read (or FP8 ones contiguous along T), and {'/'.join(WARP_SPECIALIZED_DEFAULTS)} states (got {state_dtype} states, dy {dy.dtype} "
-            f"on {dy.device}); leave config=None to let FORGE choose the kernel"
+            f"can read (or FP8 ones contiguous along T), and {'/'.join(WARP_SPECIALIZED_DEFAULTS)} states "
+            f"(got {state_dtype} states, dy {dy.dtype} on {dy.device}); leave config=None to let FORGE choose the kernel"
         )
     if config is not None and config.fast_epilogue and not config.warp_specialized:
         raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")

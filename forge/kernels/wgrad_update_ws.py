@@ -268,8 +268,10 @@ def wgrad_update_ws_kernel(
     s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16 | int8/uint8 codes, updated in place
     q1_ptr, q2_ptr, q3_ptr,  # (N, NUM_GROUPS) bf16 int8 block scales, updated in place (else unread)
     r_ptr,  # KAHAN: (N, K) bf16 residual of the weight, updated in place; else unread
-    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks; FP8 (e5m2): of dy^T, (BLOCK_N, BLOCK_T)
-    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks; FP8 (e4m3): of x^T, (BLOCK_K, BLOCK_T)
+    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks; FP8 (e5m2): of dy^T,
+              # in (BLOCK_N, BLOCK_T) blocks
+    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks; FP8 (e4m3): of x^T,
+             # in (BLOCK_K, BLOCK_T) blocks
     T, N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
     seed,  # int32 stochastic-rounding seed for this step and tensor

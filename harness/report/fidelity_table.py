@@ -93,6 +93,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
         for record in sorted(group, key=lambda r: str(r.get("time") or "")):
             if record is reference:
                 continue
+            twin = _bf16_twin(record, group)
             for phase, start, end in phases_of(record, len(curve(record) or [])):
                 deviation = heldout_deviation(record, reference, start, end)
                 if deviation is None:
@@ -102,7 +103,6 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
                 labels[key] = display_name(record)
                 if _is_control(record):
                     controls.add(key)
-                twin = _bf16_twin(record, group)
                 paired = None if twin is None else heldout_deviation(record, twin, start, end)
                 if paired is not None:
                     key = (sweep, model, phase, _order(record) + (" vs bf16",))
