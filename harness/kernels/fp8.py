@@ -15,6 +15,10 @@ with `triton.testing.do_bench(..., return_mode="median")`:
   forge_fp8_int8_ms, forge_fp8_int8_<config>_ms  the same with int8 states (whose epilogue issues
                               about twice the instructions of bf16 states'), FORGE's choice and
                               the candidates;
+  forge_fp8_sgd_ms            the fused kernel with plain SGD (W read and written, 4 bytes a
+                              parameter against AdamW's 12, a few instructions an element): near
+                              the MMA half alone, which tells a kernel bound by its GEMM and
+                              promotion from one bound by its update;
   bf16_gemm_ms, forge_bf16_ms the bf16 GEMM and the bf16 fused kernel, for scale.
 One record per (shape, T), with the environment, in a new JSONL file.
 """
@@ -106,9 +110,13 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
         if not fields.get("fp8_fast_accum"):
             timed = fused(KernelConfig(**fields), opt=iopt, weight=w8)
             row[f"forge_fp8_int8_{label}_ms"] = do_bench(timed, return_mode="median")
+    sgd_layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(sgd_layer.weight, std=0.02)
+    sopt = forge.attach(sgd_layer, "sgd", lr=1e-4)
+    row["forge_fp8_sgd_ms"] = do_bench(fused(opt=sopt, weight=sgd_layer.weight), return_mode="median")
     row["bf16_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
     row["forge_bf16_ms"] = do_bench(lambda: fopt.update_linear(w, dy, x), return_mode="median")
-    assert torch.isfinite(w).all() and torch.isfinite(w8).all(), "weights became non-finite during timing"
+    assert all(torch.isfinite(t).all() for t in (w, w8, sgd_layer.weight)), "weights became non-finite during timing"
     row["forge_fp8_vs_fp8_gemm"] = row["forge_fp8_ms"] / row["fp8_gemm_ms"]
     row["forge_fp8_vs_fp8_gemm_plus_fused_adamw"] = row["forge_fp8_ms"] / row["fp8_gemm_plus_fused_adamw_ms"]
     return row
