@@ -25,9 +25,11 @@ prepare()  # before the first import of Triton below
 
 from forge.kernels.configs import (  # noqa: E402
     FP8_WARP_SPECIALIZED,
+    FP8_WARP_SPECIALIZED_SMALL_T,
     WARP_SPECIALIZED_DEFAULTS,
     KernelConfig,
     fp8_config,
+    fp8_warp_specialized,
     pick_config,
 )
 from forge.kernels.elementwise_update import elementwise_update, elementwise_update_kernel  # noqa: E402
@@ -43,6 +45,7 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = [
     "FP8_WARP_SPECIALIZED",
+    "FP8_WARP_SPECIALIZED_SMALL_T",
     "STEP_ROW",
     "WARP_SPECIALIZED_DEFAULTS",
     "KernelConfig",
@@ -51,6 +54,7 @@ __all__ = [
     "elementwise_update_kernel",
     "epilogue_constexprs",
     "fp8_config",
+    "fp8_warp_specialized",
     "interpreting",
     "pick_config",
     "slot_arguments",

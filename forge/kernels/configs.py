@@ -24,9 +24,11 @@ in docs/performance.md), and are picked by shape:
   multiprocessor: 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
   and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
   layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
-  FP8 operands (`forge.fp8`) take it too with fp32 and bf16 states (`FP8_WARP_SPECIALIZED`):
-  128 x 128 tiles of two 64-row MMA warpgroups, 128 tokens a stage, 4 epilogue warps in 8-row
-  slices (0.80-0.90x the Triton kernel at T = 4096); int8 states keep the Triton kernel there.
+  FP8 operands (`forge.fp8`) take it too, with every state dtype (`fp8_warp_specialized`):
+  128 x 128 tiles of two 64-row MMA warpgroups and 4 epilogue warps for fp32 states, and for bf16
+  states above T = 2048 (0.80-0.90x the Triton kernel at T = 4096); 64 x 128 tiles of one MMA
+  warpgroup and 8 epilogue warps for bf16 states up to T = 2048 (0.78-0.84x the 128-row tiles at
+  T = 1024) and for int8 states at every T (0.76-0.86x the Triton kernel).
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -115,15 +117,31 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
 # and 3.9); 4 stages of 128 tokens (32 KiB each) and the staging buffer take 194 KiB of shared
 # memory. fp32 states keep the exact epilogue, as above. On the H200, bf16 states
 # (results/kernels/fp8-kernels-20261201-577582c.jsonl, -d77a596.jsonl): 0.80-0.90x the Triton
-# kernel's time at T = 4096 on Llama-3.1-8B's large layers, 0.98-1.01x at T = 1024. int8 states keep
-# the Triton kernel: their epilogue, about twice bf16's instructions, on 4 warps took 2.10-2.19x its
-# time at T = 1024 and 1.25-1.42x at T = 4096 (-d77a596.jsonl).
+# kernel's time at T = 4096 on Llama-3.1-8B's large layers, 0.98-1.01x at T = 1024.
 _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4,
                               warp_specialized=True, epilogue_rows=8, overlap_slices=True)
-FP8_WARP_SPECIALIZED = {
+# 64-row tiles: one MMA warpgroup (184 registers) leaves 8 epilogue warps, as the bf16 kernel has,
+# in 32-row slices with the fast epilogue. Where the update bounds the kernel it wins: at T = 1024
+# 0.78-0.84x the 128-row tiles' time with bf16 states, and with int8 states (whose epilogue issues
+# about twice bf16's instructions) 0.75-0.79x the Triton kernel's; at T = 4096 bf16 states lose
+# (1.04-1.10x: twice the tiles read each x tile through L2) and int8 states still win (0.84-0.89x)
+# (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, Llama-3.1-8B's q, o, gate, up, down, lm_head).
+_HOPPER_WS_FP8_NARROW = replace(_HOPPER_WS_FP8, block_n=64, num_warps=8, epilogue_rows=32, fast_epilogue=True)
+FP8_WARP_SPECIALIZED = {  # state dtype -> config above _FP8_SMALL_T tokens
     "fp32": _HOPPER_WS_FP8,
     "bf16": replace(_HOPPER_WS_FP8, fast_epilogue=True),
+    "int8": _HOPPER_WS_FP8_NARROW,
 }
+FP8_WARP_SPECIALIZED_SMALL_T = {"bf16": _HOPPER_WS_FP8_NARROW}  # up to _FP8_SMALL_T tokens
+_FP8_SMALL_T = 2048
+
+
+def fp8_warp_specialized(T: int, state_dtype: str) -> KernelConfig | None:
+    """The warp-specialized config of FP8 operands at T tokens with `state_dtype` states."""
+    small = FP8_WARP_SPECIALIZED_SMALL_T if T <= _FP8_SMALL_T else {}
+    return small.get(state_dtype, FP8_WARP_SPECIALIZED.get(state_dtype))
+
+
 # Smaller grids keep the Triton kernel. bf16 and int8 states gain from one tile per multiprocessor
 # (results/tuning/tuning-warp_specialized-20261130-9e79388.jsonl, tuning-evict_first-20261130-3115a49.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
 # Llama-3.1-8B's k, 256 tiles, 0.76-1.05x); fp32 states were not timed there.
@@ -150,7 +168,7 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
     if (on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
             or not _can_run_warp_specialized(state_dtype, dy, x) or 2 * T * N * K < _HOST_BOUND_FLOPS):
         return None
-    config = (FP8_WARP_SPECIALIZED if is_fp8(dy) else WARP_SPECIALIZED_DEFAULTS).get(state_dtype)
+    config = fp8_warp_specialized(T, state_dtype) if is_fp8(dy) else WARP_SPECIALIZED_DEFAULTS.get(state_dtype)
     if config is None:
         return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)

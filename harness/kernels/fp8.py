@@ -10,7 +10,7 @@ with `triton.testing.do_bench(..., return_mode="median")`:
                               weights with bf16 states: what fused AdamW over FP8 linears pays;
   forge_fp8_ms                the fused kernel on the FP8 operands (AdamW, bf16 states), as FORGE
                               launches it (on Hopper the warp-specialized kernel where the grid
-                              fills the GPU, `FP8_WARP_SPECIALIZED`, else `fp8_config`'s);
+                              fills the GPU, `fp8_warp_specialized`, else `fp8_config`'s);
   forge_fp8_<config>_ms       the same under other launch configs (`CANDIDATES`), for tuning;
   forge_fp8_int8_ms, forge_fp8_int8_<config>_ms  the same with int8 states (whose epilogue issues
                               about twice the instructions of bf16 states'), FORGE's choice and
@@ -116,7 +116,8 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     row["forge_fp8_sgd_ms"] = do_bench(fused(opt=sopt, weight=sgd_layer.weight), return_mode="median")
     row["bf16_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
     row["forge_bf16_ms"] = do_bench(lambda: fopt.update_linear(w, dy, x), return_mode="median")
-    assert all(torch.isfinite(t).all() for t in (w, w8, sgd_layer.weight)), "weights became non-finite during timing"
+    weights = (w, w8, sgd_layer.weight)
+    assert all(torch.isfinite(t).all() for t in weights), "weights became non-finite during timing"
     row["forge_fp8_vs_fp8_gemm"] = row["forge_fp8_ms"] / row["fp8_gemm_ms"]
     row["forge_fp8_vs_fp8_gemm_plus_fused_adamw"] = row["forge_fp8_ms"] / row["fp8_gemm_plus_fused_adamw_ms"]
     return row

@@ -12,13 +12,12 @@ import json
 import pytest
 
 from forge.kernels import (
-    FP8_WARP_SPECIALIZED,
     WARP_SPECIALIZED_DEFAULTS,
     KernelConfig,
     pick_config,
     ws_max_registers,
 )
-from forge.kernels.configs import fp8_config
+from forge.kernels.configs import fp8_config, fp8_warp_specialized
 from harness.kernels import build as kernel_build
 
 
@@ -32,11 +31,9 @@ def _fp8(T: int) -> dict:
     return dict(dataclasses.asdict(fp8_config(pick_config(T, 14336, 4096, "bf16", False), False)), fp8=True)
 
 
-def _fp8_warp_specialized(state_dtype: str) -> dict:
-    """The warp-specialized config FP8 operands take on Hopper with `state_dtype` states (int8
-    states keep the Triton kernel there: bf16's config, as the FP8 kernel lab times it)."""
-    config = FP8_WARP_SPECIALIZED.get(state_dtype, FP8_WARP_SPECIALIZED["bf16"])
-    return dict(dataclasses.asdict(config), fp8=True)
+def _fp8_warp_specialized(state_dtype: str, T: int = 4096) -> dict:
+    """The warp-specialized config FP8 operands take on Hopper with `state_dtype` states at T tokens."""
+    return dict(dataclasses.asdict(fp8_warp_specialized(T, state_dtype)), fp8=True)
 
 
 def _fp8_candidates() -> list[dict]:
@@ -60,7 +57,7 @@ def _planned(state_dtype: str) -> list[dict]:
     """Every config the tests below build with `state_dtype`."""
     groups = kernel_build.candidate_groups()
     configs = [_shipped(T, state_dtype) for T in (1024, 8192)]
-    configs += [_fp8(1024), _fp8_warp_specialized(state_dtype)]
+    configs += [_fp8(1024), _fp8_warp_specialized(state_dtype, 1024), _fp8_warp_specialized(state_dtype)]
     if state_dtype == "int8":
         configs.append(dict(_shipped(1024, "int8"), int8_group=128))
     if state_dtype in ("bf16", "int8"):
@@ -168,13 +165,14 @@ def test_the_fp8_config_builds_on_fp8_tensor_cores_without_spilling(state_dtype)
     assert r["spill_stores"] == 0 and r["programs_per_sm"] >= 2, r
 
 
+@pytest.mark.parametrize("T", [1024, 4096])
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
-def test_the_fp8_warp_specialized_kernel_builds_on_fp8_tensor_cores_without_spilling(state_dtype):
-    """The warp-specialized kernel on FP8 operands (two 64-row MMA warpgroups, each with the
-    accumulator and the FP8 MMA's partial one) builds to QGMMA alone, with no spills, under the
-    register cap of its 16 warps, one program per SM within shared memory: as shipped for fp32 and
-    bf16 states, and as the kernel lab times it for int8 states."""
-    config = _fp8_warp_specialized(state_dtype)
+def test_the_fp8_warp_specialized_kernel_builds_on_fp8_tensor_cores_without_spilling(state_dtype, T):
+    """The warp-specialized kernel on FP8 operands, as shipped for each state dtype at T tokens
+    (128-row tiles: two 64-row MMA warpgroups, each with the accumulator and the FP8 MMA's partial
+    one; 64-row tiles: one), builds to QGMMA alone, with no spills, under the register cap of its
+    warps, one program per SM within shared memory."""
+    config = _fp8_warp_specialized(state_dtype, T)
     (r,) = built([config], state_dtype)
     assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["tensor_core_mmas"]["HGMMA"] == 0, r
     assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
