@@ -55,8 +55,10 @@ from forge import fp8 as forge_fp8
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 
 # torch.compile traces the custom ops from torch 2.12 on; before, AOTAutograd refuses a parameter that
-# the backward mutates ("a leaf Variable that requires grad is being used in an in-place operation"),
-# and this Function runs between compiled regions instead, behind a graph break per linear.
+# the backward mutates ("a leaf Variable that requires grad is being used in an in-place operation":
+# torch 2.11 traces the write-back of a backward's input mutation, a copy_ into the Parameter, with
+# grad mode on, where torch 2.13 traces it under no_grad), and this Function runs between compiled
+# regions instead, behind a graph break per linear.
 COMPILE_OPS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
 
 

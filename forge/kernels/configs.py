@@ -27,8 +27,8 @@ in docs/performance.md), and are picked by shape:
   FP8 operands (`forge.fp8`) take it too, with every state dtype (`fp8_warp_specialized`):
   128 x 128 tiles of two 64-row MMA warpgroups and 4 epilogue warps for fp32 states, and for bf16
   states above T = 2048 (0.80-0.90x the Triton kernel at T = 4096); 64 x 128 tiles of one MMA
-  warpgroup and 8 epilogue warps for bf16 states up to T = 2048 (0.78-0.84x the 128-row tiles at
-  T = 1024) and for int8 states at every T (0.76-0.86x the Triton kernel).
+  warpgroup and 8 epilogue warps for bf16 states up to T = 2048 (0.77-0.83x the 128-row tiles at
+  T = 1024) and for int8 states at every T (0.73-0.86x the Triton kernel).
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -122,10 +122,12 @@ _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4
                               warp_specialized=True, epilogue_rows=8, overlap_slices=True)
 # 64-row tiles: one MMA warpgroup (184 registers) leaves 8 epilogue warps, as the bf16 kernel has,
 # in 32-row slices with the fast epilogue. Where the update bounds the kernel it wins: at T = 1024
-# 0.78-0.84x the 128-row tiles' time with bf16 states, and with int8 states (whose epilogue issues
-# about twice bf16's instructions) 0.75-0.79x the Triton kernel's; at T = 4096 bf16 states lose
-# (1.04-1.10x: twice the tiles read each x tile through L2) and int8 states still win (0.84-0.89x)
-# (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, Llama-3.1-8B's q, o, gate, up, down, lm_head).
+# 0.77-0.83x the 128-row tiles' time with bf16 states; with int8 states (whose epilogue issues about
+# twice bf16's instructions) 0.74-0.79x the Triton kernel's at T = 1024, 0.73-0.76x at 2048 and
+# 0.83-0.86x at 4096. At T = 4096 bf16 states lose (1.04-1.24x: twice the tiles, so twice the
+# reads of each x tile through L2), and at T = 2048 the 128-row tiles in 16-row slices beat them
+# by 5-13% (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, -9c28709.jsonl; Llama-3.1-8B's
+# q, o, gate, up and down).
 _HOPPER_WS_FP8_NARROW = replace(_HOPPER_WS_FP8, block_n=64, num_warps=8, epilogue_rows=32, fast_epilogue=True)
 FP8_WARP_SPECIALIZED = {  # state dtype -> config above _FP8_SMALL_T tokens
     "fp32": _HOPPER_WS_FP8,
