@@ -103,7 +103,7 @@ def detach(model: nn.Module) -> None:
         if type(module) is ForgeLinear:
             module.__class__ = nn.Linear
             for attr in ("_forge_optimizer", "_forge_name", "_forge_handle", "_forge_index", "_forge_states",
-                         "_forge_fp8"):
+                         "_forge_marker", "_forge_fp8"):
                 module.__dict__.pop(attr, None)
     for handle in optimizer._hooks:
         handle.remove()
@@ -156,6 +156,7 @@ def _fuse_linears(model: nn.Module, optimizer: ForgeOptimizer, trained: set, nam
         # the module, which Dynamo reads as constants and graph inputs
         module._forge_handle, module._forge_index = optimizer.handle, optimizer._index[w]
         module._forge_states = optimizer.op_tensors(w)
+        module._forge_marker = torch.empty(0, device=w.device)  # torch 2.11's op (`forge.ops`) mutates it
         fused.add(w)
     return fused
 

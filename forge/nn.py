@@ -31,16 +31,17 @@ each backward refuses such a graph before any parameter is updated (`forge.optim
 never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
 effects here, so it composes.
 
-torch.compile. While Dynamo traces (torch 2.12 and later: `COMPILE_OPS`), `ForgeLinear.forward`
+torch.compile. While Dynamo traces (torch 2.11 and later: `COMPILE_OPS`), `ForgeLinear.forward`
 calls the custom ops of `forge.ops` instead of this Function: `forge::linear`, whose backward
 `forge::linear_backward` computes dx from the old weight and runs the fused update with the weight
-and its states as arguments declared mutated. A compiled model is one graph, with no graph break
-at its linear layers, and trains as the eager one: the same step counts and learning rates (a
-scheduler's change applies at the next backward), the same updates up to the summation order of
-the kernels Inductor generates. Eager training keeps the Function, and so do the tensor-parallel
-forward and torch before 2.12, compiled or not: while compiling, its backward calls the optimizer
-through `torch.compiler.disable`, a graph break per linear (measured on torch 2.11: it trains as
-eager, to the summation order of Inductor's kernels).
+and its states as arguments declared mutated (on torch 2.11 the states only; `forge.ops` says
+why). A compiled model is one graph, with no graph break at its linear layers, and trains as the
+eager one: the same step counts and learning rates (a scheduler's change applies at the next
+backward), the same updates up to the summation order of the kernels Inductor generates. Eager
+training keeps the Function, and so do the tensor-parallel and FP8 forwards and torch before 2.11,
+compiled or not: while compiling, its backward calls the optimizer through
+`torch.compiler.disable`, a graph break per linear (measured on torch 2.11 before its ops: it
+trains as eager, to the summation order of Inductor's kernels).
 """
 
 from __future__ import annotations
@@ -54,12 +55,10 @@ from torch import nn
 from forge import fp8 as forge_fp8
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 
-# torch.compile traces the custom ops from torch 2.12 on; before, AOTAutograd refuses a parameter that
-# the backward mutates ("a leaf Variable that requires grad is being used in an in-place operation":
-# torch 2.11 traces the write-back of a backward's input mutation, a copy_ into the Parameter, with
-# grad mode on, where torch 2.13 traces it under no_grad), and this Function runs between compiled
-# regions instead, behind a graph break per linear.
-COMPILE_OPS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
+# torch.compile traces the custom ops from torch 2.11 on (2.11 with the weight left out of the
+# backward op's declared mutations, `forge.ops.WEIGHT_LISTED`); before, this Function runs between
+# compiled regions instead, behind a graph break per linear.
+COMPILE_OPS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 11)
 
 
 class ForgeLinearFunction(torch.autograd.Function):

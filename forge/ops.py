@@ -11,6 +11,12 @@ writes, so while torch.compile traces, `ForgeLinear.forward` calls these ops, wh
         dx = dy W with the OLD weight and db = dy.sum(0), then one launch of the fused dW GEMM +
         update kernel (`forge.kernels.wgrad_update`), which writes W and the states in place: both
         are arguments of the op, declared mutated (`mutates_args`).
+    forge::linear_backward_unlisted_weight(dy, x, weight, states!, ...) -> (dx, db)
+        the same on torch 2.11, whose AOTAutograd traces the write-back of a backward's mutation
+        into a Parameter with grad mode on and so refuses it ("a leaf Variable that requires grad
+        is being used in an in-place operation"; torch 2.13 traces it under no_grad): the weight
+        is written as the eager Function writes it, unseen by the compiler, and an empty per-layer
+        marker, declared mutated with the states, keeps the op alive and its guards working.
     forge::elementwise_update(param!, grad, states!, handle, index)
         the element-wise step of a parameter that is not a fused weight, for a post-accumulate-grad
         hook traced by compiled autograd (`elementwise_update_op`).
@@ -54,6 +60,9 @@ from torch import Tensor
 
 _NOT_NEEDED = (0,)  # the shape of an output the backward does not need (an op returns tensors)
 _UPDATE_TAGS = (torch.Tag.cudagraph_unsafe,)  # host work at each run: never replayed from a graph
+# torch 2.12 and later trace a backward op that writes a Parameter; 2.11 gets the op below that
+# does not list the weight among its mutations (`linear_backward_unlisted_weight`)
+WEIGHT_LISTED = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
 
 
 # ---------------------------------------------------------------------- the optimizer registry
@@ -141,6 +150,10 @@ def linear_backward(
     """(dx, db) from the weight as the forward used it, then the fused update of `weight` and
     `states` in place; dx or db is an empty tensor where not needed."""
     optimizer, p = _lookup(handle, index)
+    return _linear_backward(optimizer, p, dy, x, weight, states, needs_dx, has_bias)
+
+
+def _linear_backward(optimizer, p, dy, x, weight, states, needs_dx, has_bias) -> tuple[Tensor, Tensor]:
     dy2 = dy.reshape(-1, dy.shape[-1])
     x2 = x.reshape(-1, x.shape[-1])
     dx = db = None
@@ -154,7 +167,36 @@ def linear_backward(
     return dy.new_empty(_NOT_NEEDED) if dx is None else dx, dy.new_empty(_NOT_NEEDED) if db is None else db
 
 
+_UNLISTED = "forge::linear_backward_unlisted_weight"
+
+
+@torch.library.custom_op(_UNLISTED, mutates_args=("states",), tags=_UPDATE_TAGS)
+def linear_backward_unlisted_weight(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    states: list[Tensor],
+    handle: int,
+    index: int,
+    needs_dx: bool,
+    has_bias: bool,
+) -> tuple[Tensor, Tensor]:
+    """`linear_backward` for torch 2.11, whose AOTAutograd cannot trace a backward that writes a
+    Parameter (`forge.nn.COMPILE_OPS`): the states are declared mutated, the weight is not, and the
+    update writes it through the registry, as the eager Function writes it behind autograd's back.
+    Nothing else in a backward reads a fused weight (dx is taken here, before the update; a weight
+    used twice is refused), so no other op can be ordered against that write. `states` always
+    holds a tensor, the layer's empty `_forge_marker` (`forge_linear_op`): an op whose declared
+    mutations were all empty and whose dx and db went unused would be dropped as dead code, and its
+    update with it; and the marker's version, saved by the forward, is what refuses a second
+    backward through a retained graph or a second use of one weight in a graph, where the weight's
+    own version no longer moves."""
+    optimizer, p = _lookup(handle, index)
+    return _linear_backward(optimizer, p, dy, x, p, states, needs_dx, has_bias)
+
+
 @linear_backward.register_fake
+@linear_backward_unlisted_weight.register_fake
 def _(dy, x, weight, states, handle, index, needs_dx, has_bias):
     dx = torch.empty_like(x) if needs_dx else dy.new_empty(_NOT_NEEDED)
     db = dy.new_empty(dy.shape[-1]) if has_bias else dy.new_empty(_NOT_NEEDED)
@@ -170,7 +212,8 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, dy: Tensor):
     x, weight, *states = ctx.saved_tensors
     needs_dx, needs_db = ctx.needs_input_grad[0], ctx.has_bias and ctx.needs_input_grad[2]
-    dx, db = linear_backward(dy, x, weight, states, ctx.handle, ctx.index, needs_dx, needs_db)
+    backward = linear_backward if WEIGHT_LISTED else linear_backward_unlisted_weight
+    dx, db = backward(dy, x, weight, states, ctx.handle, ctx.index, needs_dx, needs_db)
     return (dx if needs_dx else None), None, (db if needs_db else None), [None] * ctx.num_states, None, None
 
 
@@ -199,6 +242,8 @@ def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
     through the optimizer, Dynamo would guard on its state dicts (and recompile every step), and
     torch 2.11's cannot pass an optimizer object to a function it runs while tracing."""
     handle, index, states = module._forge_handle, module._forge_index, module._forge_states
+    if not WEIGHT_LISTED:  # the marker stands in for the weight as the mutation a second use would see
+        states = [*states, module._forge_marker]
     return linear(x, module.weight, module.bias, states, handle, index)
 
 

@@ -25,9 +25,10 @@ from forge.nn import COMPILE_OPS
 from tests.forge.exactness import TRANSFORMER_FP32, update_error
 from tests.helpers import lm_batch, lm_loss, mlp, regression_batches, tiny_llama
 
-# torch < 2.12 (the GPU image's 2.11 among them) compiles FORGE through ForgeLinearFunction instead,
-# a graph break per linear: what these tests check is the custom-op path of later versions.
-pytestmark = pytest.mark.skipif(not COMPILE_OPS, reason="torch < 2.12 compiles FORGE without its custom ops")
+# torch < 2.11 compiles FORGE through ForgeLinearFunction instead, a graph break per linear: what
+# these tests check is the custom-op path (on torch 2.11, with the weight left out of the backward
+# op's declared mutations: `forge.ops.WEIGHT_LISTED`).
+pytestmark = pytest.mark.skipif(not COMPILE_OPS, reason="torch < 2.11 compiles FORGE without its custom ops")
 
 STEPS = 3
 
@@ -148,12 +149,30 @@ def test_update_ops_declare_what_they_mutate():
 
     for op, mutated in (
         (torch.ops.forge.linear_backward, {"weight", "states"}),
+        (torch.ops.forge.linear_backward_unlisted_weight, {"states"}),  # torch 2.11's
         (torch.ops.forge.elementwise_update, {"param", "states"}),
         (torch.ops.forge.linear, set()),
     ):
         schema = op.default._schema
         assert {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write} == mutated
     assert torch.Tag.cudagraph_unsafe in torch.ops.forge.linear_backward.default.tags
+
+
+def test_a_stateless_update_whose_outputs_go_unused_still_runs():
+    """Plain SGD keeps no state, and a bias-free first layer fed an input without grad needs
+    neither dx nor db: the update op's outputs go unused, and it still runs (an op that declared
+    no mutation would be dropped as dead code, and its update with it)."""
+    compiled = nn.Linear(8, 4, bias=False)
+    initial, eager = compiled.weight.detach().clone(), copy.deepcopy(compiled)
+    x = torch.randn(16, 8)
+    for model, backend in ((eager, None), (compiled, "aot_eager")):
+        forge.attach(model, "sgd", lr=0.1)
+        run = model if backend is None else torch.compile(model, backend=backend)
+        for _ in range(STEPS):
+            run(x).square().mean().backward()
+    assert not torch.equal(compiled.weight, initial)
+    assert torch.equal(compiled.weight, eager.weight)
+    _assert_one_graph()
 
 
 def test_elementwise_op_is_update_elementwise():

@@ -32,7 +32,7 @@ def test_eager_backward_calls_the_optimizer_directly(monkeypatch):
     assert (len(direct), len(outside)) == (2, 0)
 
 
-@pytest.mark.skipif(not forge.nn.COMPILE_OPS, reason="torch < 2.12 compiles FORGE without its custom ops")
+@pytest.mark.skipif(not forge.nn.COMPILE_OPS, reason="torch < 2.11 compiles FORGE without its custom ops")
 def test_while_compiling_a_forge_linear_goes_through_the_custom_ops(monkeypatch):
     """While torch.compile traces, the forward calls forge::linear and the step runs in
     forge::linear_backward (here run eagerly): the same update as the eager Function's."""
