@@ -60,15 +60,17 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     moments show that in many elements (21.5% of them on an H200), and in a few the gap is far
     larger: 4 of 8.4M beyond 2^-14 of the tensor's largest value, the largest 2^-9.7 of it
     (`_assert_within_the_fp8_mma`); bf16 and int8 states differ only where a sum rounds the other
-    way, with the exact and the fast epilogue, on 128- and 64-row tiles.
+    way, with the exact and the fast epilogue, on 128- and 64-row tiles, in 8- and 16-row slices.
     Edges: N and T no multiple of a tile."""
     from forge.kernels import (
         FP8_WARP_SPECIALIZED,
         FP8_WARP_SPECIALIZED_SMALL_T,
+        KernelConfig,
         fp8_config,
         pick_config,
         quant,
     )
+    from harness.kernels.fp8 import CANDIDATES
     from tests.forge.test_gpu import _assert_differ_only_in_rounding
 
     g = torch.Generator(device="cuda").manual_seed(12)
@@ -110,6 +112,10 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     if state_dtype != "fp32":
         for got, want in zip(step(FP8_WARP_SPECIALIZED["bf16"]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel's fast epilogue")
+        # the FP8 kernel lab's 16-row slices (ws_16rows), a candidate for bf16 states above T = 1024
+        sixteen = CANDIDATES["ws_16rows"]
+        for got, want in zip(step(KernelConfig(**sixteen)), triton_step):
+            _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel in 16-row slices")
         # 64-row tiles, one MMA warpgroup, 8 epilogue warps: bf16 states up to T = 2048, int8 at every T
         for got, want in zip(step(FP8_WARP_SPECIALIZED_SMALL_T["bf16"]), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel on 64-row tiles")
