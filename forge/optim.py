@@ -515,8 +515,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
         with torch.enable_grad():
             return closure()
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Restore states in their own dtype (torch.optim's loader would cast them to the param's)."""
+    def load_state_dict(self, state_dict: dict, convert: bool = False) -> None:
+        """Restore states in their own dtype (torch.optim's loader would cast them to the param's).
+
+        convert=True loads a torch.optim state dict of the same rule instead, such as
+        `torch.optim.AdamW(...).state_dict()`, to continue its run with FORGE: each state is
+        converted into this optimizer's format (fp32 copied, bf16 rounded to nearest, int8
+        quantized with fresh scales), a tensor step becomes a count, and of each group's settings
+        only those this optimizer has are taken (lr, betas, weight_decay...). The parameters must
+        come in the same groups and order as the saved optimizer's. Compensated weights keep
+        their residual (the weights carry no more than the model holds)."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -525,11 +533,45 @@ class ForgeOptimizer(torch.optim.Optimizer):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError("loaded state dict has a group of a different size than this optimizer's")
             id_to_param.update(zip(saved["params"], group["params"]))
+        load = self._convert_param_state if convert else self._load_param_state
         for pid, saved_state in state_dict["state"].items():
-            p = id_to_param[pid]
-            self._load_param_state(p, saved_state)
+            load(id_to_param[pid], saved_state)
         for saved, group in zip(saved_groups, self.param_groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            group.update({k: v for k, v in saved.items() if k != "params" and (not convert or k in group)})
+
+    @torch.no_grad()
+    def _convert_param_state(self, p: torch.Tensor, saved: dict) -> None:
+        """One parameter's torch.optim state, converted into this optimizer's slots."""
+        state = self.state[p]
+        name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
+        slots = {slot.name: slot for slot in self._slots(self._group_of[p]) if slot is not None}
+        host = {k for k, v in state.items() if not isinstance(v, torch.Tensor)}  # step, NAdam's mu_product
+        unknown = sorted(set(saved) - set(slots) - host)
+        missing = sorted(set(slots) - set(saved))
+        if unknown or missing:
+            raise ValueError(
+                f"the state of {name} has {sorted(saved)}, this optimizer's {self.rule.name} keeps "
+                f"{sorted(slots)}: convert=True loads the state of the same rule (with its options, e.g. no "
+                "amsgrad), as torch.optim saves it"
+            )
+        if is_dtensor(p):
+            raise ValueError(f"{name} is a DTensor: convert=True loads the states of plain tensors")
+        for key in host & set(saved):
+            value = saved[key]
+            state[key] = type(state[key])(value.item() if isinstance(value, torch.Tensor) else value)
+        for key, slot in slots.items():
+            value = saved[key]
+            if not isinstance(value, torch.Tensor) or value.shape != p.shape:
+                shape = tuple(getattr(value, "shape", ()))
+                raise ValueError(f"state {key!r} of {name} is {type(value).__name__} {shape}, "
+                                 f"not a tensor of shape {tuple(p.shape)}")
+            value = value.to(device=p.device, dtype=torch.float32)
+            if self.state_dtype == "int8":
+                codes, scale = self._kernels.quant.quantize(value, slot.signed, self.int8_group)
+                state[key].copy_(codes)
+                state[key + "_absmax"].copy_(scale)
+            else:
+                state[key].copy_(value)
 
     def _load_param_state(self, p: torch.Tensor, saved: dict) -> None:
         state = self.state[p]

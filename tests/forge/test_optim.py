@@ -78,6 +78,55 @@ def test_state_dict_with_a_different_state_dtype_is_refused():
         opt_b.load_state_dict(opt_a.state_dict())
 
 
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_a_torch_adamw_run_continues_under_forge(state_dtype):
+    """torch AdamW trains two steps; FORGE, attached to a copy of that model, loads its state dict
+    with convert=True and trains two more, as torch AdamW goes on: with fp32 states the same steps
+    (the update's rounding); with bf16 and int8 states the loaded moments are torch's converted
+    (rounded to nearest, quantized) and the step count, lr and betas are torch's."""
+    from forge.kernels import quant
+
+    base, batches = mlp(), regression_batches(4)
+    hp = dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)
+    reference = copy.deepcopy(base)
+    torch_opt = torch.optim.AdamW(reference.parameters(), **hp)
+    for i, batch in enumerate(batches):
+        torch_opt.zero_grad()
+        regression_step(reference, batch)
+        torch_opt.step()
+        if i == 1:
+            moved = copy.deepcopy(reference)
+            saved = copy.deepcopy(torch_opt.state_dict())
+    opt = forge.attach(moved, "adamw", lr=0.5, state_dtype=state_dtype)  # lr and betas: the state dict's
+    opt.load_state_dict(saved, convert=True)
+    assert opt.param_groups[0]["lr"] == hp["lr"] and opt.param_groups[0]["betas"] == hp["betas"]
+    for p, pid in zip(moved.parameters(), saved["param_groups"][0]["params"]):
+        torch_state, state = saved["state"][pid], opt.state[p]
+        assert state["step"] == 2
+        for key in ("exp_avg", "exp_avg_sq"):
+            if state_dtype == "int8":
+                signed = key == "exp_avg"
+                codes, scale = quant.quantize(torch_state[key], signed)
+                assert torch.equal(state[key], codes) and torch.equal(state[key + "_absmax"], scale)
+            else:
+                assert torch.equal(state[key], torch_state[key].to(state[key].dtype)), key
+    for batch in batches[2:]:
+        regression_step(moved, batch)
+    if state_dtype == "fp32":
+        for (name, p), q, p0 in zip(reference.named_parameters(), moved.parameters(), base.parameters()):
+            assert_close_to_update(q, p, p0, FUSED_FP32, name)
+
+
+def test_converting_another_rules_state_is_refused():
+    model = mlp()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    regression_step(model, regression_batches(1)[0])
+    sgd.step()
+    opt = forge.attach(copy.deepcopy(model), "adamw", state_dtype="bf16")
+    with pytest.raises(ValueError, match="convert=True loads the state of the same rule"):
+        opt.load_state_dict(sgd.state_dict(), convert=True)
+
+
 def test_int8_group_sets_the_scales_and_a_mismatch_is_refused():
     a, b = nn.Linear(200, 8), nn.Linear(200, 8)  # 200 columns: 4 groups of 64, 2 of 128
     opt_a = forge.attach(a, "adamw", state_dtype="int8")
