@@ -136,71 +136,61 @@ def _(x, weight, bias, states, handle, index):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-@torch.library.custom_op("forge::linear_backward", mutates_args=("weight", "states"), tags=_UPDATE_TAGS)
-def linear_backward(
-    dy: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    states: list[Tensor],
-    handle: int,
-    index: int,
-    needs_dx: bool,
-    has_bias: bool,
-) -> tuple[Tensor, Tensor]:
-    """(dx, db) from the weight as the forward used it, then the fused update of `weight` and
-    `states` in place; dx or db is an empty tensor where not needed."""
-    optimizer, p = _lookup(handle, index)
-    return _linear_backward(optimizer, p, dy, x, weight, states, needs_dx, has_bias)
-
-
-def _linear_backward(optimizer, p, dy, x, weight, states, needs_dx, has_bias) -> tuple[Tensor, Tensor]:
-    dy2 = dy.reshape(-1, dy.shape[-1])
-    x2 = x.reshape(-1, x.shape[-1])
-    dx = db = None
-    if needs_dx:  # before the update
-        dx = (dy2 @ (weight if weight.dtype == dy2.dtype else weight.to(dy2.dtype))).reshape(x.shape)
-        dx = dx.to(x.dtype)
-    if has_bias:
-        db = dy2.sum(0)
-    _linear_update(optimizer, p, weight, states, dy2, x2)
-    # two distinct tensors where not needed: an op's outputs may not alias each other
-    return dy.new_empty(_NOT_NEEDED) if dx is None else dx, dy.new_empty(_NOT_NEEDED) if db is None else db
-
-
-_UNLISTED = "forge::linear_backward_unlisted_weight"
-
-
-@torch.library.custom_op(_UNLISTED, mutates_args=("states",), tags=_UPDATE_TAGS)
-def linear_backward_unlisted_weight(
-    dy: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    states: list[Tensor],
-    handle: int,
-    index: int,
-    needs_dx: bool,
-    has_bias: bool,
-) -> tuple[Tensor, Tensor]:
-    """`linear_backward` for torch 2.11, whose AOTAutograd cannot trace a backward that writes a
-    Parameter (`forge.nn.COMPILE_OPS`): the states are declared mutated, the weight is not, and the
-    update writes it through the registry, as the eager Function writes it behind autograd's back.
-    Nothing else in a backward reads a fused weight (dx is taken here, before the update; a weight
-    used twice is refused), so no other op can be ordered against that write. `states` always
-    holds a tensor, the layer's empty `_forge_marker` (`forge_linear_op`): an op whose declared
-    mutations were all empty and whose dx and db went unused would be dropped as dead code, and its
-    update with it; and the marker's version, saved by the forward, is what refuses a second
-    backward through a retained graph or a second use of one weight in a graph, where the weight's
-    own version no longer moves."""
-    optimizer, p = _lookup(handle, index)
-    return _linear_backward(optimizer, p, dy, x, p, states, needs_dx, has_bias)
-
-
-@linear_backward.register_fake
-@linear_backward_unlisted_weight.register_fake
-def _(dy, x, weight, states, handle, index, needs_dx, has_bias):
+def _fake_backward(dy, x, weight, states, handle, index, needs_dx, has_bias):
     dx = torch.empty_like(x) if needs_dx else dy.new_empty(_NOT_NEEDED)
     db = dy.new_empty(dy.shape[-1]) if has_bias else dy.new_empty(_NOT_NEEDED)
     return dx, db
+
+
+def _backward_op(name: str, weight_listed: bool):
+    """The backward op of `forge::linear`, declaring the weight mutated or not (`WEIGHT_LISTED`)."""
+
+    @torch.library.custom_op(
+        name, mutates_args=("weight", "states") if weight_listed else ("states",), tags=_UPDATE_TAGS
+    )
+    def backward(
+        dy: Tensor,
+        x: Tensor,
+        weight: Tensor,
+        states: list[Tensor],
+        handle: int,
+        index: int,
+        needs_dx: bool,
+        has_bias: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """(dx, db) from the weight as the forward used it, then the fused update of the weight and
+        `states` in place; dx or db is an empty tensor where not needed."""
+        optimizer, p = _lookup(handle, index)
+        if not weight_listed:
+            weight = p  # written as the eager Function writes it (below)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = db = None
+        if needs_dx:  # before the update
+            dx = (dy2 @ (weight if weight.dtype == dy2.dtype else weight.to(dy2.dtype))).reshape(x.shape)
+            dx = dx.to(x.dtype)
+        if has_bias:
+            db = dy2.sum(0)
+        _linear_update(optimizer, p, weight, states, dy2, x2)
+        # two distinct tensors where not needed: an op's outputs may not alias each other
+        dx = dy.new_empty(_NOT_NEEDED) if dx is None else dx
+        return dx, dy.new_empty(_NOT_NEEDED) if db is None else db
+
+    backward.register_fake(_fake_backward)
+    return backward
+
+
+linear_backward = _backward_op("forge::linear_backward", weight_listed=True)
+# torch 2.11's AOTAutograd cannot trace a backward that writes a Parameter (`forge.nn.COMPILE_OPS`),
+# so there the op declares the states mutated, not the weight, and the update writes the weight
+# through the registry, as the eager Function writes it behind autograd's back. Nothing else in a
+# backward reads a fused weight (dx is taken in the op, before the update; a weight used twice is
+# refused), so no other op can be ordered against that write. `states` always holds a tensor, the
+# layer's empty `_forge_marker` (`forge_linear_op`): an op whose declared mutations were all empty
+# and whose dx and db went unused would be dropped as dead code, and its update with it; and the
+# marker's version, saved by the forward, is what refuses a second backward through a retained
+# graph or a second use of one weight in a graph, where the weight's own version no longer moves.
+linear_backward_unlisted_weight = _backward_op("forge::linear_backward_unlisted_weight", weight_listed=False)
 
 
 def _setup_context(ctx, inputs, output) -> None:

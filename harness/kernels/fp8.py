@@ -66,10 +66,19 @@ def _operands(T: int, N: int, K: int):
     return dy, x, dy8_t.t(), x8_t.t(), (dy_inv * x_inv).reshape(1), dy_inv, x_inv
 
 
+def _layer(N: int, K: int, rule: str, **options) -> tuple[torch.nn.Parameter, Any]:
+    """A bf16 (N, K) weight drawn from N(0, 0.02^2) under FORGE (`forge.attach(..., rule, **options)`),
+    and its optimizer."""
+    import forge
+
+    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    return layer.weight, forge.attach(layer, rule, **options)
+
+
 def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     from triton.testing import do_bench
 
-    import forge
     from forge.kernels import KernelConfig
 
     torch.manual_seed(0)
@@ -90,10 +99,7 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
 
     gemm_and_step()  # the states
     row["fp8_gemm_plus_fused_adamw_ms"] = do_bench(gemm_and_step, return_mode="median")
-    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-    torch.nn.init.normal_(layer.weight, std=0.02)
-    fopt = forge.attach(layer, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="bf16")
-    w = layer.weight
+    w, fopt = _layer(N, K, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="bf16")
 
     def fused(config=None, opt=fopt, weight=w):
         return lambda: opt.update_linear(weight, dy8, x8, grad_scale=scale, config=config)
@@ -101,22 +107,17 @@ def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     row["forge_fp8_ms"] = do_bench(fused(), return_mode="median")
     for label, fields in CANDIDATES.items():
         row[f"forge_fp8_{label}_ms"] = do_bench(fused(KernelConfig(**fields)), return_mode="median")
-    layer8 = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-    torch.nn.init.normal_(layer8.weight, std=0.02)
-    iopt = forge.attach(layer8, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="int8")
-    w8 = layer8.weight
+    w8, iopt = _layer(N, K, "adamw", lr=1e-4, weight_decay=0.01, state_dtype="int8")
     row["forge_fp8_int8_ms"] = do_bench(fused(opt=iopt, weight=w8), return_mode="median")
     for label, fields in CANDIDATES.items():
         if not fields.get("fp8_fast_accum"):
             timed = fused(KernelConfig(**fields), opt=iopt, weight=w8)
             row[f"forge_fp8_int8_{label}_ms"] = do_bench(timed, return_mode="median")
-    sgd_layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-    torch.nn.init.normal_(sgd_layer.weight, std=0.02)
-    sopt = forge.attach(sgd_layer, "sgd", lr=1e-4)
-    row["forge_fp8_sgd_ms"] = do_bench(fused(opt=sopt, weight=sgd_layer.weight), return_mode="median")
+    w_sgd, sopt = _layer(N, K, "sgd", lr=1e-4)
+    row["forge_fp8_sgd_ms"] = do_bench(fused(opt=sopt, weight=w_sgd), return_mode="median")
     row["bf16_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
     row["forge_bf16_ms"] = do_bench(lambda: fopt.update_linear(w, dy, x), return_mode="median")
-    weights = (w, w8, sgd_layer.weight)
+    weights = (w, w8, w_sgd)
     assert all(torch.isfinite(t).all() for t in weights), "weights became non-finite during timing"
     row["forge_fp8_vs_fp8_gemm"] = row["forge_fp8_ms"] / row["fp8_gemm_ms"]
     row["forge_fp8_vs_fp8_gemm_plus_fused_adamw"] = row["forge_fp8_ms"] / row["fp8_gemm_plus_fused_adamw_ms"]
