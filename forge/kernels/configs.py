@@ -89,6 +89,10 @@ class KernelConfig:
     # bits: a candidate to time, never FORGE's choice (the update would no longer equal torch.optim's
     # on the fp32-accumulated FP8 GEMM).
     fp8_fast_accum: bool = False
+    # Warp-specialized, FP8 operands on 64-row tiles: each stage's MMAs run into a partial tile while
+    # the stage before's is added into the fp32 accumulator (`wgrad_update_ws._promoting_mma_partition`),
+    # instead of the MMAs waiting for each add. The same sums, added in the same order.
+    overlap_promotion: bool = False
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -299,6 +303,10 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         )
     if config is not None and config.fast_epilogue and not config.warp_specialized:
         raise ValueError("KernelConfig.fast_epilogue is an option of the warp-specialized kernel (warp_specialized=True)")
+    if config is not None and config.overlap_promotion and not (config.warp_specialized and fp8 and config.block_n == 64):
+        raise ValueError("KernelConfig.overlap_promotion is an option of the warp-specialized kernel on FP8 operands "
+                         f"in 64-row tiles (warp_specialized=True, block_n=64; got block_n={config.block_n}, "
+                         f"warp_specialized={config.warp_specialized}, dy {dy.dtype})")
     if config is not None and config.fp8_fast_accum and config.warp_specialized:
         raise ValueError("KernelConfig.fp8_fast_accum is an option of the Triton kernel: the warp-specialized one "
                          "always adds each T tile into fp32 (set warp_specialized=False)")
@@ -334,7 +342,7 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
     constexprs = dict(
         **epilogue,
         STEPS_IN_MEMORY=steps_in_memory, STAGES=cfg.num_stages, ROWS=cfg.epilogue_rows,
-        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices,
+        FAST_EPILOGUE=cfg.fast_epilogue, OVERLAP_SLICES=cfg.overlap_slices, OVERLAP_PROMOTION=cfg.overlap_promotion,
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n, fp8))
     tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)

@@ -67,6 +67,10 @@ MMA_REGS = gl.constexpr(184)
 # operands: two warpgroups of 64 rows, each with its accumulator and the MMA's partial one (64
 # registers each).
 WIDE_MMA_REGS = gl.constexpr(160)
+# One warpgroup of 64 FP8 rows holding its accumulator and two partial tiles (64 registers each,
+# `_promoting_mma_partition`); with 8 epilogue warps those keep 144 (at 208 or more they keep 136,
+# where fp32 and int8 states spill: triton 3.6 and 3.9).
+PROMOTING_MMA_REGS = gl.constexpr(200)
 LOADER_REGS = gl.constexpr(24)
 
 
@@ -139,11 +143,75 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
             count += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        mbarrier.wait(acc_empty, (done & 1) ^ 1)  # the epilogue has read the tile before
-        acc_smem.store(acc)
-        _partition_barrier()
-        mbarrier.arrive(acc_ready)
+        _hand_over(acc, acc_smem, acc_ready, acc_empty, done)
         done += 1
+
+
+@gluon.jit
+def _promoting_mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty,
+                             T, N, K):
+    """FP8 operands, the promotion overlapped: each stage's MMAs sum its BLOCK_T tokens from zero
+    into a partial tile (the FP8 MMA's own accumulation, as `max_num_imprecise_acc` has it) while
+    the stage before's partial tile is added into the fp32 accumulator, so the tensor cores do not
+    wait for the add. Three tiles live in registers (the accumulator and two partials): one
+    warpgroup of 64 rows at PROMOTING_MMA_REGS. The stages go in pairs, so that each partial keeps
+    its registers from its MMA to its add (a copy of a tile still being written would make the
+    assembler serialize every MMA). The sums are `_mma_partition`'s, added in the same order."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1],
+                                                     instr_shape=[16, BLOCK_K, 32])
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    stages = gl.cdiv(T, BLOCK_T)  # per tile
+    count = 0
+    done = 0
+    for _ in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        acc = gl.zeros((BLOCK_N, BLOCK_K), gl.float32, layout)
+        odd = gl.zeros((BLOCK_N, BLOCK_K), gl.float32, layout)  # the stage before's partial (none yet: 0)
+        for i in range(0, stages - 1, 2):
+            acc, even = _promoting_stage(dy_bufs, x_bufs, ready, empty, count, i, acc, odd, layout)
+            acc, odd = _promoting_stage(dy_bufs, x_bufs, ready, empty, count + 1, i + 1, acc, even, layout)
+            count += 2
+        if stages % 2 == 1:
+            acc, even = _promoting_stage(dy_bufs, x_bufs, ready, empty, count, stages - 1, acc, odd, layout)
+            count += 1
+            even = warpgroup_mma_wait(num_outstanding=0, deps=(even,))
+            acc = acc + even
+        else:
+            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+            acc = acc + odd
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        _hand_over(acc, acc_smem, acc_ready, acc_empty, done)
+        done += 1
+
+
+@gluon.jit
+def _promoting_stage(dy_bufs, x_bufs, ready, empty, count, stage, acc, issued, layout: gl.constexpr):
+    """Ring slot `count`'s MMAs into a fresh partial tile (returned in flight), then `issued`, the
+    stage before's partial, added into acc once its MMAs are done; their slot goes back to the
+    loader (stage: this one's index in the tile, 0 for the first)."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[1]
+    slot = count % STAGES
+    mbarrier.wait(ready.index(slot), (count // STAGES) & 1)
+    fresh = warpgroup_mma(dy_bufs.index(slot), x_bufs.index(slot).permute((1, 0)),
+                          gl.zeros((BLOCK_N, BLOCK_K), gl.float32, layout), use_acc=False, is_async=True)
+    fresh, issued = warpgroup_mma_wait(num_outstanding=1, deps=(fresh, issued))  # all but `fresh` done
+    acc = acc + issued
+    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=stage > 0)
+    return acc, fresh
+
+
+@gluon.jit
+def _hand_over(acc, acc_smem, acc_ready, acc_empty, done):
+    """Stage a finished gradient tile for the epilogue, once it has read the tile before."""
+    mbarrier.wait(acc_empty, (done & 1) ^ 1)
+    acc_smem.store(acc)
+    _partition_barrier()
+    mbarrier.arrive(acc_ready)
 
 
 @gluon.jit
@@ -287,6 +355,7 @@ def wgrad_update_ws_kernel(
     ROWS: gl.constexpr,  # rows of a tile the epilogue updates at once
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a slice's W and states before the slice above is updated
+    OVERLAP_PROMOTION: gl.constexpr = False,  # FP8, 64-row tiles: `_promoting_mma_partition`
 ):
     T_MAJOR: gl.constexpr = dy_desc.dtype.primitive_bitwidth == 8
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[0] if T_MAJOR else dy_desc.block_type.shape[1]
@@ -294,6 +363,8 @@ def wgrad_update_ws_kernel(
     MMA_WARPS: gl.constexpr = BLOCK_N // 16 if T_MAJOR else BLOCK_N // 32
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = allocate_buffers(dy_desc, x_desc, STAGES)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+    # FP8 on 64-row tiles with OVERLAP_PROMOTION: one warpgroup holding three tiles
+    mma_regs: gl.constexpr = PROMOTING_MMA_REGS if OVERLAP_PROMOTION else (MMA_REGS if MMA_WARPS == 4 else WIDE_MMA_REGS)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
@@ -301,9 +372,9 @@ def wgrad_update_ws_kernel(
                                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, GRAD_SCALE, STEPS_IN_MEMORY, ROWS,
                                FAST_EPILOGUE,
                                OVERLAP_SLICES)),
-        (_mma_partition, workers),
+        (_promoting_mma_partition if OVERLAP_PROMOTION else _mma_partition, workers),
         (_load_partition, workers),
-    ], [MMA_WARPS, 1], [MMA_REGS if MMA_WARPS == 4 else WIDE_MMA_REGS, LOADER_REGS])
+    ], [MMA_WARPS, 1], [mma_regs, LOADER_REGS])
 
 
 _GLUON_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float8_e4m3fn": gl.float8e4nv, "torch.float8_e5m2": gl.float8e5}

@@ -217,6 +217,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         ROWS=config["epilogue_rows"],
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
+        OVERLAP_PROMOTION=config.get("overlap_promotion", False),
     )
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
@@ -362,6 +363,21 @@ def _cubin_report(cubin: bytes) -> tuple[str, str]:
         return run("-res-usage"), run("-sass")
 
 
+def mmas_serialized(ptx: str, arch: int) -> bool:
+    """Whether ptxas serializes the kernel's asynchronous warpgroup MMAs (its C7514 note: each waits
+    for the one before, which happens when other instructions touch the registers of an MMA in
+    flight), with the ptxas the installed Triton compiles for `arch` with, which reads its PTX."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        run = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+                             capture_output=True, text=True, check=True)
+    return "C7514" in run.stdout + run.stderr
+
+
 def _number(pattern: str, text: str) -> int:
     found = re.search(pattern, text)
     return int(found.group(1)) if found else 0
@@ -408,7 +424,7 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         from forge.kernels.wgrad_update_ws import mma_warps
 
         threads += 32 * (mma_warps(config["block_n"], bool(config.get("fp8"))) + 4)
-    return dict(
+    record = dict(
         config=config,
         arch=arch,
         state_dtype=state_dtype,
@@ -424,6 +440,9 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         tensor_core_mmas={op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA")},
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
+    if config.get("warp_specialized"):  # its MMAs are asynchronous by hand
+        record["mmas_serialized"] = mmas_serialized(compiled.asm["ptx"], arch)
+    return record
 
 
 def _triton_version() -> str:

@@ -123,6 +123,22 @@ def test_fp8_operands_come_t_major_in_pairs():
         opt.update_linear(layer.weight, dy8.t().contiguous().t(), torch.randn(T, K), grad_scale=scale)
 
 
+def test_overlapped_promotion_is_refused_outside_the_warp_specialized_fp8_kernel():
+    """`KernelConfig.overlap_promotion` belongs to the warp-specialized kernel's FP8 main loop: asked
+    of the Triton kernel, it says so before the weight changes."""
+    from forge.kernels import KernelConfig
+
+    layer = nn.Linear(K, N, bias=False)
+    opt = forge.attach(layer, "adamw", state_dtype="fp32")
+    before = layer.weight.detach().clone()
+    config = KernelConfig(block_n=64, block_k=64, block_t=32, overlap_promotion=True)
+    dy8 = torch.randn(N, T).to(fp8.GRAD_DTYPE).t()
+    x8 = torch.randn(K, T).to(fp8.INPUT_DTYPE).t()
+    with pytest.raises(ValueError, match="overlap_promotion is an option of the warp-specialized kernel"):
+        opt.update_linear(layer.weight, dy8, x8, grad_scale=torch.ones(1), config=config)
+    assert torch.equal(layer.weight, before)
+
+
 def test_fp8_layers_compile_and_train_as_eager():
     """Under torch.compile an FP8 layer runs its eager Function between compiled regions (a graph
     break per layer): the same weights as eager, to the bit, under aot_eager."""

@@ -61,7 +61,7 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
     larger: 2 and 4 of 8.4M beyond 2^-14 of the tensor's largest value (plus 10^-5 of their own),
     the largest 2^-9.7 of it (`_assert_within_the_fp8_mma`); bf16 and int8 states differ only
     where a sum rounds the other way, with the exact and the fast epilogue, on 128- and 64-row
-    tiles, in 8- and 16-row slices.
+    tiles, in 8- and 16-row slices; the overlapped promotion equals the 64-row tiles' to the bit.
     Edges: N and T no multiple of a tile."""
     from forge.kernels import (
         FP8_WARP_SPECIALIZED,
@@ -118,8 +118,13 @@ def test_the_warp_specialized_fp8_kernel_applies_the_triton_kernels_step(T, N, K
         for got, want in zip(step(KernelConfig(**sixteen)), triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel in 16-row slices")
         # 64-row tiles, one MMA warpgroup, 8 epilogue warps: bf16 states up to T = 2048, int8 at every T
-        for got, want in zip(step(FP8_WARP_SPECIALIZED_SMALL_T["bf16"]), triton_step):
+        narrow = step(FP8_WARP_SPECIALIZED_SMALL_T["bf16"])
+        for got, want in zip(narrow, triton_step):
             _assert_differ_only_in_rounding(got, want, "the FP8 warp-specialized kernel on 64-row tiles")
+        # the lab's overlapped promotion adds the same partial sums in the same order: to the bit
+        overlapped = step(KernelConfig(**CANDIDATES["ws_64x128_overlap"]))
+        for got, want in zip(overlapped, narrow):
+            assert torch.equal(got, want), "the overlapped promotion changed the sums"
 
 
 def _assert_within_the_fp8_mma(got: torch.Tensor, want: torch.Tensor) -> None:

@@ -178,16 +178,21 @@ def test_the_fp8_warp_specialized_kernel_builds_on_fp8_tensor_cores_without_spil
     assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
     assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, r
     assert r["programs_per_sm"] == 1 and r["shared_bytes"] <= 227 * 1024, r
+    assert not r["mmas_serialized"], r
 
 
 def test_the_fp8_kernel_labs_warp_specialized_candidates_build_without_spilling():
     """What `python -m harness kernels --fp8` times beside FORGE's choice builds for sm_90 (bf16
-    states): 16-row slices, and 64-row tiles whose single MMA warpgroup leaves 8 epilogue warps."""
+    states): 16-row slices, and 64-row tiles whose single MMA warpgroup leaves 8 epilogue warps,
+    with the promotion overlapped too. None of their MMAs is serialized by ptxas: with the
+    promotion overlapped, a copy of a partial tile still being written would serialize them all."""
     configs = _fp8_candidates()
     assert any(c["block_n"] == 64 and c["num_warps"] == 8 for c in configs)
+    assert any(c.get("overlap_promotion") for c in configs)
     for config, r in zip(configs, built(configs)):
         assert r["tensor_core_mmas"]["QGMMA"] > 0 and r["spill_stores"] == 0, (config, r)
         assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"], fp8=True), r
+        assert not r["mmas_serialized"], (config, r)
 
 
 def test_candidates_come_in_named_groups_with_the_shipped_configs_first():
