@@ -373,8 +373,8 @@ def mmas_serialized(ptx: str, arch: int) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.ptx"
         path.write_text(ptx)
-        run = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
-                             capture_output=True, text=True, check=True)
+        command = [str(ptxas), f"-arch=sm_{arch}a", "-v", str(path), "-o", str(path.with_suffix(".cubin"))]
+        run = subprocess.run(command, capture_output=True, text=True, check=True)
     return "C7514" in run.stdout + run.stderr
 
 

@@ -48,10 +48,10 @@ CANDIDATES = {
     "ws_64x128": dict(block_n=64, block_k=128, block_t=128, num_warps=8, num_stages=4, warp_specialized=True,
                       epilogue_rows=32, overlap_slices=True, fast_epilogue=True),
     # the same with the promotion overlapped: each stage's MMAs run into a partial tile while the
-    # stage before's is added (216 registers: the accumulator and two partials)
+    # stage before's is added (200 registers: the accumulator and two partials)
     "ws_64x128_overlap": dict(block_n=64, block_k=128, block_t=128, num_warps=8, num_stages=4,
-                              warp_specialized=True, epilogue_rows=32, overlap_slices=True, fast_epilogue=True,
-                              overlap_promotion=True),
+                              warp_specialized=True, epilogue_rows=32, overlap_slices=True,
+                              fast_epilogue=True, overlap_promotion=True),
     # the FP8 MMA's own accumulator over all T (no second accumulator: 128 x 128 fits two programs an
     # SM without spills); what the fp32 promotion costs, not a config FORGE ships
     "128x128_fast": dict(block_n=128, block_k=128, block_t=128, group_n=8, epilogue_split=8, num_warps=8,
