@@ -25,10 +25,11 @@ in docs/performance.md), and are picked by shape:
   and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
   layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
   FP8 operands (`forge.fp8`) take it too, with every state dtype (`fp8_warp_specialized`):
-  128 x 128 tiles of two 64-row MMA warpgroups and 4 epilogue warps for fp32 states, and for bf16
-  states above T = 2048 (0.80-0.90x the Triton kernel at T = 4096); 64 x 128 tiles of one MMA
-  warpgroup and 8 epilogue warps for bf16 states up to T = 2048 (0.77-0.83x the 128-row tiles at
-  T = 1024) and for int8 states at every T (0.73-0.86x the Triton kernel).
+  128 x 128 tiles of two 64-row MMA warpgroups and 4 epilogue warps for fp32 states (8-row
+  slices), and for bf16 states above T = 1024 (16-row slices: 0.83-0.91x the 64-row tiles' time
+  at T = 2048); 64 x 128 tiles of one MMA warpgroup and 8 epilogue warps for bf16 states up to
+  T = 1024 (0.77-0.83x the 128-row tiles) and for int8 states at every T, their promotion
+  overlapped with the MMAs (0.88-0.93x without the overlap at T = 4096).
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -128,18 +129,22 @@ _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4
 # in 32-row slices with the fast epilogue. Where the update bounds the kernel it wins: at T = 1024
 # 0.77-0.83x the 128-row tiles' time with bf16 states; with int8 states (whose epilogue issues about
 # twice bf16's instructions) 0.74-0.79x the Triton kernel's at T = 1024, 0.73-0.76x at 2048 and
-# 0.83-0.86x at 4096. At T = 4096 bf16 states lose (1.04-1.24x: twice the tiles, so twice the
-# reads of each x tile through L2), and at T = 2048 the 128-row tiles in 16-row slices beat them
-# by 5-13% (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, -9c28709.jsonl; Llama-3.1-8B's
-# q, o, gate, up and down).
+# 0.83-0.86x at 4096 (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, -9c28709.jsonl;
+# Llama-3.1-8B's q, o, gate, up and down).
 _HOPPER_WS_FP8_NARROW = replace(_HOPPER_WS_FP8, block_n=64, num_warps=8, epilogue_rows=32, fast_epilogue=True)
+# Above T = 1024 bf16 states take the 128-row tiles in 16-row slices: 0.83-0.91x the 64-row tiles'
+# time at T = 2048 and 0.96-1.00x the 8-row slices' at T = 4096, where the 64-row tiles read each x
+# tile twice as often through L2 (1.13-1.22x). int8 states keep the 64-row tiles at every T, with the
+# promotion overlapped (`KernelConfig.overlap_promotion`: the same sums): 0.88-0.93x without it at
+# T = 4096, 0.97-1.01x at T <= 2048 (results/kernels/fp8-kernels-20261202-e02182b.jsonl; q, o,
+# gate, up, down and lm_head).
 FP8_WARP_SPECIALIZED = {  # state dtype -> config above _FP8_SMALL_T tokens
     "fp32": _HOPPER_WS_FP8,
-    "bf16": replace(_HOPPER_WS_FP8, fast_epilogue=True),
-    "int8": _HOPPER_WS_FP8_NARROW,
+    "bf16": replace(_HOPPER_WS_FP8, epilogue_rows=16, fast_epilogue=True),
+    "int8": replace(_HOPPER_WS_FP8_NARROW, overlap_promotion=True),
 }
 FP8_WARP_SPECIALIZED_SMALL_T = {"bf16": _HOPPER_WS_FP8_NARROW}  # up to _FP8_SMALL_T tokens
-_FP8_SMALL_T = 2048
+_FP8_SMALL_T = 1024
 
 
 def fp8_warp_specialized(T: int, state_dtype: str) -> KernelConfig | None:
