@@ -29,7 +29,7 @@ in docs/performance.md), and are picked by shape:
   slices), and for bf16 states above T = 1024 (16-row slices: 0.83-0.91x the 64-row tiles' time
   at T = 2048); 64 x 128 tiles of one MMA warpgroup and 8 epilogue warps for bf16 states up to
   T = 1024 (0.77-0.83x the 128-row tiles) and for int8 states at every T, their promotion
-  overlapped with the MMAs (0.88-0.93x without the overlap at T = 4096).
+  overlapped with the MMAs (0.88-0.95x the time without it at T = 4096).
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -135,7 +135,7 @@ _HOPPER_WS_FP8_NARROW = replace(_HOPPER_WS_FP8, block_n=64, num_warps=8, epilogu
 # Above T = 1024 bf16 states take the 128-row tiles in 16-row slices: 0.83-0.91x the 64-row tiles'
 # time at T = 2048 and 0.96-1.00x the 8-row slices' at T = 4096, where the 64-row tiles read each x
 # tile twice as often through L2 (1.13-1.22x). int8 states keep the 64-row tiles at every T, with the
-# promotion overlapped (`KernelConfig.overlap_promotion`: the same sums): 0.88-0.93x without it at
+# promotion overlapped (`KernelConfig.overlap_promotion`: the same sums): 0.88-0.95x without it at
 # T = 4096, 0.97-1.01x at T <= 2048 (results/kernels/fp8-kernels-20261202-e02182b.jsonl; q, o,
 # gate, up, down and lm_head).
 FP8_WARP_SPECIALIZED = {  # state dtype -> config above _FP8_SMALL_T tokens
