@@ -540,6 +540,31 @@ class ForgeOptimizer(torch.optim.Optimizer):
             group.update({k: v for k, v in saved.items() if k != "params" and (not convert or k in group)})
 
     @torch.no_grad()
+    def load_master_weights(self, weights: Iterable[torch.Tensor]) -> None:
+        """Set every parameter from fp32 master weights, one per parameter in the order of
+        `param_groups` (with `load_state_dict(..., convert=True)`, to continue an fp32-master run
+        under FORGE). fp32 weights are copied; bf16 weights are rounded to nearest, and compensated
+        ones (master_weights='bf16+kahan') keep what that rounding lost as their residual, so that
+        weight + residual is the master to within bf16's precision of that difference."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        weights = list(weights)
+        if len(weights) != len(params):
+            raise ValueError(f"got {len(weights)} master weights for {len(params)} parameters: give one per "
+                             "parameter, in the order of param_groups")
+        for p, master in zip(params, weights):
+            if is_dtensor(p):
+                raise ValueError("load_master_weights sets plain tensors; a DTensor parameter holds a shard")
+            if tuple(master.shape) != tuple(p.shape):
+                name = self.param_names.get(p, "a parameter")
+                raise ValueError(f"the master weight for {name} has shape {tuple(master.shape)}, "
+                                 f"not {tuple(p.shape)}")
+        for p, master in zip(params, weights):
+            master = master.to(device=p.device, dtype=torch.float32)
+            local(p).copy_(master)
+            if self.kahan:
+                local(self.state[p]["weight_residual"]).copy_(master - local(p).float())
+
+    @torch.no_grad()
     def _convert_param_state(self, p: torch.Tensor, saved: dict) -> None:
         """One parameter's torch.optim state, converted into this optimizer's slots."""
         state = self.state[p]

@@ -104,11 +104,17 @@ HELDOUT_FIELDS = ("heldout_loss_curve", "heldout_losses", "eval_loss_curve", "ev
 
 def is_convergence(record: Record) -> bool:
     """True for a convergence run (its loss curve is the result, not its step time)."""
-    if record.get("loss_curve") is not None:
+    if record.get("loss_curve") is not None or is_branched(record):
         return True
     return record.get("sweep_mode") == "convergence" or str(record.get("sweep") or "").startswith(
         "convergence"
     )
+
+
+def is_branched(record: Record) -> bool:
+    """True for a branched fidelity run (`harness.run.branches`): its method's branches from the
+    reference, not a trajectory of its own."""
+    return record.get("branches") is not None
 
 
 def activations_gib(record: Record) -> float | None:

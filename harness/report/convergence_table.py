@@ -42,7 +42,7 @@ from harness.points import (
     options_key,
     seed_of,
 )
-from harness.records import HELDOUT_FIELDS, LOSS_FIELDS, Record, is_convergence
+from harness.records import HELDOUT_FIELDS, LOSS_FIELDS, Record, is_branched, is_convergence
 from harness.report import paper
 from harness.report.markup import NONE, Table, fmt_float
 from harness.report.tables import Selection
@@ -106,7 +106,7 @@ def groups_of(records: Sequence[Record]) -> dict[tuple[str, str, int], list[Reco
     that share weights and data order, so that curves compare step by step."""
     by_sweep: dict[str, list[Record]] = {}
     for record in records:
-        if is_convergence(record):  # the latest of a configuration within its own sweep: two
+        if is_convergence(record) and not is_branched(record):  # the latest of a configuration: two
             by_sweep.setdefault(str(record.get("sweep")), []).append(record)  # sweeps' schedules differ
     groups: dict[tuple[str, str, int], list[Record]] = {}
     for sweep, runs in by_sweep.items():
@@ -117,7 +117,7 @@ def groups_of(records: Sequence[Record]) -> dict[tuple[str, str, int], list[Reco
 
 def convergence(records: Sequence[Record]) -> Selection | None:
     """One row per method, group (sweep, model, seed) and phase: loss distances to the reference."""
-    runs = [r for r in records if is_convergence(r)]
+    runs = [r for r in records if is_convergence(r) and not is_branched(r)]
     if not runs:
         return None
     groups = groups_of(runs)
@@ -179,7 +179,7 @@ def convergence_seeds(records: Sequence[Record]) -> Selection | None:
             "below it under others; one that keeps one sign under every seed trains differently."
         ],
     )
-    return Selection(table, [r for r in records if is_convergence(r)])
+    return Selection(table, [r for r in records if is_convergence(r) and not is_branched(r)])
 
 
 def _mean_cell(values: Sequence[float | None]) -> str:

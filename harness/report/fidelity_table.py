@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Sequence
 
 from harness.points import display_name
-from harness.records import HELDOUT_FIELDS, Record, is_convergence
+from harness.records import HELDOUT_FIELDS, Record, is_branched, is_convergence
 from harness.report.convergence_table import _order, curve, groups_of, phases_of, reference_of
 from harness.report.markup import NONE, Table
 from harness.report.tables import Selection
@@ -81,7 +81,7 @@ def _is_control(record: Record) -> bool:
 def fidelity(records: Sequence[Record]) -> Selection | None:
     """One row per (sweep, model, method, phase) of the convergence runs: deviations over seeds and
     the verdict. None without held-out losses."""
-    runs = [r for r in records if is_convergence(r)]
+    runs = [r for r in records if is_convergence(r) and not is_branched(r)]
     by_seed: dict[tuple, dict[int, float]] = {}  # one draw per seed: the latest run of a seed counts
     labels: dict[tuple, str] = {}
     controls: set[tuple] = set()
@@ -169,16 +169,20 @@ def _row(
     return row + [verdict, NONE if pair else target]
 
 
-def _verdict(values: list[float], control: bool, band: float | None) -> list[str]:
+def _verdict(
+    values: list[float], control: bool, band: float | None, unit: str = "seed", fmt: str = ".4f"
+) -> list[str]:
+    """[verdict, target] of a method's draws (one per `unit`: a seed, or a branch) against the band,
+    the figures in format `fmt`."""
     if len(values) < MIN_SEEDS:
-        return [f"not judged: {len(values)} seed(s) of {MIN_SEEDS}", NONE]
+        return [f"not judged: {len(values)} {unit}(s) of {MIN_SEEDS}", NONE]
     if control:
         return ["fp32 control (sets the band)", NONE]
     if band is None:
-        return [f"not judged: no fp32 control with {MIN_SEEDS} seeds", NONE]
+        return [f"not judged: no fp32 control with {MIN_SEEDS} {unit}s", NONE]
     mean, half = interval(values)
     if mean - half > band or mean + half < -band:
-        return [f"biased by {mean:+.4f} +- {half:.4f} nats", "not met"]
+        return [f"biased by {mean:+{fmt}} +- {half:{fmt}} nats", "not met"]
     if abs(mean) > band:
-        return [f"unresolved: {mean:+.4f} +- {half:.4f} nats straddles the band", "not met"]
+        return [f"unresolved: {mean:+{fmt}} +- {half:{fmt}} nats straddles the band", "not met"]
     return ["within noise", "met" if abs(mean) <= TARGET_NATS else "not met"]

@@ -32,6 +32,7 @@ from typing import Any
 from harness.points import display_name, seed_of
 from harness.records import Record, in_scratch, load_records, split_kinds
 from harness.report import plots, preambles
+from harness.report.branch_fidelity_table import branch_fidelity
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.fidelity_table import fidelity
 from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
@@ -70,7 +71,9 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
-        _convergence_section(convergence(steps), [convergence_seeds(steps), fidelity(steps)], out),
+        _convergence_section(
+            convergence(steps), [convergence_seeds(steps), fidelity(steps), branch_fidelity(steps)], out
+        ),
     ]
     used = [r for s in sections for r in s.records]
     rest = other_points(steps, used)
@@ -225,12 +228,13 @@ def _kernel_order(record: Record) -> tuple:
 def _convergence_section(sel: Selection | None, more: list[Selection | None], out: Path) -> Section:
     """The convergence table, then those over seeds (`more`: the seeds' spread, the fidelity verdicts)."""
     section = Section("convergence", "Convergence", _hint("convergence"))
-    if sel is None:
+    section.selections = [s for s in (sel, *more) if s is not None]
+    if not section.selections:
         return section
-    section.selections = [sel] + [s for s in more if s is not None]
     section.preamble = preambles.convergence_preamble()
     for (sweep, model, seed), members in _group(
-        sel.records, lambda r: (str(r.get("sweep")), str(r.get("model")), seed_of(r))
+        sel.records if sel is not None else [],
+        lambda r: (str(r.get("sweep")), str(r.get("model")), seed_of(r)),
     ).items():
         members = sorted(members, key=display_name)
         tag = f"_seed{seed}" if seed else ""

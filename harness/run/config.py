@@ -161,6 +161,11 @@ class ConvergenceConfig:
     eval_batches: int = 4  # held-out batches of batch_size x seq_len tokens
     min_lr_ratio: float = 0.1
     reference: str | None = None  # method label whose curve the others are compared with
+    # Branched fidelity (harness.run.branches): > 0 starts the method from the fp32 reference's
+    # state every `branch_every` steps of each phase, for `branch_steps` steps; 0 (off): each
+    # method trains its own trajectory
+    branch_every: int = 0
+    branch_steps: int = 50
     data_dir: str = ".cache/convergence"  # prepared corpora and tokenizers (relative: to the repo)
 
 
@@ -284,6 +289,18 @@ def _validate_convergence(conv: Any) -> None:
         _positive(f"convergence.phases[{i}].lr_scale", phase.lr_scale)
     for key in ("eval_every", "eval_batches"):
         _positive(f"convergence.{key}", conv[key])
+    if conv.branch_every < 0:
+        raise ConfigError(
+            f"convergence.branch_every={conv.branch_every} is not valid: 0 (off) or a number of steps"
+        )
+    if conv.branch_every:
+        _positive("convergence.branch_steps", conv.branch_steps)
+        short = [p.name for p in conv.phases if p.steps < conv.branch_steps]
+        if short:
+            raise ConfigError(
+                f"convergence.branch_steps={conv.branch_steps} is longer than phase(s) {short}: a branch "
+                "runs within one phase; lower branch_steps or lengthen the phase"
+            )
 
 
 def _validate_launcher(cfg: DictConfig) -> None:

@@ -218,7 +218,15 @@ def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) ->
     before = _snapshot(params)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    out = convergence.train(cfg, method)
+    if cfg.convergence.branch_every:
+        from harness.run import branches
+
+        try:
+            out = branches.train(cfg, method, device)
+        except branches.Unloadable as e:
+            raise Unavailable(f"{cfg.method.label}: {e}") from e
+    else:
+        out = convergence.train(cfg, method)
     peaks = measure.cuda_peaks(device)
     out.update(
         n_params=models.n_params(model),

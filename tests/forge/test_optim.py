@@ -117,6 +117,34 @@ def test_a_torch_adamw_run_continues_under_forge(state_dtype):
             assert_close_to_update(q, p, p0, FUSED_FP32, name)
 
 
+@pytest.mark.parametrize("master_weights", ["fp32", "bf16", "bf16+kahan"])
+def test_master_weights_load_into_each_weight_format(master_weights):
+    """fp32 master weights (fresh, not bf16-representable) set into FORGE's weights: fp32 copied,
+    bf16 rounded to nearest, compensated bf16 with the rounding's loss as the residual (weight +
+    residual within bf16's precision of that loss, ~2^-16 of the weight, of the master)."""
+    model = mlp() if master_weights == "fp32" else mlp().bfloat16()
+    options = {"master_weights": master_weights} if master_weights == "bf16+kahan" else {}
+    opt = forge.attach(model, "adamw", state_dtype="fp32" if master_weights == "fp32" else "bf16", **options)
+    g = torch.Generator().manual_seed(5)
+    masters = [torch.randn(p.shape, generator=g) for p in model.parameters()]
+    opt.load_master_weights(masters)
+    for p, master in zip(model.parameters(), masters):
+        if master_weights == "fp32":
+            assert torch.equal(p, master)
+            continue
+        assert torch.equal(p, master.bfloat16())
+        if master_weights == "bf16+kahan":
+            residual = opt.state[p]["weight_residual"]
+            assert torch.equal(residual, (master - p.float()).bfloat16())
+            effective = p.float() + residual.float()
+            assert (effective - master).abs().max() <= 2**-16 * master.abs().max()
+            assert (effective - master).abs().max() < (p.float() - master).abs().max() / 64
+    with pytest.raises(ValueError, match="one per parameter, in the order of param_groups"):
+        opt.load_master_weights(masters[:-1])
+    with pytest.raises(ValueError, match="has shape"):
+        opt.load_master_weights([m.t() if m.dim() == 2 else m for m in masters])
+
+
 def test_converting_another_rules_state_is_refused():
     model = mlp()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

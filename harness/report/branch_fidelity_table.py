@@ -1,0 +1,98 @@
+"""The branched fidelity table: a method's held-out loss k steps after it started from the fp32
+reference's own state, against the reference's.
+
+A branched run (`harness.run.branches`, `+exp=convergence_branched`) starts the method from the
+reference's weights and AdamW moments every `branch_every` steps and trains it k steps on the
+reference's batches; its deviation d is its held-out loss then minus the reference's. The branches
+share their start, so trajectory noise, which makes the seeds' table (`fidelity_table`) wide,
+barely enters: what d measures is what the method's arithmetic does to k steps of training.
+
+Per (sweep, model, phase, method), over every branch of every seed (the latest run of each seed):
+the number of branches, the mean d and its 95% Student's t interval. The noise band is the largest
+|mean| + half-width among the fp32 controls (torch AdamW, FORGE fp32: the same update as the
+reference with other rounding), and the verdict and target are the seeds' table's: "within noise"
+or "biased by X +- Y nats", and the target within noise with |mean d| at most `TARGET_NATS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.points import display_name, latest_by_key, seed_of
+from harness.records import Record, is_branched
+from harness.report.convergence_table import _order
+from harness.report.fidelity_table import MIN_SEEDS, TARGET_NATS, _is_control, _verdict, interval
+from harness.report.markup import NONE, Table
+from harness.report.tables import Selection
+
+
+def branch_deviations(record: Record) -> dict[str, list[float]]:
+    """The record's branch deviations by phase, in order (a branch that diverged has none)."""
+    by_phase: dict[str, list[float]] = {}
+    for branch in record.get("branches") or []:
+        if branch.get("deviation") is not None:
+            by_phase.setdefault(str(branch["phase"]), []).append(float(branch["deviation"]))
+    return by_phase
+
+
+def branch_fidelity(records: Sequence[Record]) -> Selection | None:
+    """One row per (sweep, model, phase, method) of the branched runs; None without any."""
+    runs = [r for r in records if is_branched(r) and r.get("status") == "ok"]
+    if not runs:
+        return None
+    draws: dict[tuple, list[float]] = {}
+    seeds: dict[tuple, set[int]] = {}
+    labels: dict[tuple, str] = {}
+    controls: set[tuple] = set()
+    for record in latest_by_key(runs).values():
+        for phase, values in branch_deviations(record).items():
+            key = (str(record.get("sweep")), str(record.get("model")), phase, _order(record))
+            draws.setdefault(key, []).extend(values)
+            seeds.setdefault(key, set()).add(seed_of(record))
+            labels[key] = display_name(record)
+            if _is_control(record):
+                controls.add(key)
+    bands: dict[tuple, float] = {}
+    for key in controls:
+        if len(draws[key]) >= MIN_SEEDS:
+            mean, half = interval(draws[key])
+            bands[key[:3]] = max(bands.get(key[:3], 0.0), abs(mean) + half)
+    rows = []
+    for key in sorted(draws):
+        values, band = draws[key], bands.get(key[:3])
+        row = [*key[:3], labels[key], str(len(seeds[key])), str(len(values))]
+        if len(values) < 2:
+            row += [f"{values[0]:+.2e}", NONE]
+        else:
+            mean, half = interval(values)
+            row += [f"{mean:+.2e}", f"{mean - half:+.2e} to {mean + half:+.2e}"]
+        row.append(NONE if band is None else f"+-{band:.2e}")
+        rows.append(row + _verdict(values, key in controls, band, unit="branch", fmt=".2e"))
+    steps = sorted({int(r.get("branch_steps") or 0) for r in runs})
+    table = Table(
+        name="branch_fidelity",
+        title="Branched fidelity: held-out loss k steps after starting from the fp32 reference's state",
+        header=[
+            "Sweep",
+            "Model",
+            "Phase",
+            "Method",
+            "Seeds",
+            "Branches",
+            "Mean d (nats)",
+            "95% interval",
+            "Noise band (fp32 controls)",
+            "Verdict",
+            f"Target: within noise, |mean d| <= {TARGET_NATS}",
+        ],
+        rows=rows,
+        align="lllllrrrrll",
+        notes=[
+            f"k = {', '.join(map(str, steps))} steps. d: the method's held-out loss k steps after loading "
+            "the reference's weights and AdamW moments (fused AdamW on fp32 master weights, trained in "
+            "the same process), minus the reference's at the same step; mean and Student's t 95% "
+            "interval over every branch of every seed. Noise band: the largest |mean| + half-width of "
+            f"the fp32 controls. {MIN_SEEDS} branches at least for a verdict."
+        ],
+    )
+    return Selection(table, runs)

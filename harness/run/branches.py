@@ -1,0 +1,217 @@
+"""Branched fidelity runs: each method stepped from the fp32-master reference's own state.
+
+    python -m harness sweep +exp=fidelity_branched          # an H200: the 88M Llama, every method
+    python -m harness sweep +exp=fidelity_branched_smoke    # the same on a CPU, tiny
+
+A convergence run (`harness.run.convergence`) trains every method on its own trajectory, and two
+fp32 implementations that differ only in rounding part ways after ~50 steps: the held-out losses
+then differ by trajectory noise (+-0.04 nats over 500 steps of the 88M Llama) far larger than the
+bias a low-precision method adds. Here the method never leaves the reference for long:
+
+- The point trains the reference, torch AdamW on fp32 weights and states (fused on a GPU), through
+  the same phases, batches and learning-rate schedule as a convergence run.
+- Every `convergence.branch_every` steps of a phase (from its first step on, while k =
+  `convergence.branch_steps` steps remain) the method under test is loaded with the reference's
+  state at that step: its weights from the fp32 ones (bf16 rounded to nearest, compensated bf16
+  with the rounding's loss as the residual: `ForgeOptimizer.load_master_weights`), its optimizer
+  state converted from torch AdamW's (`ForgeOptimizer.load_state_dict(..., convert=True)`, or
+  torch's own loader for torch optimizers, which casts to the parameter's dtype). The method then
+  trains k steps on the batches and learning rates the reference trains on, and its held-out loss
+  is taken; so is the reference's, k steps on.
+- A branch's deviation d is the method's held-out loss minus the reference's. Branches that start
+  together stay together within what k steps move them: two fp32 implementations stay within
+  ~1e-4 nats for ~50 steps, so the noise between branches is that small, and the mean of d over
+  the branch points (and seeds) measures what the method's arithmetic costs per k steps.
+
+A method needs a loader for torch AdamW's state: FORGE (every state dtype and weight format) and
+torch's own optimizers (pure-bf16 fused AdamW, torch AdamW); others (FlashOptim's formats, the 8-bit
+optimizers) are reported unavailable, with the reason. Graphed methods are refused, as in every
+convergence run (`harness.run.config`).
+
+The record's fields: `branches` (one dict per branch: phase, step, heldout, reference_heldout,
+deviation, losses), `branch_steps` (k), `losses` (the method's training losses over all branches,
+in order), and the reference's own `reference_losses`. `harness.report.branch_fidelity_table`
+judges them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from harness.run import convergence, measure, models
+from harness.run.methods.base import AdamWOptions
+
+
+class Unloadable(Exception):
+    """The method cannot start from torch AdamW's state (no loader for its formats)."""
+
+
+class Reference:
+    """torch AdamW on fp32 weights and states (fused on CUDA, for-each elsewhere), with the
+    attributes `convergence.evaluate` reads."""
+
+    name = "fused_adamw_fp32"
+
+    def __init__(self, cfg: DictConfig, device: str) -> None:
+        self.model = models.build(cfg.model, "fp32", device, cfg.activation_checkpointing, cfg.seed)
+        hp = AdamWOptions()
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.method.lr,
+            betas=tuple(hp.betas),
+            eps=hp.eps,
+            weight_decay=hp.weight_decay,
+            fused=device == "cuda",
+        )
+        self.device = device
+
+    def autocast_context(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        loss = self.model(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def state_for(target_opt: torch.optim.Optimizer, target_model: torch.nn.Module, reference: Reference) -> dict:
+    """The reference's optimizer state as a state dict of `target_opt`'s parameters (matched by
+    name, in the target's groups and order), each group with the reference's settings."""
+    ref_params = dict(reference.model.named_parameters())
+    ref_state = {n: reference.opt.state[p] for n, p in ref_params.items() if p in reference.opt.state}
+    settings = {k: v for k, v in reference.opt.param_groups[0].items() if k != "params"}
+    names = {id(p): n for n, p in target_model.named_parameters()}
+    state, groups, index = {}, [], 0
+    for group in target_opt.param_groups:
+        ids = []
+        for p in group["params"]:
+            name = names.get(id(p))
+            if name not in ref_params:
+                raise Unloadable(
+                    f"parameter {name or tuple(p.shape)} has no counterpart in the reference model"
+                )
+            if name in ref_state:  # none before the reference's first step: the method's is fresh too
+                state[index] = {
+                    k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in ref_state[name].items()
+                }
+            ids.append(index)
+            index += 1
+        groups.append(dict({k: v for k, v in group.items() if k != "params"}, **settings, params=ids))
+    return {"state": state, "param_groups": groups}
+
+
+@torch.no_grad()
+def load_from_reference(method: Any, reference: Reference) -> None:
+    """Set the method's weights and optimizer state from the reference's (module docstring)."""
+    import forge
+
+    opt = convergence.optimizer_of(method)
+    masters = dict(reference.model.named_parameters())
+    state = state_for(opt, method.model, reference)
+    if isinstance(opt, forge.ForgeOptimizer):
+        names = {id(p): n for n, p in method.model.named_parameters()}
+        ordered = [masters[names[id(p)]] for group in opt.param_groups for p in group["params"]]
+        opt.load_state_dict(state, convert=True)
+        opt.load_master_weights(ordered)
+        return
+    if type(opt).__name__ not in ("AdamW", "Adam"):
+        raise Unloadable(
+            f"{method.name} keeps {type(opt).__name__}'s state, which has no loader from torch "
+            "AdamW's: a branched run needs FORGE or a torch optimizer"
+        )
+    for name, p in method.model.named_parameters():
+        p.copy_(masters[name])
+    opt.load_state_dict(state)  # torch casts each state to its parameter's dtype
+
+
+def branch_starts(steps: int, every: int, k: int) -> list[int]:
+    """The steps of a phase at which a branch starts: 0, every, 2 every, ... while k steps remain."""
+    return list(range(0, steps - k + 1, every))
+
+
+def train(cfg: DictConfig, method: Any, device: str) -> dict[str, Any]:
+    """The reference through every phase, the method branched from it (the module docstring)."""
+    conv = cfg.convergence
+    k = conv.branch_steps
+    corpora = convergence.load_corpora(cfg)
+    ev = convergence.Evaluator(corpora, cfg)
+    reference = Reference(cfg, device)
+    branches: list[dict[str, Any]] = []
+    reference_losses: list[float] = []
+    method_losses: list[float] = []
+    for i, phase in enumerate(conv.phases):
+        corpus = corpora[phase.corpus]
+        heldout = ev.inputs[phase.corpus]
+        tokens = convergence._ids(corpus.train)
+        offsets = convergence.batch_offsets(
+            tokens.numel(), cfg.batch_size, cfg.seq_len, phase.steps, cfg.seed * 1000 + i
+        )
+        peak = cfg.method.lr * phase.lr_scale
+        lrs = [
+            convergence.lr_at(s, phase.steps, peak, phase.warmup_steps, conv.min_lr_ratio)
+            for s in range(phase.steps)
+        ]
+
+        def batch(s: int, tokens=tokens, offsets=offsets) -> torch.Tensor:
+            return convergence.windows(tokens, offsets[s], cfg.seq_len).to(device)
+
+        pending = {}  # reference step -> the branch waiting for the reference's held-out loss there
+        starts = set(branch_starts(phase.steps, conv.branch_every, k))
+        for s in range(phase.steps + 1):
+            if s in pending:
+                entry = pending.pop(s)
+                entry["reference_heldout"] = convergence.evaluate(reference, heldout, cfg.batch_size)
+                entry["deviation"] = entry["heldout"] - entry["reference_heldout"]
+            if s in starts:
+                branches.append(_branch(method, reference, phase.name, s, k, lrs, batch, heldout, cfg))
+                method_losses += branches[-1]["losses"]
+                if not math.isfinite(branches[-1]["heldout"]):
+                    return _fields(cfg, corpora, branches, reference_losses, method_losses)
+                pending[s + k] = branches[-1]
+            if s == phase.steps:
+                break
+            convergence.set_lr(reference.opt, lrs[s])
+            loss = float(reference.step(batch(s)))
+            reference_losses.append(loss)
+            if not math.isfinite(loss):
+                raise RuntimeError(f"the fp32 reference's loss became {loss} at step {s} of {phase.name}")
+    return _fields(cfg, corpora, branches, reference_losses, method_losses)
+
+
+def _branch(method, reference, phase, start, k, lrs, batch, heldout, cfg) -> dict[str, Any]:
+    """k steps of the method from the reference's state at `start`, and its held-out loss then."""
+    load_from_reference(method, reference)
+    opt = convergence.optimizer_of(method)
+    losses = []
+    for s in range(start, start + k):
+        convergence.set_lr(opt, lrs[s])
+        step_losses, _ = measure.timed_steps(lambda s=s: method.step(batch(s)), 1, method.device)
+        losses += step_losses
+        if not math.isfinite(losses[-1]):
+            return dict(phase=phase, step=start, losses=losses, heldout=float("nan"))
+    return dict(
+        phase=phase, step=start, losses=losses, heldout=convergence.evaluate(method, heldout, cfg.batch_size)
+    )
+
+
+def _fields(cfg, corpora, branches, reference_losses, method_losses) -> dict[str, Any]:
+    manifest = next(iter(corpora.values())).manifest
+    return {
+        "branches": branches,
+        "branch_steps": cfg.convergence.branch_steps,
+        "losses": method_losses,
+        "loss_first": method_losses[0] if method_losses else None,
+        "loss_last": method_losses[-1] if method_losses else None,
+        "reference_losses": reference_losses,
+        "steps": len(reference_losses),
+        "step_times_ms": [],
+        "data": {k: manifest[k] for k in ("python", "vocab_size", "files")},
+    }
