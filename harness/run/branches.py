@@ -45,6 +45,8 @@ from omegaconf import DictConfig
 from harness.run import convergence, measure, models
 from harness.run.methods.base import AdamWOptions
 
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")  # what a branch takes from the reference's groups
+
 
 class Unloadable(Exception):
     """The method cannot start from torch AdamW's state (no loader for its formats)."""
@@ -84,10 +86,11 @@ class Reference:
 
 def state_for(target_opt: torch.optim.Optimizer, target_model: torch.nn.Module, reference: Reference) -> dict:
     """The reference's optimizer state as a state dict of `target_opt`'s parameters (matched by
-    name, in the target's groups and order), each group with the reference's settings."""
+    name, in the target's groups and order), each group with the reference's hyperparameters and
+    its own implementation (fused, foreach: a control keeps its own rounding)."""
     ref_params = dict(reference.model.named_parameters())
     ref_state = {n: reference.opt.state[p] for n, p in ref_params.items() if p in reference.opt.state}
-    settings = {k: v for k, v in reference.opt.param_groups[0].items() if k != "params"}
+    settings = {k: reference.opt.param_groups[0][k] for k in HYPERPARAMETERS}
     names = {id(p): n for n, p in target_model.named_parameters()}
     state, groups, index = {}, [], 0
     for group in target_opt.param_groups:

@@ -93,3 +93,15 @@ def test_parameters_are_matched_by_name_whatever_the_order():
     opt.load_state_dict(branches.state_for(opt, target, Reference()))
     for (name, p), ref in zip(target.named_parameters(), Reference.model.parameters()):
         assert torch.equal(opt.state[p]["exp_avg"], Reference.opt.state[ref]["exp_avg"]), name
+
+
+def test_a_branch_takes_the_references_hyperparameters_but_keeps_its_own_implementation():
+    class Reference:
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, betas=(0.8, 0.9), weight_decay=0.2, foreach=False)
+
+    target = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(target.parameters(), lr=0.5, foreach=True)
+    (group,) = branches.state_for(opt, target, Reference())["param_groups"]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (0.1, (0.8, 0.9), 0.2)
+    assert group["foreach"] is True
