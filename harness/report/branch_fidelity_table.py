@@ -10,8 +10,10 @@ barely enters: what d measures is what the method's arithmetic does to k steps o
 Per (sweep, model, phase, method), over every branch of every seed (the latest run of each seed):
 the number of branches, the mean d and its 95% Student's t interval. The noise band is the largest
 |mean| + half-width among the fp32 controls (torch AdamW, FORGE fp32: the same update as the
-reference with other rounding), and the verdict and target are the seeds' table's: "within noise"
-or "biased by X +- Y nats", and the target within noise with |mean d| at most `TARGET_NATS`.
+reference with other rounding), and the verdict is the seeds' table's: "within noise" or "biased
+by X +- Y nats". That band is the fp32 rounding's, orders of magnitude under what bf16 arithmetic
+moves in k steps, so a bf16 method is "biased" by some amount: the target asks whether the whole
+interval lies within +-`TARGET_NATS` (met), beyond it (not met) or across its edge (unresolved).
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ def branch_deviations(record: Record) -> dict[str, list[float]]:
         if branch.get("deviation") is not None:
             by_phase.setdefault(str(branch["phase"]), []).append(float(branch["deviation"]))
     return by_phase
+
+
+def target(values: list[float]) -> str:
+    """Whether the interval of the mean deviation lies within +-TARGET_NATS ("met"), beyond it
+    ("not met"), or across its edge ("unresolved")."""
+    if len(values) < MIN_SEEDS:
+        return NONE
+    mean, half = interval(values)
+    if abs(mean) + half <= TARGET_NATS:
+        return "met"
+    return "not met" if abs(mean) - half > TARGET_NATS else "unresolved"
 
 
 def branch_fidelity(records: Sequence[Record]) -> Selection | None:
@@ -67,7 +80,8 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
             mean, half = interval(values)
             row += [f"{mean:+.2e}", f"{mean - half:+.2e} to {mean + half:+.2e}"]
         row.append(NONE if band is None else f"+-{band:.2e}")
-        rows.append(row + _verdict(values, key in controls, band, unit="branch", fmt=".2e"))
+        verdict = _verdict(values, key in controls, band, unit="branch", fmt=".2e")[0]
+        rows.append(row + [verdict, NONE if key in controls else target(values)])
     steps = sorted({int(r.get("branch_steps") or 0) for r in runs})
     table = Table(
         name="branch_fidelity",
@@ -92,7 +106,8 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
             "the reference's weights and AdamW moments (fused AdamW on fp32 master weights, trained in "
             "the same process), minus the reference's at the same step; mean and Student's t 95% "
             "interval over every branch of every seed. Noise band: the largest |mean| + half-width of "
-            f"the fp32 controls. {MIN_SEEDS} branches at least for a verdict."
+            f"the fp32 controls. {MIN_SEEDS} branches at least for a verdict. Target: the 95% interval "
+            f"of the mean d within +-{TARGET_NATS} nats."
         ],
     )
     return Selection(table, runs)

@@ -51,12 +51,15 @@ def _verdicts(records: list[dict]) -> dict[tuple[str, str], list[str]]:
 
 
 def test_a_bias_far_under_the_seeds_noise_is_resolved():
-    """A 0.002-nat bias, 20x under what the seeds' table resolves, is named; a method within the
-    fp32 controls' 1e-5 is within noise; the controls set the band."""
+    """A 0.002-nat bias, 20x under what the seeds' table resolves, is named, and resolved under the
+    0.005-nat target; 0.02 is resolved above it; a method within the fp32 controls' 1e-5 is within
+    noise; the controls set the band."""
     rows = _verdicts(_records())
     verdict, target = rows[("forge_bf16", "pretrain")][-2:]
-    assert verdict.startswith("biased by +2.0") and target == "not met"
+    assert verdict.startswith("biased by +2.0") and target == "met"  # resolved under 0.005 nats
     assert rows[("forge_bf16_kahan", "pretrain")][-2:] == ["within noise", "met"]
+    far = _verdicts(_records(bias=0.02))[("forge_bf16", "pretrain")][-1]
+    assert far == "not met"
     assert rows[("forge_fp32_exact", "cpt")][-2] == "fp32 control (sets the band)"
     assert rows[("forge_bf16", "pretrain")][5] == "10"  # branches, pooled over the seed's run
 
