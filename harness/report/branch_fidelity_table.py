@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from harness.points import display_name, latest_by_key, seed_of
 from harness.records import Record, is_branched
 from harness.report.convergence_table import _order
-from harness.report.fidelity_table import MIN_SEEDS, TARGET_NATS, _is_control, _verdict, interval
+from harness.report.fidelity_table import (
+    MIN_SEEDS,
+    TARGET_NATS,
+    _is_control,
+    _verdict,
+    interval,
+    noise_bands,
+    statistics_cells,
+)
 from harness.report.markup import NONE, Table
 from harness.report.tables import Selection
 
@@ -65,21 +73,17 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
             labels[key] = display_name(record)
             if _is_control(record):
                 controls.add(key)
-    bands: dict[tuple, float] = {}
-    for key in controls:
-        if len(draws[key]) >= MIN_SEEDS:
-            mean, half = interval(draws[key])
-            bands[key[:3]] = max(bands.get(key[:3], 0.0), abs(mean) + half)
+    bands = noise_bands(draws, controls)
     rows = []
     for key in sorted(draws):
         values, band = draws[key], bands.get(key[:3])
-        row = [*key[:3], labels[key], str(len(seeds[key])), str(len(values))]
-        if len(values) < 2:
-            row += [f"{values[0]:+.2e}", NONE]
-        else:
-            mean, half = interval(values)
-            row += [f"{mean:+.2e}", f"{mean - half:+.2e} to {mean + half:+.2e}"]
-        row.append(NONE if band is None else f"+-{band:.2e}")
+        row = [
+            *key[:3],
+            labels[key],
+            str(len(seeds[key])),
+            str(len(values)),
+            *statistics_cells(values, band, ".2e"),
+        ]
         verdict = _verdict(values, key in controls, band, unit="branch", fmt=".2e")[0]
         rows.append(row + [verdict, NONE if key in controls else target(values)])
     steps = sorted({int(r.get("branch_steps") or 0) for r in runs})

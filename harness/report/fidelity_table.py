@@ -112,12 +112,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
     if not by_seed:
         return None
     draws = {key: [seeds[s] for s in sorted(seeds)] for key, seeds in by_seed.items()}
-    bands: dict[tuple, float] = {}
-    for key in controls:
-        if len(draws[key]) >= MIN_SEEDS:
-            mean, half = interval(draws[key])
-            band_key = key[:3]
-            bands[band_key] = max(bands.get(band_key, 0.0), abs(mean) + half)
+    bands = noise_bands(draws, controls)
     rows = [
         _row(key, labels[key], draws[key], key in controls, bands.get(key[:3]), key in pairs)
         for key in sorted(draws)
@@ -158,15 +153,30 @@ def _row(
     key: tuple, label: str, values: list[float], control: bool, band: float | None, pair: bool = False
 ) -> list[str]:
     sweep, model, phase, _ = key
-    row = [sweep, model, phase, label, str(len(values))]
-    if len(values) < 2:
-        row += [f"{values[0]:+.4f}", NONE]
-    else:
-        mean, half = interval(values)
-        row += [f"{mean:+.4f}", f"{mean - half:+.4f} to {mean + half:+.4f}"]
-    row.append(NONE if band is None else f"+-{band:.4f}")
+    row = [sweep, model, phase, label, str(len(values)), *statistics_cells(values, band)]
     verdict, target = _verdict(values, control, band)
     return row + [verdict, NONE if pair else target]
+
+
+def noise_bands(draws: dict[tuple, list[float]], controls: set[tuple]) -> dict[tuple, float]:
+    """Per (sweep, model, phase), the largest |mean| + half-width among the fp32 controls' draws
+    (those with at least MIN_SEEDS of them)."""
+    bands: dict[tuple, float] = {}
+    for key in controls:
+        if len(draws[key]) >= MIN_SEEDS:
+            mean, half = interval(draws[key])
+            bands[key[:3]] = max(bands.get(key[:3], 0.0), abs(mean) + half)
+    return bands
+
+
+def statistics_cells(values: list[float], band: float | None, fmt: str = ".4f") -> list[str]:
+    """[mean, 95% interval, noise band] cells of a row, in format `fmt`."""
+    if len(values) < 2:
+        cells = [f"{values[0]:+{fmt}}", NONE]
+    else:
+        mean, half = interval(values)
+        cells = [f"{mean:+{fmt}}", f"{mean - half:+{fmt}} to {mean + half:+{fmt}}"]
+    return cells + [NONE if band is None else f"+-{band:{fmt}}"]
 
 
 def _verdict(
