@@ -1,15 +1,17 @@
 """Branched fidelity runs: each method stepped from the fp32-master reference's own state.
 
-    python -m harness sweep +exp=fidelity_branched          # an H200: the 88M Llama, every method
-    python -m harness sweep +exp=fidelity_branched_smoke    # the same on a CPU, tiny
+    python -m harness sweep +exp=convergence_branched          # an H200: the 88M Llama, every method
+    python -m harness sweep +exp=convergence_branched_smoke    # the same on a CPU, tiny
 
 A convergence run (`harness.run.convergence`) trains every method on its own trajectory, and two
 fp32 implementations that differ only in rounding part ways after ~50 steps: the held-out losses
 then differ by trajectory noise (+-0.04 nats over 500 steps of the 88M Llama) far larger than the
 bias a low-precision method adds. Here the method never leaves the reference for long:
 
-- The point trains the reference, torch AdamW on fp32 weights and states (fused on a GPU), through
-  the same phases, batches and learning-rate schedule as a convergence run.
+- The reference, torch AdamW on fp32 weights and states (fused on a GPU), trains through the same
+  phases, batches and learning-rate schedule as a convergence run. It is trained once per seed and
+  configuration, by the first point that needs it, and its state at each branch start is kept on
+  disk for the other methods' points (`harness.run.branch_reference`).
 - Every `convergence.branch_every` steps of a phase (from its first step on, while k =
   `convergence.branch_steps` steps remain) the method under test is loaded with the reference's
   state at that step: its weights from the fp32 ones (bf16 rounded to nearest, compensated bf16
@@ -30,57 +32,26 @@ convergence run (`harness.run.config`).
 
 The record's fields: `branches` (one dict per branch: phase, step, heldout, reference_heldout,
 deviation, losses), `branch_steps` (k), `losses` (the method's training losses over all branches,
-in order), and the reference's own `reference_losses`. `harness.report.branch_fidelity_table`
-judges them.
+in order), the reference's own `reference_losses`, and `reference` (its trajectory's cache key).
+`harness.report.branch_fidelity_table` judges them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from harness.run import convergence, measure, models
-from harness.run.methods.base import AdamWOptions
+from harness.run import branch_reference, convergence, measure
+from harness.run.branch_reference import Reference
 
 HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")  # what a branch takes from the reference's groups
 
 
 class Unloadable(Exception):
     """The method cannot start from torch AdamW's state (no loader for its formats)."""
-
-
-class Reference:
-    """torch AdamW on fp32 weights and states (fused on CUDA, for-each elsewhere), with the
-    attributes `convergence.evaluate` reads."""
-
-    name = "fused_adamw_fp32"
-
-    def __init__(self, cfg: DictConfig, device: str) -> None:
-        self.model = models.build(cfg.model, "fp32", device, cfg.activation_checkpointing, cfg.seed)
-        hp = AdamWOptions()
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=cfg.method.lr,
-            betas=tuple(hp.betas),
-            eps=hp.eps,
-            weight_decay=hp.weight_decay,
-            fused=device == "cuda",
-        )
-        self.device = device
-
-    def autocast_context(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # fp32 throughout
-
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        loss = self.model(input_ids=input_ids, labels=input_ids).loss
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
 
 
 def state_for(target_opt: torch.optim.Optimizer, target_model: torch.nn.Module, reference: Reference) -> dict:
@@ -134,74 +105,39 @@ def load_from_reference(method: Any, reference: Reference) -> None:
     opt.load_state_dict(state)  # torch casts each state to its parameter's dtype
 
 
-def branch_starts(steps: int, every: int, k: int) -> list[int]:
-    """The steps of a phase at which a branch starts: 0, every, 2 every, ... while k steps remain."""
-    return list(range(0, steps - k + 1, every))
-
-
 def train(cfg: DictConfig, method: Any, device: str) -> dict[str, Any]:
-    """The reference through every phase, the method branched from it (the module docstring)."""
-    conv = cfg.convergence
-    k = conv.branch_steps
+    """The method branched from the reference at every branch start (the module docstring)."""
     corpora = convergence.load_corpora(cfg)
-    ev = convergence.Evaluator(corpora, cfg)
-    reference = Reference(cfg, device)
+    trajectory = branch_reference.trajectory(cfg, corpora, device)
+    reference = Reference(cfg, device)  # holds each start's state in turn
     branches: list[dict[str, Any]] = []
-    reference_losses: list[float] = []
-    method_losses: list[float] = []
-    for i, phase in enumerate(conv.phases):
-        corpus = corpora[phase.corpus]
-        heldout = ev.inputs[phase.corpus]
-        tokens = convergence._ids(corpus.train)
-        offsets = convergence.batch_offsets(
-            tokens.numel(), cfg.batch_size, cfg.seq_len, phase.steps, cfg.seed * 1000 + i
-        )
-        peak = cfg.method.lr * phase.lr_scale
-        lrs = [
-            convergence.lr_at(s, phase.steps, peak, phase.warmup_steps, conv.min_lr_ratio)
-            for s in range(phase.steps)
-        ]
-
-        def batch(s: int, tokens=tokens, offsets=offsets) -> torch.Tensor:
-            return convergence.windows(tokens, offsets[s], cfg.seq_len).to(device)
-
-        pending = {}  # reference step -> the branch waiting for the reference's held-out loss there
-        starts = set(branch_starts(phase.steps, conv.branch_every, k))
-        for s in range(phase.steps + 1):
-            if s in pending:
-                entry = pending.pop(s)
-                entry["reference_heldout"] = convergence.evaluate(reference, heldout, cfg.batch_size)
-                entry["deviation"] = entry["heldout"] - entry["reference_heldout"]
-            if s in starts:
-                branches.append(_branch(method, reference, phase.name, s, k, lrs, batch, heldout, cfg))
-                method_losses += branches[-1]["losses"]
-                if not math.isfinite(branches[-1]["heldout"]):
-                    return _fields(cfg, corpora, branches, reference_losses, method_losses)
-                pending[s + k] = branches[-1]
-            if s == phase.steps:
-                break
-            convergence.set_lr(reference.opt, lrs[s])
-            loss = float(reference.step(batch(s)))
-            reference_losses.append(loss)
-            if not math.isfinite(loss):
-                raise RuntimeError(f"the fp32 reference's loss became {loss} at step {s} of {phase.name}")
-    return _fields(cfg, corpora, branches, reference_losses, method_losses)
+    starts = [(phase, s) for phase in branch_reference.phases(cfg, corpora, device) for s in phase.starts]
+    for phase, start in starts:
+        trajectory.restore(reference, phase.name, start)
+        branch = _branch(method, reference, phase, start, cfg)
+        branches.append(branch)
+        if not math.isfinite(branch["heldout"]):
+            break  # the method diverged
+        branch["reference_heldout"] = trajectory.heldout(phase.name, start)
+        branch["deviation"] = branch["heldout"] - branch["reference_heldout"]
+    method_losses = [loss for branch in branches for loss in branch["losses"]]
+    fields = _fields(cfg, corpora, branches, trajectory.losses, method_losses)
+    return dict(fields, reference=trajectory.folder.name)
 
 
-def _branch(method, reference, phase, start, k, lrs, batch, heldout, cfg) -> dict[str, Any]:
+def _branch(method: Any, reference: Reference, phase: branch_reference.Phase, start: int, cfg) -> dict:
     """k steps of the method from the reference's state at `start`, and its held-out loss then."""
     load_from_reference(method, reference)
     opt = convergence.optimizer_of(method)
     losses = []
-    for s in range(start, start + k):
-        convergence.set_lr(opt, lrs[s])
-        step_losses, _ = measure.timed_steps(lambda s=s: method.step(batch(s)), 1, method.device)
+    for s in range(start, start + cfg.convergence.branch_steps):
+        convergence.set_lr(opt, phase.lrs[s])
+        step_losses, _ = measure.timed_steps(lambda s=s: method.step(phase.batch(s)), 1, method.device)
         losses += step_losses
         if not math.isfinite(losses[-1]):
-            return dict(phase=phase, step=start, losses=losses, heldout=float("nan"))
-    return dict(
-        phase=phase, step=start, losses=losses, heldout=convergence.evaluate(method, heldout, cfg.batch_size)
-    )
+            return dict(phase=phase.name, step=start, losses=losses, heldout=float("nan"))
+    heldout = convergence.evaluate(method, phase.heldout, cfg.batch_size)
+    return dict(phase=phase.name, step=start, losses=losses, heldout=heldout)
 
 
 def _fields(cfg, corpora, branches, reference_losses, method_losses) -> dict[str, Any]:

@@ -166,6 +166,9 @@ class ConvergenceConfig:
     # method trains its own trajectory
     branch_every: int = 0
     branch_steps: int = 50
+    # where a branched run's fp32 reference trajectory is kept, shared by every method of a seed
+    # (harness.run.branch_reference; relative: to the repo)
+    reference_cache: str = ".cache/branch_references"
     data_dir: str = ".cache/convergence"  # prepared corpora and tokenizers (relative: to the repo)
 
 

@@ -8,21 +8,33 @@ at most 2.4e-7). A branch that left the moments behind would not (the test fails
 move the weights by a full lr in the first step.
 """
 
+import json
+
 import pytest
 import torch
 
 from harness import results
-from harness.run import branches, sweep
+from harness.run import branch_reference, branches, convergence, sweep
 from harness.run.config import ConfigError, compose_config
 
 TOLERANCE_NATS = 1e-4
 
 
 @pytest.fixture(scope="module")
-def smoke_records(tmp_path_factory):
+def reference_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("reference_cache")
+
+
+@pytest.fixture(scope="module")
+def smoke_records(tmp_path_factory, reference_cache):
     out = tmp_path_factory.mktemp("branches")
     path = sweep.run_sweep(
-        ["+exp=convergence_branched_smoke", f"results_dir={out}", "sweep.concurrent_points=2"]
+        [
+            "+exp=convergence_branched_smoke",
+            f"results_dir={out}",
+            "sweep.concurrent_points=2",
+            f"convergence.reference_cache={reference_cache}",
+        ]
     )
     return {r["method_label"]: r for r in results.read(path)}
 
@@ -48,10 +60,47 @@ def test_compensated_bf16_branches_run_and_deviate_by_bf16s_rounding(smoke_recor
     assert max(deviations) > max(abs(b["deviation"]) for b in smoke_records["forge_fp32_exact"]["branches"])
 
 
+def test_the_methods_points_share_one_reference_trajectory(smoke_records, reference_cache):
+    """Two points ran at once: one trained the reference, the other waited and read it."""
+    (folder,) = [p for p in reference_cache.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["cpt-0.pt", "pretrain-0.pt", "pretrain-12.pt"]
+    first, second = smoke_records["forge_fp32_exact"], smoke_records["forge_bf16_kahan"]
+    assert first["reference"] == second["reference"] == folder.name
+    assert first["reference_losses"] == second["reference_losses"]
+    assert [b["reference_heldout"] for b in first["branches"]] == [
+        b["reference_heldout"] for b in second["branches"]
+    ]
+
+
+def test_a_cached_trajectory_is_read_and_a_cut_off_one_trained_again(monkeypatch, tmp_path):
+    cfg = compose_config(["+exp=convergence_branched_smoke", f"convergence.reference_cache={tmp_path}"])
+    corpora = convergence.load_corpora(cfg)
+    trained = []
+
+    def train(cfg, corpora, device, folder):
+        trained.append(folder)
+        (folder / "trajectory.json").write_text(
+            json.dumps({"losses": [1.0], "heldout": [["pretrain", 0, 2.0]]})
+        )
+
+    monkeypatch.setattr(branch_reference, "_train", train)
+    folder = tmp_path / branch_reference.key(cfg, corpora, "cpu")
+    folder.mkdir()
+    (folder / "pretrain-0.pt").write_bytes(b"")  # a run cut off: no trajectory.json
+    trajectory = branch_reference.trajectory(cfg, corpora, "cpu")
+    assert trained == [folder] and trajectory.heldout("pretrain", 0) == 2.0
+    branch_reference.trajectory(cfg, corpora, "cpu")
+    assert trained == [folder]  # read, not trained again
+    other = compose_config(
+        ["+exp=convergence_branched_smoke", "seed=1", f"convergence.reference_cache={tmp_path}"]
+    )
+    assert branch_reference.key(other, corpora, "cpu") != folder.name
+
+
 def test_branches_start_every_n_steps_while_k_remain():
-    assert branches.branch_starts(24, 12, 6) == [0, 12]
-    assert branches.branch_starts(150, 50, 50) == [0, 50, 100]
-    assert branches.branch_starts(5, 50, 5) == [0]
+    assert branch_reference.branch_starts(24, 12, 6) == [0, 12]
+    assert branch_reference.branch_starts(150, 50, 50) == [0, 50, 100]
+    assert branch_reference.branch_starts(5, 50, 5) == [0]
 
 
 def test_a_branch_longer_than_a_phase_is_refused_at_composition():
