@@ -1,7 +1,7 @@
 """Branched fidelity runs: each method stepped from the fp32-master reference's own state.
 
-    python -m harness sweep +exp=fidelity_branched          # an H200: the 88M Llama, every method
-    python -m harness sweep +exp=fidelity_branched_smoke    # the same on a CPU, tiny
+    python -m harness sweep +exp=convergence_branched          # an H200: the 88M Llama, every method
+    python -m harness sweep +exp=convergence_branched_smoke    # the same on a CPU, tiny
 
 A convergence run (`harness.run.convergence`) trains every method on its own trajectory, and two
 fp32 implementations that differ only in rounding part ways after ~50 steps: the held-out losses
