@@ -16,19 +16,21 @@ bias a low-precision method adds. Here the method never leaves the reference for
   `convergence.branch_steps` steps remain) the method under test is loaded with the reference's
   state at that step: its weights from the fp32 ones (bf16 rounded to nearest, compensated bf16
   with the rounding's loss as the residual: `ForgeOptimizer.load_master_weights`), its optimizer
-  state converted from torch AdamW's (`ForgeOptimizer.load_state_dict(..., convert=True)`, or
-  torch's own loader for torch optimizers, which casts to the parameter's dtype). The method then
-  trains k steps on the batches and learning rates the reference trains on, and its held-out loss
-  is taken; so is the reference's, k steps on.
+  state converted from torch AdamW's (`ForgeOptimizer.load_state_dict(..., convert=True)`,
+  FlashOptim's own converters for FlashAdamW: `load_flash_adamw`, or torch's own loader for torch
+  optimizers, which casts to the parameter's dtype). The method then trains k steps on the
+  batches and learning rates the reference trains on, and its held-out loss is taken; so is the
+  reference's, k steps on.
 - A branch's deviation d is the method's held-out loss minus the reference's. Branches that start
   together stay together within what k steps move them: two fp32 implementations stay within
   ~1e-4 nats for ~50 steps, so the noise between branches is that small, and the mean of d over
   the branch points (and seeds) measures what the method's arithmetic costs per k steps.
 
-A method needs a loader for torch AdamW's state: FORGE (every state dtype and weight format) and
-torch's own optimizers (pure-bf16 fused AdamW, torch AdamW); others (FlashOptim's formats, the 8-bit
-optimizers) are reported unavailable, with the reason. Graphed methods are refused, as in every
-convergence run (`harness.run.config`).
+A method needs a loader for torch AdamW's state: FORGE (every state dtype and weight format),
+FlashOptim's FlashAdamW (int8 moments, bf16 weights with error-correction bits) and torch's own
+optimizers (pure-bf16 fused AdamW, torch AdamW); others (the 8-bit optimizers) are reported
+unavailable, with the reason. Graphed methods are refused, as in every convergence run
+(`harness.run.config`).
 
 The record's fields: `branches` (one dict per branch: phase, step, heldout, reference_heldout,
 deviation, losses), `branch_steps` (k), `losses` (the method's training losses over all branches,
@@ -39,6 +41,7 @@ in order), the reference's own `reference_losses`, and `reference` (its trajecto
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -95,14 +98,42 @@ def load_from_reference(method: Any, reference: Reference) -> None:
         opt.load_state_dict(state, convert=True)
         opt.load_master_weights(ordered)
         return
+    flashoptim = sys.modules.get("flashoptim")  # optional: imported wherever one of its optimizers exists
+    if flashoptim is not None and isinstance(opt, flashoptim.FlashAdamW):
+        load_flash_adamw(opt, method.model, masters, state)
+        return
     if type(opt).__name__ not in ("AdamW", "Adam"):
         raise Unloadable(
             f"{method.name} keeps {type(opt).__name__}'s state, which has no loader from torch "
-            "AdamW's: a branched run needs FORGE or a torch optimizer"
+            "AdamW's: a branched run needs FORGE, FlashAdamW or a torch optimizer"
         )
     for name, p in method.model.named_parameters():
         p.copy_(masters[name])
     opt.load_state_dict(state)  # torch casts each state to its parameter's dtype
+
+
+def load_flash_adamw(opt: Any, model: torch.nn.Module, masters: dict, state: dict) -> None:
+    """FlashOptim's FlashAdamW from torch AdamW's state (`state_for`), through its own converters.
+
+    - Moments: `FlashAdamW.load_state_dict` quantizes fp32 ones itself with flashoptim's `quantize`,
+      the arithmetic its step's kernel stores them with: exp_avg through softsign to int8, the square
+      root of exp_avg_sq to uint8, each run of 32 with a fresh fp16 absmax scale. With quantize=False
+      it keeps them in the parameter's dtype, as its step does.
+    - Missing state is made as FlashAdamW's first step makes it (`_ensure_state_initialized`): the
+      error-correction bits, and fresh moments where the reference has not stepped yet.
+    - The step count in its own format, an int64 on the CPU (torch AdamW's is a float tensor).
+    - Weights: `set_fp32_model_state_dict` rounds each fp32 master to the nearest bf16 and encodes
+      the remainder in the error-correction bits (for 24-bit masters an int8 count of 127ths of half
+      a bf16 ulp), so bf16 + bits decode to the master within 1/254 of half an ulp, about 2^-16 of
+      the weight: the nearest value the format holds.
+    """
+    opt.load_state_dict(state)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            opt._ensure_state_initialized(p, hparams=group)
+            opt.state[p]["step"] = torch.tensor(int(opt.state[p]["step"]), dtype=torch.int64)
+    opt.set_fp32_model_state_dict(model, masters)
+    opt.recompute_param_stats()  # the weights' maxabs its numerics check reads
 
 
 def train(cfg: DictConfig, method: Any, device: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Defaults as its README: `FlashAdamW(model.parameters(), lr=...)` keeps bf16 weig
 error-correction bits per weight in the optimizer state ("24-bit master weights"), so its master
 precision is higher than plain bf16 AdamW's. With `gradient_release: true`,
 `enable_gradient_release(model, opt)` steps each parameter from a hook during backward and frees
-its gradient, like adamw_in_backward. Its default settings need CUDA.
+its gradient, like adamw_in_backward. Its default settings need CUDA. A branched fidelity run
+starts it from torch AdamW's state through FlashOptim's own converters
+(`harness.run.branches.load_flash_adamw`).
 """
 
 from __future__ import annotations

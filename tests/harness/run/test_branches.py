@@ -9,6 +9,7 @@ move the weights by a full lr in the first step.
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -154,3 +155,174 @@ def test_a_branch_takes_the_references_hyperparameters_but_keeps_its_own_impleme
     (group,) = branches.state_for(opt, target, Reference())["param_groups"]
     assert (group["lr"], group["betas"], group["weight_decay"]) == (0.1, (0.8, 0.9), 0.2)
     assert group["foreach"] is True
+
+
+# FlashOptim's FlashAdamW (an optional baseline). Its formats, int8 moments with an fp16 scale per
+# 32 and bf16 weights with error-correction bits, run only in its CUDA kernels; quantize=False,
+# master_weight_bits=None, fused=False is eager torch arithmetic on fp32 states, which runs anywhere.
+FLASHOPTIM_ABSENT = "FlashOptim is an optional baseline (pip install -e .[baselines])"
+GROUP = 32  # the elements that share one of FlashOptim's fp16 scales
+
+
+def _two_layers(device: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """96 + 3 full groups of 32 and a partial one (the last bias's 8)."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8))
+    return model.to(device, dtype)
+
+
+def _stepped_reference(device: str, steps: int = 3) -> SimpleNamespace:
+    """The fp32 reference as `branches.Reference` keeps it (fused on CUDA), a few steps on."""
+    model = _two_layers(device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-2, betas=(0.8, 0.95), eps=1e-7, weight_decay=0.1, fused=device == "cuda"
+    )
+    inputs = torch.randn(16, 32, device=device)
+    for _ in range(steps):
+        model(inputs).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return SimpleNamespace(model=model, opt=opt)
+
+
+def _one_gradient(target: torch.nn.Module, reference: SimpleNamespace) -> None:
+    """The reference's gradient on a new batch, in the target's dtype, given to both."""
+    reference.model(torch.randn(16, 32, device=next(target.parameters()).device)).square().mean().backward()
+    for p, ref in zip(target.parameters(), reference.model.parameters()):
+        p.grad = ref.grad.to(p.dtype)
+        ref.grad = p.grad.float()
+
+
+def _hyperparameters(opt: torch.optim.Optimizer) -> dict:
+    return {k: opt.param_groups[0][k] for k in branches.HYPERPARAMETERS}
+
+
+@pytest.mark.parametrize("steps", [0, 3], ids=["before-its-first-step", "three-steps-on"])
+def test_flash_adamw_takes_the_references_state_and_steps_as_torch_adamw(steps):
+    """FlashAdamW's CPU path takes the reference's weights, moments, step count (as its own int64)
+    and hyperparameters, so its next step is torch AdamW's to fp32 rounding; before the reference's
+    first step, fresh moments. A step count off by one would show: it moves the update by 3% or more."""
+    flashoptim = pytest.importorskip("flashoptim", reason=FLASHOPTIM_ABSENT)
+    reference = _stepped_reference("cpu", steps)
+    model = _two_layers("cpu")
+    opt = flashoptim.FlashAdamW(
+        model.parameters(), lr=1e-3, quantize=False, master_weight_bits=None, fused=False
+    )
+    branches.load_from_reference(SimpleNamespace(name="flashoptim", model=model, opt=opt), reference)
+    assert _hyperparameters(opt) == _hyperparameters(reference.opt)
+    for (name, p), ref in zip(model.named_parameters(), reference.model.parameters()):
+        state, ref_state = opt.state[p], reference.opt.state[ref]
+        assert torch.equal(p, ref), name
+        assert state["step"].dtype == torch.int64 and int(state["step"]) == steps, name
+        for key in ("exp_avg", "exp_avg_sq"):
+            expected = ref_state[key] if steps else torch.zeros_like(ref)
+            assert torch.equal(state[key].materialize(), expected), (name, key)
+    _one_gradient(model, reference)
+    opt.step()
+    reference.opt.step()
+    for (name, p), ref in zip(model.named_parameters(), reference.model.parameters()):
+        torch.testing.assert_close(p, ref, rtol=2**-21, atol=1e-2 * 2**-20, msg=name)
+
+
+def _groups(t: torch.Tensor) -> torch.Tensor:
+    """t flattened into rows of GROUP, the last padded with zeros (which raise no absmax)."""
+    flat = t.detach().float().flatten()
+    return torch.nn.functional.pad(flat, (0, -flat.numel() % GROUP)).view(-1, GROUP)
+
+
+def _ungroup(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return rows.flatten()[: like.numel()].view_as(like)
+
+
+def _half_bf16_ulp(b: torch.Tensor) -> torch.Tensor:
+    """Half the spacing of bf16 numbers above |b| (2^(e-8) for 2^e <= |b|; zero and subnormals
+    take the smallest normal's): the unit FlashOptim's error-correction bits count 127ths of."""
+    exponent = torch.where(b == 0, -126, torch.frexp(b.float()).exponent - 1).clamp(min=-126)
+    return torch.ldexp(torch.ones_like(b, dtype=torch.float32), exponent - 8)
+
+
+def _master_bound(b: torch.Tensor) -> torch.Tensor:
+    """How far bf16 b plus int8 error bits may decode from the fp32 master b rounds: the bits
+    round the remainder (within half an ulp) to 127ths of half an ulp, so within 1/254 of it, about
+    2^-16 of |b|; fp32's own rounding of the decoded sum adds at most 2^-15 of that unit."""
+    return _half_bf16_ulp(b) * (1 / 254 + 2**-14)
+
+
+def _momentum_bound(m: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """How far FlashOptim's int8 momentum may dequantize from m: x = m / absmax goes through
+    softsign y = 2x / (1 + |x|), rounded to 127ths (within 1/254), back through the inverse's slope
+    2 / (2 - |y|)^2 (at most 2), times the group's fp16 scale; plus the scale's rounding, times |x|."""
+    rows = _groups(m)
+    absmax = rows.abs().amax(1, keepdim=True)
+    scale = scales.float()[:, None]
+    x = rows / absmax.clamp(min=1e-12)
+    y = 2 * x / (1 + x.abs())
+    slope = 2 / (2 - (y.abs() + 1 / 254).clamp(max=1)) ** 2
+    return _ungroup(slope / 254 * scale + x.abs() * (scale - absmax).abs() + scale * 2**-20, m)
+
+
+def _variance_bound(v: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """How far FlashOptim's uint8 variance may dequantize from v: r = sqrt(v) in 255ths of the
+    group's absmax, rounded (within 1/510), times the fp16 scale, plus the scale's rounding; then
+    squared, so off by at most dr (2 r + dr)."""
+    r = _groups(v).sqrt()
+    absmax = r.amax(1, keepdim=True)
+    scale = scales.float()[:, None]
+    dr = scale / 510 + r / absmax.clamp(min=1e-12) * (scale - absmax).abs() + scale * 2**-20
+    return _ungroup(dr * (2 * r + dr), v)
+
+
+def _adam_update_spread(m, v, dm, dv, step, betas, eps) -> torch.Tensor:
+    """How far AdamW's update direction m^ / (sqrt(v^) + eps) may move when its moments are off by
+    up to dm and dv (the largest change over the four corners: it is monotonic in each)."""
+    bc1, bc2 = 1 - betas[0] ** step, 1 - betas[1] ** step
+    update = lambda m_, v_: (m_ / bc1) / ((v_.clamp(min=0) / bc2).sqrt() + eps)
+    exact = update(m, v)
+    corners = [update(m + a * dm, v + b * dv) for a in (-1, 1) for b in (-1, 1)]
+    return torch.stack([(c - exact).abs() for c in corners]).amax(0)
+
+
+@pytest.mark.gpu
+def test_flash_adamw_loads_into_its_formats_within_their_precision():
+    """FlashAdamW with its defaults (int8 moments, 24-bit master weights, fused kernels) loaded from
+    the reference: bf16 weights rounded to nearest and error bits that decode within 2^-16 of the
+    fp32 master, moments quantized with fresh scales within their int8 rounding, the step count;
+    and its next step deviates from torch AdamW's by no more than those errors carry into it."""
+    flashoptim = pytest.importorskip("flashoptim", reason=FLASHOPTIM_ABSENT)
+    reference = _stepped_reference("cuda")
+    model = _two_layers("cuda", torch.bfloat16)
+    opt = flashoptim.FlashAdamW(model.parameters(), lr=1e-3)
+    branches.load_from_reference(SimpleNamespace(name="flashoptim", model=model, opt=opt), reference)
+    assert _hyperparameters(opt) == _hyperparameters(reference.opt)
+    lr, betas, eps, weight_decay = _hyperparameters(opt).values()
+    before = {}  # each parameter's loaded errors, and the reference's weight before the step
+    for (name, p), ref in zip(model.named_parameters(), reference.model.parameters()):
+        state, ref_state = opt.state[p], reference.opt.state[ref]
+        assert state["step"].dtype == torch.int64 and int(state["step"]) == 3, name
+        assert torch.equal(p, ref.bfloat16()), name
+        master = flashoptim.reconstruct_fp32_param(p, state["error_bits"])
+        assert ((master - ref).abs() <= _master_bound(p)).all(), name
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        assert torch.equal(m.scales, _groups(ref_state["exp_avg"]).abs().amax(1).half()), name
+        fresh_v_scales = _groups(ref_state["exp_avg_sq"]).sqrt().amax(1).half()
+        torch.testing.assert_close(v.scales, fresh_v_scales, rtol=2**-10, atol=0, msg=name)
+        dm = (m.materialize() - ref_state["exp_avg"]).abs()
+        dv = (v.materialize() - ref_state["exp_avg_sq"]).abs()
+        assert (dm <= _momentum_bound(ref_state["exp_avg"], m.scales)).all(), name
+        assert (dv <= _variance_bound(ref_state["exp_avg_sq"], v.scales)).all(), name
+        before[name] = (master - ref).abs(), dm, dv, ref.detach().clone()
+    _one_gradient(model, reference)
+    opt.step()
+    reference.opt.step()
+    for (name, p), ref in zip(model.named_parameters(), reference.model.parameters()):
+        dw, dm, dv, ref_before = before[name]
+        ref_state = reference.opt.state[ref]
+        spread = _adam_update_spread(
+            ref_state["exp_avg"], ref_state["exp_avg_sq"], betas[0] * dm, betas[1] * dv, 4, betas, eps
+        )
+        arithmetic = 2**-16 * (ref - ref_before).abs() + lr * 2**-20  # two fp32 orders of the same update
+        bound = dw * (1 - lr * weight_decay) + lr * spread + _master_bound(p) + arithmetic
+        master = flashoptim.reconstruct_fp32_param(p, opt.state[p]["error_bits"])
+        deviation = (master - ref).abs()
+        assert (deviation <= bound).all(), (name, (deviation / bound).max())
+        ref_update = ref - ref_before * (1 - lr * weight_decay)
+        assert deviation.norm() < 0.02 * ref_update.norm(), name  # and far inside it: 0.1-0.6% measured
