@@ -21,9 +21,14 @@ The fused update therefore equals torch.optim's step on the fp32 result of
 `torch._scaled_mm(dy8^T, x8, 1/sdy, 1/sx)` on the same quantized operands, up to the order of the
 sum over T (tests/forge/test_fp8.py).
 
-What is saved for the backward: x in its own dtype, as Float8Linear saves it (the q, k and v
-projections of an attention block share that one tensor), re-cast in the backward; the weight is
-re-cast there too (the same value as in the forward: nothing has updated it yet). On a GPU each
+What is saved for the backward: the T-major FP8 copy of x that the forward's one cast of x writes
+beside the row-major one, with its scale, 1 byte an element where Float8Linear keeps x in its own
+dtype and casts it again (2 bytes; the q, k and v projections of an attention block share that
+tensor, where each keeps its own copy here: of a Llama block's inputs, 3 x 1 bytes against 2 for
+q, k and v, 2 x 1 against 2 for gate and up, 1 against 2 for o and down). Under activation
+checkpointing x itself is saved ahead of the layer (`forge.nn`) and cast again in the backward,
+to the same bits. The weight is cast again there too (the same value as in the forward: nothing
+has updated it yet). On a GPU each
 cast is two launches of `forge.kernels.fp8_cast` (the tensor's maximum, then the cast, row-major,
 transposed or both), equal bit for bit to `cast`, the PyTorch ops kept as its reference. On a
 machine without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
@@ -92,22 +97,32 @@ def cast_for_gemm(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, tra
     return (t8 if rows else None), (t8.t().contiguous() if transposed else None), inverse
 
 
-def forward(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """y = x2 W^T through FP8 (x2: (T, K)), in x2's dtype."""
-    x8, _, x_inv = cast_for_gemm(x2, INPUT_DTYPE)
+def forward(x2: torch.Tensor, weight: torch.Tensor, save_input: bool = False):
+    """(y = x2 W^T through FP8 (x2: (T, K)) in x2's dtype, and what the backward needs of x2).
+
+    With `save_input` the one cast of x2 writes its T-major copy too, and the second item is that
+    copy with its inverse scale: the backward reads it instead of casting x2 again (the same bits,
+    x2 has not changed), so a layer keeps 1 byte an input element instead of x2's 2. Else None:
+    the caller keeps x2 (under activation checkpointing, `forge.nn`)."""
+    x8, x8_t, x_inv = cast_for_gemm(x2, INPUT_DTYPE, transposed=save_input)
     w8, _, w_inv = cast_for_gemm(weight, INPUT_DTYPE)
-    return scaled_mm(x8, w8.t(), x_inv, w_inv, x2.dtype, fast_accum=True)
+    y = scaled_mm(x8, w8.t(), x_inv, w_inv, x2.dtype, fast_accum=True)
+    return y, ((x8_t, x_inv) if save_input else None)
 
 
-def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, need_dx: bool):
+def backward(dy2: torch.Tensor, x, weight: torch.Tensor, need_dx: bool):
     """(dx or None, dy8 (T, N), x8 (T, K), dequantization scale) for the backward of `forward`:
-    dx = dy W in FP8 with the old W; dy8 and x8 are views of T-contiguous copies (what the fused
-    kernel reads), and the scale (a one-element fp32 tensor) is what their product dy8^T x8 is
-    multiplied by to give dW."""
+    dx = dy W in FP8 with the old W, in dy2's dtype; dy8 and x8 are views of T-contiguous copies
+    (what the fused kernel reads), and the scale (a one-element fp32 tensor) is what their product
+    dy8^T x8 is multiplied by to give dW. `x`: the input (T, K) itself, cast here, or what
+    `forward(..., save_input=True)` kept of it (its T-major FP8 copy and inverse scale)."""
     dy8, dy8_t, dy_inv = cast_for_gemm(dy2, GRAD_DTYPE, rows=need_dx, transposed=True)
     dx = None
     if need_dx:
         _, w8_t, w_inv = cast_for_gemm(weight, INPUT_DTYPE, rows=False, transposed=True)
-        dx = scaled_mm(dy8, w8_t.t(), dy_inv, w_inv, x2.dtype)  # W8 (N, K) column-major
-    _, x8_t, x_inv = cast_for_gemm(x2, INPUT_DTYPE, rows=False, transposed=True)
+        dx = scaled_mm(dy8, w8_t.t(), dy_inv, w_inv, dy2.dtype)  # W8 (N, K) column-major
+    if isinstance(x, torch.Tensor):
+        _, x8_t, x_inv = cast_for_gemm(x, INPUT_DTYPE, rows=False, transposed=True)
+    else:
+        x8_t, x_inv = x
     return dx, dy8_t.t(), x8_t.t(), (dy_inv * x_inv).reshape(1)

@@ -70,7 +70,7 @@ class ForgeLinearFunction(torch.autograd.Function):
         # saved_ahead: x is the output of `_SavedInput`, whose node holds x for the backward
         # fp8: the three GEMMs on FP8 tensor cores (`forge.fp8`)
         ctx.input_node = x.grad_fn if saved_ahead else None
-        if not saved_ahead:
+        if not saved_ahead and not fp8:
             ctx.save_for_backward(x)
         # The Parameter itself, not a saved tensor: under activation checkpointing saved tensors come
         # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
@@ -82,14 +82,18 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.fp8 = fp8
         if not torch.compiler.is_compiling():
             optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
-        if fp8:
-            y = forge_fp8.forward(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+        if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
+            y, x8 = forge_fp8.forward(x.reshape(-1, x.shape[-1]), weight, save_input=not saved_ahead)
+            if x8 is not None:
+                ctx.save_for_backward(*x8)
+            ctx.input_shape = x.shape
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
             return y if bias is None else y + bias.to(y.dtype)
         return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        (x,) = ctx.input_node.saved_tensors if ctx.input_node is not None else ctx.saved_tensors
+        saved = ctx.input_node.saved_tensors if ctx.input_node is not None else ctx.saved_tensors
         weight, optimizer = ctx.weight, ctx.optimizer
         if optimizer.version(weight) != ctx.version:
             raise RuntimeError(
@@ -100,14 +104,18 @@ class ForgeLinearFunction(torch.autograd.Function):
                 "gradient."
             )
         dy2 = dy.reshape(-1, dy.shape[-1])
-        x2 = x.reshape(-1, x.shape[-1])
         dx = db = grad_scale = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         if ctx.fp8:  # dx in FP8; dy and x as T-major FP8 copies for the fused kernel, with their scale
-            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, x2, weight, ctx.needs_input_grad[0])
-            dx = None if dx is None else dx.reshape(x.shape)
-        elif ctx.needs_input_grad[0]:
+            if ctx.input_node is not None:  # x itself, saved ahead: cast again
+                saved = saved[0].reshape(-1, ctx.input_shape[-1])
+            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, saved, weight, ctx.needs_input_grad[0])
+            dx = None if dx is None else dx.reshape(ctx.input_shape)
+        else:
+            (x,) = saved
+            x2 = x.reshape(-1, x.shape[-1])
+        if not ctx.fp8 and ctx.needs_input_grad[0]:
             w = local(weight)  # the old W, before the update; cast only under autocast
             dx = (dy2 @ (w if w.dtype == dy2.dtype else w.to(dy2.dtype))).reshape(x.shape)
             if dx.dtype != x.dtype:

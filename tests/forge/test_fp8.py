@@ -67,6 +67,27 @@ def test_forward_and_dx_equal_torchao_float8linear():
     torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-6, atol=1e-6)
 
 
+def test_the_backward_reads_the_forwards_fp8_copy_of_the_input():
+    """The layer keeps its input's T-major FP8 cast from the forward (1 byte an element, half of a
+    bf16 x), the bits a fresh cast gives. Under activation checkpointing it keeps x and casts it
+    again in the backward: both train to the same weights."""
+    torch.manual_seed(3)
+    layer = nn.Linear(K, N, bias=False)
+    twin = copy.deepcopy(layer)
+    for module in (layer, twin):
+        forge.attach(module, "adamw", state_dtype="fp32", stochastic_rounding=False, fp8="tensorwise")
+    x, dy = torch.randn(T, K).bfloat16(), torch.randn(T, N).bfloat16()
+    y = layer(x.requires_grad_())
+    x8_t, x_inv = y.grad_fn.saved_tensors
+    expected, expected_inv = fp8.cast(x.detach(), fp8.INPUT_DTYPE)
+    assert x8_t.dtype == fp8.INPUT_DTYPE and x8_t.shape == (K, T)
+    assert torch.equal(x8_t.view(torch.uint8), expected.t().contiguous().view(torch.uint8))
+    assert torch.equal(x_inv, expected_inv)
+    y.backward(dy)
+    torch.utils.checkpoint.checkpoint(twin, x.detach().requires_grad_(), use_reentrant=False).backward(dy)
+    assert torch.equal(layer.weight, twin.weight)
+
+
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
 def test_bf16_weights_train_with_fp8_gemms(state_dtype):
     """A bf16 MLP with FP8 GEMMs and bf16 or int8 states fits a fixed batch: the loss falls."""
