@@ -107,9 +107,10 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
         align="lllllrrrrll",
         notes=[
             f"k = {', '.join(map(str, steps))} steps. d: the method's held-out loss k steps after loading "
-            "the reference's weights and AdamW moments (fused AdamW on fp32 master weights, trained in "
-            "the same process), minus the reference's at the same step; mean and Student's t 95% "
-            "interval over every branch of every seed. Noise band: the largest |mean| + half-width of "
+            "the reference's weights and AdamW moments (fused AdamW on fp32 master weights, trained "
+            "once a seed and shared by every method), minus the reference's at the same step; mean and "
+            "Student's t 95% interval over every branch of every seed. Noise band: the largest |mean| + "
+            "half-width of "
             f"the fp32 controls. {MIN_SEEDS} branches at least for a verdict. Target: the 95% interval "
             f"of the mean d within +-{TARGET_NATS} nats."
         ],

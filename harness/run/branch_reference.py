@@ -14,8 +14,8 @@ The key hashes everything the trajectory depends on: the model's config, the see
 sequence length, learning rate and AdamW settings, the phases and branch schedule, the corpora's
 SHA-256, the torch version and the device. Points that run at once take a file lock on the key, so
 one trains and the rest wait for it. trajectory.json is written last: a folder without it (a run
-cut off) is trained again. A start holds 12 bytes a parameter (1.1 GB for the 88M Llama, whose
-7 starts a seed take 7.4 GB); delete the folder to reclaim it.
+cut off) is trained again. A start holds 12 bytes a parameter (19 GiB for three seeds of the
+88M Llama's 7 starts); delete the folder to reclaim it.
 """
 
 from __future__ import annotations
