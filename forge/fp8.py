@@ -23,12 +23,12 @@ sum over T (tests/forge/test_fp8.py).
 
 What is saved for the backward: the T-major FP8 copy of x that the forward's one cast of x writes
 beside the row-major one, with its scale, 1 byte an element where Float8Linear keeps x in its own
-dtype and casts it again (2 bytes; the q, k and v projections of an attention block share that
-tensor, where each keeps its own copy here: of a Llama block's inputs, 3 x 1 bytes against 2 for
-q, k and v, 2 x 1 against 2 for gate and up, 1 against 2 for o and down). Under activation
-checkpointing x itself is saved ahead of the layer (`forge.nn`) and cast again in the backward,
-to the same bits. The weight is cast again there too (the same value as in the forward: nothing
-has updated it yet). On a GPU each
+dtype and casts it again (2 bytes). Layers that read the same x (a Llama block's q, k and v; gate
+and up) share that cast and that copy (`InputCasts`), so of a Llama block's saved inputs FP8 keeps
+one byte an element of the attention input, of o's, of the MLP input and of down's, where bf16
+keeps two. Under activation checkpointing x itself is saved ahead of the layer (`forge.nn`) and
+cast again in the backward, to the same bits. The weight is cast again there too (the same value
+as in the forward: nothing has updated it yet). On a GPU each
 cast is two launches of `forge.kernels.fp8_cast` (the tensor's maximum, then the cast, row-major,
 transposed or both), equal bit for bit to `cast`, the PyTorch ops kept as its reference. On a
 machine without CUDA the FP8 GEMMs are emulated: the FP8 values, exactly representable in fp32, are
@@ -36,6 +36,8 @@ multiplied in fp32 and scaled, what `torch._scaled_mm` computes up to its summat
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -97,17 +99,49 @@ def cast_for_gemm(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, tra
     return (t8 if rows else None), (t8.t().contiguous() if transposed else None), inverse
 
 
-def forward(x2: torch.Tensor, weight: torch.Tensor, save_input: bool = False):
-    """(y = x2 W^T through FP8 (x2: (T, K)) in x2's dtype, and what the backward needs of x2).
+class InputCasts:
+    """The FP8 casts of layer inputs, by input tensor, for as long as the input lives: layers that
+    read one input (a Llama block's q, k and v; gate and up) cast it once and keep one copy.
 
-    With `save_input` the one cast of x2 writes its T-major copy too, and the second item is that
-    copy with its inverse scale: the backward reads it instead of casting x2 again (the same bits,
-    x2 has not changed), so a layer keeps 1 byte an input element instead of x2's 2. Else None:
-    the caller keeps x2 (under activation checkpointing, `forge.nn`)."""
-    x8, x8_t, x_inv = cast_for_gemm(x2, INPUT_DTYPE, transposed=save_input)
+    Keyed by the tensor's identity and version (an in-place change makes a new cast), never by its
+    values; an entry goes when its tensor does."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple] = {}
+
+    def get(self, x: torch.Tensor, make):
+        """The cast of x: the one made for it before, or `make()`."""
+        entry = self._by_id.get(id(x))
+        if entry is not None and entry[0]() is x and entry[1] == x._version:
+            return entry[2]
+        value = make()
+        key = id(x)
+        self._by_id[key] = (weakref.ref(x, lambda _, key=key: self._by_id.pop(key, None)), x._version, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+INPUT_CASTS = InputCasts()
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, save_input: bool = False):
+    """(y = x W^T through FP8 (x: (..., K)) in x's dtype, (..., N), and what the backward needs of x).
+
+    With `save_input` the one cast of x writes its T-major copy too, and the second item is that
+    copy with its inverse scale: the backward reads it instead of casting x again (the same bits,
+    x has not changed), so a layer keeps 1 byte an input element instead of x's 2, and layers that
+    read the same x share one cast and one copy (`INPUT_CASTS`; not while torch.compile traces).
+    Else None: the caller keeps x (under activation checkpointing, `forge.nn`)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if save_input and not torch.compiler.is_compiling():
+        x8, x8_t, x_inv = INPUT_CASTS.get(x, lambda: cast_for_gemm(x2, INPUT_DTYPE, transposed=True))
+    else:
+        x8, x8_t, x_inv = cast_for_gemm(x2, INPUT_DTYPE, transposed=save_input)
     w8, _, w_inv = cast_for_gemm(weight, INPUT_DTYPE)
-    y = scaled_mm(x8, w8.t(), x_inv, w_inv, x2.dtype, fast_accum=True)
-    return y, ((x8_t, x_inv) if save_input else None)
+    y = scaled_mm(x8, w8.t(), x_inv, w_inv, x.dtype, fast_accum=True)
+    return y.reshape(*x.shape[:-1], weight.shape[0]), ((x8_t, x_inv) if save_input else None)
 
 
 def backward(dy2: torch.Tensor, x, weight: torch.Tensor, need_dx: bool):

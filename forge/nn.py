@@ -83,11 +83,10 @@ class ForgeLinearFunction(torch.autograd.Function):
         if not torch.compiler.is_compiling():
             optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
         if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
-            y, x8 = forge_fp8.forward(x.reshape(-1, x.shape[-1]), weight, save_input=not saved_ahead)
+            y, x8 = forge_fp8.forward(x, weight, save_input=not saved_ahead)
             if x8 is not None:
                 ctx.save_for_backward(*x8)
             ctx.input_shape = x.shape
-            y = y.reshape(*x.shape[:-1], weight.shape[0])
             return y if bias is None else y + bias.to(y.dtype)
         return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
 

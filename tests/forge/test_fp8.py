@@ -88,6 +88,34 @@ def test_the_backward_reads_the_forwards_fp8_copy_of_the_input():
     assert torch.equal(layer.weight, twin.weight)
 
 
+def test_layers_that_read_one_input_share_its_cast():
+    """Three layers on one x (as q, k and v are) keep one FP8 copy of it between them, and train to
+    the same weights as three layers on three copies of x, each cast on its own. An in-place change
+    of x makes a new cast; the cache lets go of x's cast when x goes."""
+    torch.manual_seed(4)
+    shared = nn.ModuleList(nn.Linear(K, N, bias=False) for _ in range(3))
+    apart = copy.deepcopy(shared)
+    for module in (shared, apart):
+        forge.attach(module, "adamw", state_dtype="fp32", stochastic_rounding=False, fp8="tensorwise")
+    before = len(fp8.INPUT_CASTS)
+    x, dy = torch.randn(T, K).requires_grad_(), torch.randn(T, N)
+    outs = [layer(x) for layer in shared]
+    copies = {out.grad_fn.saved_tensors[0].data_ptr() for out in outs}
+    assert len(copies) == 1 and len(fp8.INPUT_CASTS) == before + 1
+    inverse = outs[0].grad_fn.saved_tensors[1].clone()
+    sum((out * dy).sum() for out in outs).backward()
+    x_apart = [x.detach().clone().requires_grad_() for _ in apart]
+    sum((layer(xi) * dy).sum() for layer, xi in zip(apart, x_apart)).backward()
+    for a, b in zip(shared, apart):
+        assert torch.equal(a.weight, b.weight)
+    with torch.no_grad():
+        x.mul_(2.0)
+    again = shared[0](x)
+    assert torch.equal(again.grad_fn.saved_tensors[1], 2 * inverse)  # a new cast: twice the maximum
+    del x, x_apart, outs, again
+    assert len(fp8.INPUT_CASTS) == before
+
+
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
 def test_bf16_weights_train_with_fp8_gemms(state_dtype):
     """A bf16 MLP with FP8 GEMMs and bf16 or int8 states fits a fixed batch: the loss falls."""
