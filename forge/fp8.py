@@ -111,11 +111,11 @@ class InputCasts:
 
     def get(self, x: torch.Tensor, make):
         """The cast of x: the one made for it before, or `make()`."""
-        entry = self._by_id.get(id(x))
+        key = id(x)
+        entry = self._by_id.get(key)
         if entry is not None and entry[0]() is x and entry[1] == x._version:
             return entry[2]
         value = make()
-        key = id(x)
         self._by_id[key] = (weakref.ref(x, lambda _, key=key: self._by_id.pop(key, None)), x._version, value)
         return value
 

@@ -117,3 +117,22 @@ def lm_batch(vocab: int = 96, batch: int = 2, seq: int = 16):
 
 def lm_loss(model, batch):
     return model(**batch).loss
+
+
+def convergence_record(
+    sweep: str, label: str, method: str, master: str, seed: int, day: str, **fields
+) -> dict:
+    """A finished convergence record of `label` at `seed` (the fields every fidelity table reads),
+    made on `day`, with the curve `fields` of the table under test."""
+    return dict(
+        sweep=sweep,
+        model="llama-100m",
+        method=method,
+        method_label=label,
+        master_weights=master,
+        status="ok",
+        config=dict(seed=seed),
+        time=f"{day}T00:00:0{seed}",
+        method_options=dict(label=label),
+        **fields,
+    )

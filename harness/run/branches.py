@@ -152,9 +152,7 @@ def train(cfg: DictConfig, method: Any, device: str) -> dict[str, Any]:
             break  # the method diverged
         branch["reference_heldout"] = trajectory.heldout(phase.name, start)
         branch["deviation"] = branch["heldout"] - branch["reference_heldout"]
-    method_losses = [loss for branch in branches for loss in branch["losses"]]
-    fields = _fields(cfg, corpora, branches, trajectory.losses, method_losses)
-    return dict(fields, reference=trajectory.folder.name)
+    return _fields(cfg, corpora, branches, trajectory)
 
 
 def _branch(method: Any, reference: Reference, phase: branch_reference.Phase, start: int, cfg) -> dict:
@@ -172,16 +170,18 @@ def _branch(method: Any, reference: Reference, phase: branch_reference.Phase, st
     return dict(phase=phase.name, step=start, losses=losses, heldout=heldout)
 
 
-def _fields(cfg, corpora, branches, reference_losses, method_losses) -> dict[str, Any]:
+def _fields(cfg, corpora, branches, trajectory: branch_reference.Trajectory) -> dict[str, Any]:
     manifest = next(iter(corpora.values())).manifest
+    method_losses = [loss for branch in branches for loss in branch["losses"]]
     return {
         "branches": branches,
         "branch_steps": cfg.convergence.branch_steps,
         "losses": method_losses,
         "loss_first": method_losses[0] if method_losses else None,
         "loss_last": method_losses[-1] if method_losses else None,
-        "reference_losses": reference_losses,
-        "steps": len(reference_losses),
+        "reference_losses": trajectory.losses,
+        "reference": trajectory.folder.name,
+        "steps": len(trajectory.losses),
         "step_times_ms": [],
         "data": {k: manifest[k] for k in ("python", "vocab_size", "files")},
     }

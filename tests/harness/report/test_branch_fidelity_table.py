@@ -4,6 +4,7 @@ import random
 
 from harness.report import branch_fidelity_table as bt
 from harness.report import fidelity_table as ft
+from tests.helpers import convergence_record
 
 
 def _run(
@@ -12,22 +13,19 @@ def _run(
     """A branched record: `branches` pretraining branches and 3 of continued pretraining, each
     deviating by `bias` plus noise."""
     spans = [("pretrain", s) for s in range(0, 50 * branches, 50)] + [("cpt", s) for s in (0, 50, 100)]
-    return dict(
-        sweep="convergence_branched",
-        model="llama-100m",
-        method=method,
-        method_label=label,
-        master_weights=master,
-        status="ok",
-        config=dict(seed=seed),
-        time=f"2026-12-02T00:00:0{seed}",
+    return convergence_record(
+        "convergence_branched",
+        label,
+        method,
+        master,
+        seed,
+        "2026-12-02",
         losses=[4.0, 3.0],
         branch_steps=50,
         branches=[
             dict(phase=p, step=s, heldout=3.0, reference_heldout=3.0, deviation=bias + rng.gauss(0, noise))
             for p, s in spans
         ],
-        method_options=dict(label=label),
     )
 
 

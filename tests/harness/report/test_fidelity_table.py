@@ -3,6 +3,7 @@
 import random
 
 from harness.report import fidelity_table as ft
+from tests.helpers import convergence_record
 
 STEPS = list(range(0, 2001, 100))  # held-out evaluations, step 0 before any update
 PHASES = [dict(name="pretrain", first_step=0, steps=1600), dict(name="cpt", first_step=1600, steps=400)]
@@ -12,20 +13,17 @@ def _run(label: str, method: str, master: str, seed: int, offset: float, noise: 
     """A convergence record whose held-out curve is a common decay + `offset` + per-step noise."""
     base = [3.0 + 6.0 / (1 + s / 100) + 0.01 * seed for s in STEPS]
     heldout = [b + (0.0 if s == 0 else offset + rng.gauss(0, noise)) for b, s in zip(base, STEPS)]
-    return dict(
-        sweep="convergence",
-        model="llama-100m",
-        method=method,
-        method_label=label,
-        master_weights=master,
-        status="ok",
-        config=dict(seed=seed),
-        time=f"2026-12-01T00:00:0{seed}",
+    return convergence_record(
+        "convergence",
+        label,
+        method,
+        master,
+        seed,
+        "2026-12-01",
         losses=[4.0] * 2000,
         heldout_losses=heldout,
         heldout_steps=STEPS,
         phases=PHASES,
-        method_options=dict(label=label),
     )
 
 
