@@ -14,10 +14,16 @@ reference with other rounding), and the verdict is the seeds' table's: "within n
 by X +- Y nats". That band is the fp32 rounding's, orders of magnitude under what bf16 arithmetic
 moves in k steps, so a bf16 method is "biased" by some amount: the target asks whether the whole
 interval lies within +-`TARGET_NATS` (met), beyond it (not met) or across its edge (unresolved).
+
+A second table (`branch_fidelity_by_start`) splits the same deviations by the step each branch
+started at: their mean, standard deviation and largest |d| over the seeds. It shows where the
+pooled interval's width comes from, e.g. a branch started from the random initialisation, whose
+50 steps fall through the warm-up and a loss drop of several nats.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from harness.points import display_name, latest_by_key, seed_of
@@ -39,10 +45,28 @@ from harness.report.tables import Selection
 def branch_deviations(record: Record) -> dict[str, list[float]]:
     """The record's branch deviations by phase, in order (a branch that diverged has none)."""
     by_phase: dict[str, list[float]] = {}
+    for (phase, _), values in deviations_by_start(record).items():
+        by_phase.setdefault(phase, []).extend(values)
+    return by_phase
+
+
+def deviations_by_start(record: Record) -> dict[tuple[str, int], list[float]]:
+    """The record's branch deviations by (phase, start step), in order."""
+    out: dict[tuple[str, int], list[float]] = {}
     for branch in record.get("branches") or []:
         if branch.get("deviation") is not None:
-            by_phase.setdefault(str(branch["phase"]), []).append(float(branch["deviation"]))
-    return by_phase
+            key = (str(branch["phase"]), int(branch.get("step") or 0))
+            out.setdefault(key, []).append(float(branch["deviation"]))
+    return out
+
+
+def _branched_runs(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if is_branched(r) and r.get("status") == "ok"]
+
+
+def _k_note(runs: Sequence[Record]) -> str:
+    steps = sorted({int(r.get("branch_steps") or 0) for r in runs})
+    return f"k = {', '.join(map(str, steps))} steps."
 
 
 def target(values: list[float]) -> str:
@@ -58,7 +82,7 @@ def target(values: list[float]) -> str:
 
 def branch_fidelity(records: Sequence[Record]) -> Selection | None:
     """One row per (sweep, model, phase, method) of the branched runs; None without any."""
-    runs = [r for r in records if is_branched(r) and r.get("status") == "ok"]
+    runs = _branched_runs(records)
     if not runs:
         return None
     draws: dict[tuple, list[float]] = {}
@@ -86,7 +110,6 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
         ]
         verdict = _verdict(values, key in controls, band, unit="branch", fmt=".2e")[0]
         rows.append(row + [verdict, NONE if key in controls else target(values)])
-    steps = sorted({int(r.get("branch_steps") or 0) for r in runs})
     table = Table(
         name="branch_fidelity",
         title="Branched fidelity: held-out loss k steps after starting from the fp32 reference's state",
@@ -106,13 +129,66 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
         rows=rows,
         align="lllllrrrrll",
         notes=[
-            f"k = {', '.join(map(str, steps))} steps. d: the method's held-out loss k steps after loading "
+            f"{_k_note(runs)} d: the method's held-out loss k steps after loading "
             "the reference's weights and AdamW moments (fused AdamW on fp32 master weights, trained "
             "once a seed and shared by every method), minus the reference's at the same step; mean and "
             "Student's t 95% interval over every branch of every seed. Noise band: the largest |mean| + "
             "half-width of "
             f"the fp32 controls. {MIN_SEEDS} branches at least for a verdict. Target: the 95% interval "
             f"of the mean d within +-{TARGET_NATS} nats."
+        ],
+    )
+    return Selection(table, runs)
+
+
+def branch_fidelity_by_start(records: Sequence[Record]) -> Selection | None:
+    """One row per (sweep, model, phase, start step, method) of the branched runs: the spread of d
+    over the seeds' branches that started there; None without any branched run."""
+    runs = _branched_runs(records)
+    if not runs:
+        return None
+    draws: dict[tuple, list[float]] = {}
+    labels: dict[tuple, str] = {}
+    for record in latest_by_key(runs).values():
+        for (phase, start), values in deviations_by_start(record).items():
+            key = (str(record.get("sweep")), str(record.get("model")), phase, start, _order(record))
+            draws.setdefault(key, []).extend(values)
+            labels[key] = display_name(record)
+    rows = []
+    for key in sorted(draws):
+        values = draws[key]
+        spread = f"{statistics.stdev(values):.2e}" if len(values) > 1 else NONE
+        rows.append(
+            [
+                *key[:3],
+                str(key[3]),
+                labels[key],
+                str(len(values)),
+                f"{statistics.fmean(values):+.2e}",
+                spread,
+                f"{max(map(abs, values)):.2e}",
+            ]
+        )
+    table = Table(
+        name="branch_fidelity_by_start",
+        title="Branched fidelity by branch start: where the deviations scatter",
+        header=[
+            "Sweep",
+            "Model",
+            "Phase",
+            "Start step",
+            "Method",
+            "Branches",
+            "Mean d",
+            "SD of d",
+            "Largest |d|",
+        ],
+        rows=rows,
+        align="lllrlrrrr",
+        notes=[
+            f"{_k_note(runs)} The deviations of the table above, split by the step of its phase each "
+            "branch started at (one branch a seed). A start at step 0 loads no trained state: its k "
+            "steps are the first of training, through the warm-up."
         ],
     )
     return Selection(table, runs)

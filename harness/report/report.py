@@ -32,7 +32,7 @@ from typing import Any
 from harness.points import display_name, seed_of
 from harness.records import Record, in_scratch, load_records, split_kinds
 from harness.report import plots, preambles
-from harness.report.branch_fidelity_table import branch_fidelity
+from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.fidelity_table import fidelity
 from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
@@ -72,7 +72,14 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         ),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
         _convergence_section(
-            convergence(steps), [convergence_seeds(steps), fidelity(steps), branch_fidelity(steps)], out
+            convergence(steps),
+            [
+                convergence_seeds(steps),
+                fidelity(steps),
+                branch_fidelity(steps),
+                branch_fidelity_by_start(steps),
+            ],
+            out,
         ),
     ]
     used = [r for s in sections for r in s.records]

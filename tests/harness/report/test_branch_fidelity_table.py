@@ -86,3 +86,21 @@ def test_too_few_branches_are_not_judged_and_a_diverged_branch_is_left_out():
 def test_branched_runs_stay_out_of_the_trajectory_tables():
     assert ft.fidelity(_records()) is None
     assert bt.branch_fidelity([dict(sweep="convergence", status="ok", losses=[1.0])]) is None
+
+
+def test_the_by_start_table_splits_each_phase_by_the_step_its_branches_started_at():
+    """One row per phase, start step and method, over the seeds: two seeds give two branches a start,
+    their mean, spread and largest |d|; a start that one seed alone reached has no spread."""
+    records = _records(seeds=2)
+    records[0]["branches"].append(dict(phase="cpt", step=150, deviation=-3e-3))  # seed 0's control only
+    table = bt.branch_fidelity_by_start(records).table
+    col = {name: i for i, name in enumerate(table.header)}
+    rows = {(r[col["Phase"]], r[col["Start step"]], r[col["Method"]]): r for r in table.rows}
+    starts = sorted({int(s) for p, s, _ in rows if p == "pretrain"})
+    assert starts == list(range(0, 500, 50))
+    row = rows[("pretrain", "100", "forge_bf16")]
+    assert row[col["Branches"]] == "2" and abs(float(row[col["Mean d"]]) - 2e-3) < 5e-4
+    assert float(row[col["SD of d"]]) < 5e-4 and float(row[col["Largest |d|"]]) < 3e-3
+    lone = rows[("cpt", "150", "torch_adamw_fp32")]
+    assert lone[col["Branches"]] == "1" and lone[col["SD of d"]] == "—" and lone[col["Mean d"]] == "-3.00e-03"
+    assert bt.branch_fidelity_by_start([dict(sweep="convergence", status="ok", losses=[1.0])]) is None
