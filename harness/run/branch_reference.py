@@ -83,9 +83,9 @@ class Phase:
     starts: list[int]
 
 
-def branch_starts(steps: int, every: int, k: int) -> list[int]:
-    """The steps of a phase at which a branch starts: 0, every, 2 every, ... while k steps remain."""
-    return list(range(0, steps - k + 1, every))
+def branch_starts(steps: int, every: int, k: int, first: int = 0) -> list[int]:
+    """The steps of a phase at which a branch starts: first, first + every, ... while k steps remain."""
+    return list(range(first, steps - k + 1, every))
 
 
 def phases(cfg: DictConfig, corpora: dict[str, data.Corpus], device: str) -> Iterator[Phase]:
@@ -106,7 +106,7 @@ def phases(cfg: DictConfig, corpora: dict[str, data.Corpus], device: str) -> Ite
         def batch(s: int, tokens=tokens, offsets=offsets) -> torch.Tensor:
             return convergence.windows(tokens, offsets[s], cfg.seq_len).to(device)
 
-        starts = branch_starts(phase.steps, conv.branch_every, conv.branch_steps)
+        starts = branch_starts(phase.steps, conv.branch_every, conv.branch_steps, phase.branch_from)
         yield Phase(phase.name, lrs, batch, ev.inputs[phase.corpus], starts)
 
 

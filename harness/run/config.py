@@ -147,6 +147,9 @@ class PhaseConfig:
     steps: int = MISSING
     lr_scale: float = 1.0  # peak lr of this phase = method.lr * lr_scale
     warmup_steps: int = 0  # linear warm-up, then cosine decay to min_lr_ratio * peak
+    # branched runs: the first step of this phase a branch starts at (then every branch_every);
+    # e.g. past the warm-up, where a branch from the random initialisation scatters the most
+    branch_from: int = 0
 
 
 @dataclass
@@ -304,6 +307,14 @@ def _validate_convergence(conv: Any) -> None:
                 f"convergence.branch_steps={conv.branch_steps} is longer than phase(s) {short}: a branch "
                 "runs within one phase; lower branch_steps or lengthen the phase"
             )
+        for i, phase in enumerate(conv.phases):
+            last = phase.steps - conv.branch_steps  # the last step a branch can start at
+            if not 0 <= phase.branch_from <= last:
+                raise ConfigError(
+                    f"convergence.phases[{i}].branch_from={phase.branch_from} leaves phase "
+                    f"{phase.name!r} no branch: a branch of {conv.branch_steps} steps starts at step 0 to "
+                    f"{last} of its {phase.steps}; lower branch_from or branch_steps"
+                )
 
 
 def _validate_launcher(cfg: DictConfig) -> None:

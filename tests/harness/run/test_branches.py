@@ -102,6 +102,27 @@ def test_branches_start_every_n_steps_while_k_remain():
     assert branch_reference.branch_starts(24, 12, 6) == [0, 12]
     assert branch_reference.branch_starts(150, 50, 50) == [0, 50, 100]
     assert branch_reference.branch_starts(5, 50, 5) == [0]
+    assert branch_reference.branch_starts(500, 50, 50, first=100) == list(range(100, 451, 50))
+
+
+def test_a_phase_branches_from_its_branch_from_step_and_the_reference_key_knows_it():
+    """`branch_from` moves a phase's first branch (here past pretraining's warm-up): the starts the
+    runner and the reference both follow, and another reference key."""
+    later = "convergence.phases.0.branch_from=12"
+    cfg = compose_config(["+exp=convergence_branched_smoke", "convergence.branch_every=6", later])
+    corpora = convergence.load_corpora(cfg)
+    starts = {p.name: p.starts for p in branch_reference.phases(cfg, corpora, "cpu")}
+    assert starts == {"pretrain": [12, 18], "cpt": [0, 6]}
+    base = compose_config(["+exp=convergence_branched_smoke", "convergence.branch_every=6"])
+    assert branch_reference.key(cfg, corpora, "cpu") != branch_reference.key(base, corpora, "cpu")
+    after = compose_config(["+exp=convergence_branched_after_warmup"])
+    assert [p.branch_from for p in after.convergence.phases] == [100, 0]
+    assert after.sweep.name == "convergence_branched_after_warmup"
+
+
+def test_a_branch_from_that_leaves_a_phase_no_branch_is_refused_at_composition():
+    with pytest.raises(ConfigError, match=r"phases\[1\].branch_from=7 leaves phase 'cpt' no branch"):
+        compose_config(["+exp=convergence_branched_smoke", "convergence.phases.1.branch_from=7"])
 
 
 def test_a_branch_longer_than_a_phase_is_refused_at_composition():
