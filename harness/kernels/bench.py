@@ -46,31 +46,18 @@ import torch
 
 from harness import results
 from harness.kernels import regress_suite
+from harness.kernels.layers import (
+    MODELS,
+    baseline_weight,
+    capture_graphed_baseline,
+    forge_layer,
+    linear_shapes,
+)
 from harness.run import env
 
-LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
-QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
-MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
 TOKENS = (1024, 2048, 4096, 8192, 16384)
-RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
 STATE_DTYPES = ("fp32", "bf16", "int8")
 STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 2.0 / 64}
-
-
-def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
-    """(N, K) = (out_features, in_features) of each linear layer of a decoder block, and lm_head."""
-    h, i = cfg["hidden"], cfg["intermediate"]
-    q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
-    return {
-        "q": (q, h),
-        "k": (kv, h),
-        "v": (kv, h),
-        "o": (h, q),
-        "gate": (i, h),
-        "up": (i, h),
-        "down": (h, i),
-        "lm_head": (cfg["vocab"], h),
-    }
 
 
 def measure_ceilings() -> dict[str, float]:
@@ -96,19 +83,10 @@ def baseline_min_bytes(T: int, N: int, K: int) -> float:
     return 2 * T * (N + K) + 2 * N * K + N * K * (2 + 3 * 2 + 3 * 2)
 
 
-def _forge_layer(N: int, K: int, rule: str, state_dtype: str):
-    import forge
-
-    layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-    torch.nn.init.normal_(layer.weight, std=0.02)
-    opt = forge.attach(layer, rule, state_dtype=state_dtype, **RULES[rule])
-    return layer, opt
-
-
 def time_forge(dy, x, N, K, rule, state_dtype, config=None) -> float:
     from triton.testing import do_bench
 
-    layer, opt = _forge_layer(N, K, rule, state_dtype)
+    layer, opt = forge_layer(N, K, rule, state_dtype)
     w = layer.weight
     ms = do_bench(lambda: opt.update_linear(w, dy, x, config=config), return_mode="median")
     assert torch.isfinite(w).all(), "weights became non-finite during timing"
@@ -121,18 +99,11 @@ def _release() -> None:
     torch.cuda.empty_cache()
 
 
-def _baseline_weight(N: int, K: int, capturable: bool = False):
-    """A bf16 (N, K) weight and the baseline's torch fused AdamW over it (bf16 states), the same
-    for the eager and the graphed baseline."""
-    p = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
-    return p, torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True, capturable=capturable)
-
-
 def time_baselines(dy, x, N, K) -> tuple[float, float]:
     from triton.testing import do_bench
 
     gemm = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
-    p, opt = _baseline_weight(N, K)
+    p, opt = baseline_weight(N, K)
 
     def step():
         p.grad = torch.mm(dy.t(), x)
@@ -151,29 +122,6 @@ def time_graphed_baseline(dy, x, N, K) -> float:
     ms = do_bench(graph.replay, return_mode="median")
     assert torch.isfinite(p).all(), "weights became non-finite during timing"
     return ms
-
-
-def capture_graphed_baseline(dy, x, N, K) -> tuple[torch.cuda.CUDAGraph, torch.nn.Parameter]:
-    """(b) captured in a CUDA graph: the GEMM into a fixed .grad, then one capturable fused AdamW
-    step (warmed up on a side stream first, as graph capture asks). Returns (graph, weight)."""
-    p, opt = _baseline_weight(N, K, capturable=True)
-    p.grad = torch.empty_like(p)
-
-    def step():
-        torch.mm(dy.t(), x, out=p.grad)
-        opt.step()
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.keepalive = (opt, step)  # the optimizer's states and .grad live as long as the graph
-    return graph, p
 
 
 def _record(base: dict, **fields) -> dict:

@@ -75,7 +75,7 @@ class Point:
 
 def points() -> list[Point]:
     """The suite's points, in the order they are timed."""
-    from harness.kernels.bench import MODELS, linear_shapes
+    from harness.kernels.layers import MODELS, linear_shapes
 
     shapes = linear_shapes(MODELS[MODEL])
     return [Point(name, T, *shapes[name]) for name in SHAPES for T in TOKENS]
@@ -172,7 +172,7 @@ def _callables(point: Point) -> dict[Variant, Callable[[], Any]]:
     the graph its optimizer and weight, a FORGE call its weight and optimizer)."""
     import torch
 
-    from harness.kernels.bench import _forge_layer, capture_graphed_baseline
+    from harness.kernels.layers import capture_graphed_baseline, forge_layer
 
     dy = torch.randn(point.T, point.N, device="cuda", dtype=torch.bfloat16) / math.sqrt(point.T)
     x = torch.randn(point.T, point.K, device="cuda", dtype=torch.bfloat16)
@@ -182,7 +182,7 @@ def _callables(point: Point) -> dict[Variant, Callable[[], Any]]:
         VARIANTS[1]: graph.replay,
     }
     for variant in VARIANTS[2:]:
-        layer, opt = _forge_layer(point.N, point.K, variant.rule, variant.state_dtype)
+        layer, opt = forge_layer(point.N, point.K, variant.rule, variant.state_dtype)
         calls[variant] = lambda w=layer.weight, opt=opt: opt.update_linear(w, dy, x)
     return calls
 

@@ -231,7 +231,7 @@ def _first(variants: dict[str, list[Record]], name: str) -> Record | None:
 
 def _per_step(points: dict[tuple, dict[str, list[Record]]]) -> Table:
     """Per (model, T): each variant's time summed over one step's linears (AdamW for FORGE)."""
-    from harness.kernels.bench import MODELS  # layer counts of the benchmarked models
+    from harness.kernels.layers import MODELS  # layer counts of the benchmarked models
 
     by_model_t: dict[tuple, dict[str, dict[str, Record | None]]] = {}
     for (model, shape, t, _n, _k), variants in points.items():

@@ -4,11 +4,11 @@ floors it divides by, and its refusal to time anything without a GPU."""
 import pytest
 import torch
 
-from harness.kernels import bench
+from harness.kernels import bench, layers
 
 
 def test_the_linear_shapes_of_llama_3_1_8b():
-    shapes = bench.linear_shapes(bench.MODELS["llama3.1-8b"])
+    shapes = layers.linear_shapes(layers.MODELS["llama3.1-8b"])
     assert shapes["q"] == (4096, 4096) and shapes["k"] == shapes["v"] == (1024, 4096)
     assert shapes["gate"] == shapes["up"] == (14336, 4096) and shapes["down"] == (4096, 14336)
     assert shapes["lm_head"] == (128256, 4096)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.kernels import bench, regress_suite
+from harness.kernels import bench, layers, regress_suite
 from harness.points import config_key
 from harness.records import split_kinds
 from harness.run.methods.forge import Forge, ForgeOptions
@@ -19,7 +19,7 @@ def test_the_suite_times_four_llama_shapes_at_two_token_counts():
     assert [(p.shape_name, p.T) for p in points] == [
         (shape, T) for shape in ("q", "o", "gate", "down") for T in (1024, 4096)
     ]
-    shapes = bench.linear_shapes(bench.MODELS["llama3.1-8b"])
+    shapes = layers.linear_shapes(layers.MODELS["llama3.1-8b"])
     assert all(shapes[p.shape_name] == (p.N, p.K) for p in points)
     labels = [v.label for v in regress_suite.VARIANTS]
     assert labels == ["cublas_gemm", "gemm_plus_fused_adamw_graph [adamw, bf16]"] + [
