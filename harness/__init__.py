@@ -17,7 +17,8 @@ and the modules they share, which read and write records:
     slowdown    a deliberate GPU delay of a known length (to show the regression check works)
 
 A sweep, start to end: `run.config` composes and validates the experiment, `run.sweep` expands
-its points and runs each in `python -m harness.run.worker`, whose `run.runner` builds the model
-(`run.models`) and the method (`run.methods`), times the steps (`run.measure`) and returns the
-record, which `results.append` writes. `report.report` reads it back through `records`.
+its points (`run.grid`), checks the machine (`run.hardware`) and runs each in `python -m
+harness.run.worker` (`run.local`), whose `run.runner` builds the model (`run.models`) and the
+method (`run.methods`), times the steps (`run.measure`) and returns the record, which
+`results.append` writes. `report.report` reads it back through `records`.
 """

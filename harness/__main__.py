@@ -105,15 +105,16 @@ def cmd_sweep(argv: list[str]) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     from harness import results
-    from harness.run import env, sweep
+    from harness.run import env, grid, hardware, local, sweep
+    from harness.run.config import compose_config
     from harness.run.summary import summary_table
 
     overrides = ["results_dir=results/adhoc", "sweep.scratch=true", *_overrides(argv)]
-    cfg = sweep.compose_config(overrides)
-    sweep.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
-    point = sweep.make_point(overrides)
+    cfg = compose_config(overrides)
+    hardware.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
+    point = grid.make_point(overrides)
     path = sweep.results_path(cfg)
-    record = {**sweep.run_isolated(point, env.git_info()), **sweep.job_fields("local")}
+    record = {**local.run_isolated(point, env.git_info()), **local.job_fields("local")}
     results.append(path, record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "env", "losses")}, indent=1))
     print(summary_table([record], path))

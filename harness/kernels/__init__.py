@@ -10,6 +10,8 @@
     fp8               the FP8 fused kernel against the FP8 GEMM and the FP8 GEMM + fused AdamW
                       (`python -m harness kernels --fp8 --output FILE`)
     shape_records     the per-(shape, T) record writer those two share
+    layers            the models' linear shapes and the layers the benchmarks build (FORGE's, the
+                      baseline's eager and graphed), shared by bench, regress_suite and the report
     tuning            which launch config wins where, from the records of `--tune` (CPU)
     profile           where one training step's time goes, per method (GPU; a CPU dry run)
     compare_profiles  two such profiles side by side, kernel by kernel (CPU)

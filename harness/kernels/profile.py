@@ -48,8 +48,8 @@ import torch
 
 from harness.run import models, runner, tensor_parallel
 from harness.run.config import compose_config
+from harness.run.grid import point_id
 from harness.run.measure import ClockSampler
-from harness.run.sweep import point_id
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 # FORGE's fused dW GEMM + update, by (part of) the kernel's name as the profiler shows it: the

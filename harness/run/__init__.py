@@ -3,7 +3,10 @@
 One job per module:
 
     config          typed Hydra configs (dataclasses), composition and validation (`errors`)
-    sweep           the grid or capacity search, one worker per point, resume, progress
+    sweep           a sweep from config to records: grid or capacity search, resume, progress
+    grid            the points of a sweep: their axes, ids and composed configs
+    hardware        refuse what this machine cannot run, keep each machine's records apart
+    local           one point in a fresh worker subprocess here (launcher=local)
     slurm           the points as Slurm jobs through submitit (launcher=slurm)
     summary         the table a sweep ends with
     launch          the worker's command line: python, or torchrun for tensor parallelism

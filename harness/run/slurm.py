@@ -6,7 +6,7 @@
 submitit (the engine behind Hydra's submitit launcher) writes the sbatch script, pickles a
 function call for each job, submits the jobs as one job array, and unpickles the function's
 return value, or the reason it has none, when the job ends. Here the function is `run_job`: on
-the node it runs the point exactly as a local sweep does (`sweep.run_here`: a fresh worker
+the node it runs the point exactly as a local sweep does (`local.run_here`: a fresh worker
 subprocess under the point's timeout, torchrun for `gpus=N`), so the job returns the same record
 a local point gives, plus where it ran (`launcher`, `slurm_job_id`, `node`).
 
@@ -48,8 +48,11 @@ from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import _convert_mem, _make_sbatch_string  # the script SlurmExecutor submits
 
 from harness.run import env
+from harness.run.env import REPO
 from harness.run.errors import ConfigError
-from harness.run.sweep import REPO, Point, _crash_record, _hardware_problem, job_fields, run_here
+from harness.run.grid import Point
+from harness.run.hardware import hardware_problem
+from harness.run.local import crash_record, job_fields, run_here
 
 PREEMPTION_RETRIES = 1  # a preempted job is submitted again this many times
 POLL_S = {"slurm": 10.0, "local": 1.0, "debug": 0.0}  # how often the finished jobs are looked for
@@ -119,9 +122,9 @@ def make_executor(cfg: DictConfig) -> submitit.Executor:
 
 def run_job(point: Point, git: dict[str, Any], launcher: str) -> dict[str, Any]:
     """The job's function, on the node: the point as a local sweep runs it, and where it ran."""
-    problem = _hardware_problem(point.cfg.gpu, point.cfg.device, point.cfg.gpus, env.machine())
+    problem = hardware_problem(point.cfg.gpu, point.cfg.device, point.cfg.gpus, env.machine())
     if problem:  # a node of the wrong kind: say so rather than measure another card
-        record = _crash_record(point, git, "error", f"this node cannot run the point: {problem}")
+        record = crash_record(point, git, "error", f"this node cannot run the point: {problem}")
     else:
         record = run_here(point, git)
     return {**record, **job_fields(launcher, submitit.JobEnvironment().job_id)}
@@ -195,7 +198,7 @@ class SlurmLauncher:
             reason = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 1234" -> CANCELLED
             status = "oom" if reason == "OUT_OF_MEMORY" else "error"
             error = f"Slurm job {job.job_id} ended {state}: {str(e).strip()[-1500:]}"
-            record = _crash_record(point, git, status, error, self._device(point))
+            record = crash_record(point, git, status, error, self._device(point))
             record.update(job_fields(self.label, job.job_id))
             if self.remote:  # the node's, not this machine's: only its name is known
                 record.update(gpu_name=None, node=job.get_info(mode="cache").get("NodeList"))

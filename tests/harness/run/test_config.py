@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.__main__ import main
-from harness.run import methods, models, sweep
+from harness.run import grid, methods, models
 from harness.run.config import ConfigError, compose_config, group_choices
 
 
@@ -33,7 +33,7 @@ def test_every_experiment_composes_and_expands(exp):
     # its own sweep, or another experiment's that it adds methods to (+exp=convergence_fp8)
     assert cfg.sweep.name == exp or cfg.sweep.name in group_choices("exp")
     if cfg.sweep.mode == "grid":
-        points = sweep.expand(cfg, overrides)
+        points = grid.expand(cfg, overrides)
         assert len({p.id for p in points}) == len(points) > 0
 
 

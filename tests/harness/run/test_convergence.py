@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness import results
-from harness.run import convergence, data, sweep
+from harness.run import convergence, data, grid, sweep
 from harness.run.config import ConfigError, compose_config
 
 # fp32 weights and states: FORGE equals torch.optim's AdamW up to rounding (the GEMMs' summation
@@ -155,7 +155,7 @@ def test_unknown_corpus_fails_at_composition():
 
 def test_convergence_points_record_their_weight_dtype():
     cfg = compose_config(["+exp=convergence"])
-    points = {p.id.split("/")[0]: p.cfg for p in sweep.expand(cfg, ["+exp=convergence"])}
+    points = {p.id.split("/")[0]: p.cfg for p in grid.expand(cfg, ["+exp=convergence"])}
     assert points["fused_adamw_fp32"].method.dtype == "fp32" and points["fused_adamw"].method.dtype is None
     assert sum(p.convergence.phases[i].steps for p in [cfg] for i in range(2)) == cfg.steps
 

@@ -9,7 +9,7 @@ import pytest
 from harness.points import reference_index, reference_key
 from harness.records import load_records, split_kinds
 from harness.report.tables import _reference_capacity, t1_llama
-from harness.run import methods, runner, sweep
+from harness.run import grid, methods, runner, sweep
 from harness.run.config import ConfigError, compose_config
 from tests.harness import FIXTURES
 
@@ -47,7 +47,7 @@ def test_a_graphed_point_on_a_cpu_is_unavailable(method):
 
 def test_the_sweep_records_an_unavailable_graphed_point_without_a_worker(tmp_path):
     overrides = [*TINY, "method=adamw_in_backward", "method.cuda_graph=true"]
-    record, ran = sweep.run_or_skip(sweep.make_point(overrides), {}, tmp_path / "r.jsonl", {})
+    record, ran = sweep.run_or_skip(grid.make_point(overrides), {}, tmp_path / "r.jsonl", {})
     assert ran and record["status"] == "unavailable" and "CUDA graph" in record["error"]
 
 

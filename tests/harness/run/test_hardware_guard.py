@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from harness import results
-from harness.run import env, runner, sweep
+from harness.run import env, grid, hardware, local, runner, sweep
 from harness.run.config import ConfigError, compose_config, group_choices
 
 CPU_ONLY = {"gpu_name": None, "gpu_count": 0, "gpu_memory_gib": None, "host_memory_gib": 16.0}
@@ -38,10 +38,10 @@ def _check(machine, overrides):
     """check_hardware on every point of the sweep the overrides compose (no run)."""
     cfg = compose_config(overrides)
     if cfg.sweep.mode == "grid":
-        cfgs = [p.cfg for p in sweep.expand(cfg, overrides)]
+        cfgs = [p.cfg for p in grid.expand(cfg, overrides)]
     else:
-        cfgs = [p.cfg for _, p in sweep.capacity_groups(cfg, overrides)]
-    sweep.check_hardware(cfgs, overrides, machine)
+        cfgs = [p.cfg for _, p in grid.capacity_groups(cfg, overrides)]
+    hardware.check_hardware(cfgs, overrides, machine)
 
 
 def _no_worker(point, git):
@@ -53,7 +53,7 @@ def test_a_gpu_experiment_on_a_machine_without_its_gpu_fails_before_any_point(tm
     from harness.__main__ import main
 
     monkeypatch.setattr(env, "machine", lambda: CPU_ONLY)
-    monkeypatch.setattr(sweep, "run_isolated", _no_worker)
+    monkeypatch.setattr(local, "run_isolated", _no_worker)
     assert main(["sweep", "+exp=llama8b_h200", f"results_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "+exp=llama8b_h200 cannot run on this machine" in err
@@ -113,7 +113,7 @@ def test_the_refusal_says_a_command_that_runs_here(exp):
     """On a CPU host, every experiment either runs or names a command that passes the same check."""
     overrides = [f"+exp={exp}"]
     try:
-        sweep.check_hardware([compose_config(overrides)], overrides, CPU_ONLY, models=False)
+        hardware.check_hardware([compose_config(overrides)], overrides, CPU_ONLY, models=False)
         return  # a CPU experiment
     except ConfigError as e:
         message = str(e)
@@ -127,7 +127,7 @@ def test_the_refusal_says_a_command_that_runs_here(exp):
     cfg = compose_config(suggested)
     assert cfg.gpu.name == "cpu" and cfg.device == "cpu" and list(cfg.sweep.models) == ["tiny-llama"]
     assert cfg.results_dir == "results/smoke" and cfg.sweep.scratch  # never the committed results
-    sweep.check_hardware([cfg], suggested, CPU_ONLY)
+    hardware.check_hardware([cfg], suggested, CPU_ONLY)
 
 
 # --- results per hardware -------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_one_point_on_a_machine_without_its_gpu_is_refused_with_a_run_that_works
     from harness.__main__ import main
 
     monkeypatch.setattr(env, "machine", lambda: CPU_ONLY)
-    monkeypatch.setattr(sweep, "run_isolated", _no_worker)
+    monkeypatch.setattr(local, "run_isolated", _no_worker)
     assert main(["run", "method=forge_int8", "model=qwen3-4b", f"results_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "this point cannot run on this machine" in err
@@ -176,7 +176,7 @@ def _sweep(tmp_path, *extra):
 
 def _measured_on(tmp_path, overrides, gpu_name, device="cuda"):
     """results/t.jsonl holding the sweep's own point, as measured on another machine."""
-    point = sweep.make_point(overrides)
+    point = grid.make_point(overrides)
     record = runner.base_record(point.cfg, point.id, device)
     record.update(status="ok", gpu_name=gpu_name)
     results.append(tmp_path / "t.jsonl", record)
@@ -190,7 +190,7 @@ def test_a_point_measured_on_another_gpu_is_neither_done_nor_appended_to(tmp_pat
     before = _measured_on(tmp_path, overrides, "NVIDIA H200")
     run, calls = _fake_worker(A100_80)
     monkeypatch.setattr(env, "machine", lambda: A100_80)
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     path = sweep.run_sweep(overrides)
     assert path == tmp_path / "t-nvidia-a100-sxm4-80gb.jsonl"
     assert "t.jsonl holds points measured on NVIDIA H200" in capsys.readouterr().err
@@ -204,7 +204,7 @@ def test_a_cpu_run_of_a_gpu_sweep_writes_its_own_file(tmp_path, monkeypatch):
     before = _measured_on(tmp_path, _sweep(tmp_path), "NVIDIA H200")
     run, calls = _fake_worker(CPU_ONLY)
     monkeypatch.setattr(env, "machine", lambda: CPU_ONLY)
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     path = sweep.run_sweep(_sweep(tmp_path, "gpu=cpu", "device=cpu"))
     assert path == tmp_path / "t-cpu.jsonl" and len(calls) == 1
     assert (tmp_path / "t.jsonl").read_bytes() == before
@@ -215,7 +215,7 @@ def test_the_same_hardware_resumes_and_appends_to_the_sweeps_file(tmp_path, monk
     _measured_on(tmp_path, overrides, "NVIDIA H200")
     run, calls = _fake_worker(H200)
     monkeypatch.setattr(env, "machine", lambda: H200)
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     assert sweep.run_sweep(overrides) == tmp_path / "t.jsonl" and calls == []  # recorded: skipped
     assert sweep.run_sweep([*overrides, "batch_size=2"]) == tmp_path / "t.jsonl" and len(calls) == 1
     assert len(results.read(tmp_path / "t.jsonl")) == 2

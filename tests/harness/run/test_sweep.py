@@ -11,7 +11,7 @@ import re
 import pytest
 
 from harness import results
-from harness.run import sweep
+from harness.run import grid, launch, local, sweep
 from harness.run.config import compose_config, group_choices
 from tests.harness import CONF
 
@@ -91,7 +91,7 @@ def _fake_isolated(oom_above):
 
 def test_capacity_search_bisects_to_the_largest_batch(tmp_path, monkeypatch):
     run, calls = _fake_isolated(oom_above=5)
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     overrides = _overrides(tmp_path, ["fused_adamw"], "sweep.mode=capacity", "sweep.max_batch_size=64")
     path = sweep.run_sweep(overrides)
     assert calls == [1, 2, 4, 8, 6, 5]
@@ -168,7 +168,7 @@ def test_every_experiment_runs_in_tiny_mode(exp, tmp_path, monkeypatch):
     from harness.run import env
 
     run, _ = _fake_isolated(oom_above=2)
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     machine = {"gpu_name": "NVIDIA H200", "gpu_count": 8, "gpu_memory_gib": 139.8, "host_memory_gib": 2000.0}
     monkeypatch.setattr(env, "machine", lambda: machine)
     overrides = [f"+exp={exp}", "sweep.models=[tiny-llama]", f"results_dir={tmp_path}"]
@@ -193,7 +193,7 @@ def test_cli_run_one_point(tmp_path, capsys):
 
 def test_an_allocator_setting_reaches_the_worker_and_is_recorded(tmp_path):
     setting = "expandable_segments:True"
-    assert sweep._child_env("cuda", setting)["PYTORCH_CUDA_ALLOC_CONF"] == setting
+    assert local._child_env("cuda", setting)["PYTORCH_CUDA_ALLOC_CONF"] == setting
     path = sweep.run_sweep(_overrides(tmp_path, ["no_optimizer"], f"gpu.allocator={setting}", "steps=2"))
     (record,) = results.read(path)
     assert record["status"] == "ok" and record["cuda_alloc_conf"] == setting
@@ -202,8 +202,8 @@ def test_an_allocator_setting_reaches_the_worker_and_is_recorded(tmp_path):
 
 def test_another_seed_is_another_point():
     # seed 0 keeps the ids of results written before seeds were part of them
-    assert "/seed" not in sweep.make_point([*TINY, "method=no_optimizer"]).id
-    again = sweep.make_point([*TINY, "method=no_optimizer", "model=tiny-llama", "seed=2"])
+    assert "/seed" not in grid.make_point([*TINY, "method=no_optimizer"]).id
+    again = grid.make_point([*TINY, "method=no_optimizer", "model=tiny-llama", "seed=2"])
     assert again.id == "no_optimizer/tiny-llama/b1/s16/seed2/cpu"
 
 
@@ -229,7 +229,7 @@ def test_convergence_points_run_concurrently_and_each_is_recorded(tmp_path, monk
         record["status"] = "ok"
         return record
 
-    monkeypatch.setattr(sweep, "run_isolated", run)
+    monkeypatch.setattr(local, "run_isolated", run)
     overrides = ["+exp=convergence_smoke", f"results_dir={tmp_path}", "sweep.concurrent_points=2"]
     overrides.append("sweep.methods=[fused_adamw_fp32,forge_fp32_exact]")
     records = results.read(sweep.run_sweep(overrides))
@@ -246,22 +246,22 @@ def test_a_stopped_concurrent_sweep_records_nothing_for_its_killed_points(tmp_pa
     import time
 
     monkeypatch.setattr(
-        sweep.launch, "command", lambda gpus, args: [sys.executable, "-c", "import time; time.sleep(120)"]
+        launch, "command", lambda gpus, args: [sys.executable, "-c", "import time; time.sleep(120)"]
     )
 
     def ctrl_c_once_both_run(futures):
         deadline = time.monotonic() + 60
-        while len(sweep._live_workers) < 2 and time.monotonic() < deadline:
+        while len(local._live_workers) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(sweep._live_workers) == 2, "the two workers did not start"
+        assert len(local._live_workers) == 2, "the two workers did not start"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep, "as_completed", ctrl_c_once_both_run)
+    monkeypatch.setattr(local, "as_completed", ctrl_c_once_both_run)
     overrides = ["+exp=convergence_smoke", f"results_dir={tmp_path}", "sweep.concurrent_points=2"]
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(overrides)
     assert results.recorded_points(tmp_path / "convergence_smoke.jsonl") == {}
-    assert not sweep._live_workers  # every worker was reaped
+    assert not local._live_workers  # every worker was reaped
     monkeypatch.undo()  # real workers again
     sweep.run_sweep([*TINY, f"results_dir={tmp_path}", "sweep.name=after", "sweep.methods=[no_optimizer]"])
     assert results.read(tmp_path / "after.jsonl")[0]["status"] == "ok"  # the next sweep is not stopped

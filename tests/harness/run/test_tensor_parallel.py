@@ -9,11 +9,11 @@ TINY_TP = ["model=tiny-llama", "gpu=cpu", "device=cpu", "seq_len=16", "steps=3",
 
 @pytest.mark.parametrize("method", ["fused_adamw", "forge_fp32"])
 def test_harness_runs_a_point_under_torchrun(method, tmp_path):
-    from harness.run import sweep
+    from harness.run import grid, local
 
-    point = sweep.make_point([*TINY_TP, f"method={method}", "method.lr=1e-3", f"results_dir={tmp_path}"])
+    point = grid.make_point([*TINY_TP, f"method={method}", "method.lr=1e-3", f"results_dir={tmp_path}"])
     assert point.id.endswith("/tp2/cpu")
-    record = sweep.run_isolated(point, git={})
+    record = local.run_isolated(point, git={})
     assert record["status"] == "ok", record["error"]
     assert record["world_size"] == 2 and record["ranks_reported"] == 2 and record["rank"] == 0
     assert record["gpu_count"] == 0  # gloo on CPUs
