@@ -12,7 +12,7 @@ bias a low-precision method adds. Here the method never leaves the reference for
   phases, batches and learning-rate schedule as a convergence run. It is trained once per seed and
   configuration, by the first point that needs it, and its state at each branch start is kept on
   disk for the other methods' points (`harness.run.branch_reference`).
-- Every `convergence.branch_every` steps of a phase (from its first step on, while k =
+- Every `convergence.branch_every` steps of a phase (from its `branch_from` step on, while k =
   `convergence.branch_steps` steps remain) the method under test is loaded with the reference's
   state at that step: its weights from the fp32 ones (bf16 rounded to nearest, compensated bf16
   with the rounding's loss as the residual: `ForgeOptimizer.load_master_weights`), its optimizer
