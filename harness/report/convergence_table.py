@@ -6,7 +6,8 @@ every step's training loss in `loss_curve` (or `losses`) and, optionally, held-o
 same data order, so curves can be compared step by step against the reference:
 
 - a record marked `"convergence_reference": true`, if any;
-- else fused AdamW with fp32 master weights; else fused AdamW.
+- else fused AdamW with fp32 master weights and an fp32 forward; else with fp32 master weights
+  (under autocast); else fused AdamW.
 
 The expectation: with fp32 weights and states FORGE equals torch.optim up to the GEMM's summation
 order (mean |delta| near 1e-4 nats or below); the paper puts bf16 with stochastic rounding and int8
@@ -97,7 +98,8 @@ def reference_of(group: Sequence[Record]) -> Record | None:
         return marked[0]
     fused = [r for r in group if r.get("method") == REFERENCE_METHOD]
     fp32 = [r for r in fused if str(r.get("master_weights")) == "fp32"]
-    pool = fp32 or fused
+    all_fp32 = [r for r in fp32 if not (r.get("method_options") or {}).get("autocast")]
+    pool = all_fp32 or fp32 or fused
     return sorted(pool, key=lambda r: options_key(r.get("method_options")))[0] if pool else None
 
 

@@ -74,8 +74,15 @@ def _by_step(record: Record, start: int, end: int) -> dict[int, float]:
     return {int(s): v for v, s in zip(values, steps) if start <= int(s) < end}
 
 
-def _is_control(record: Record) -> bool:
-    return str(record.get("master_weights")) == "fp32"
+def autocast_of(record: Record) -> str | None:
+    """The dtype the record's forward ran under torch.autocast to ("bf16"), or None."""
+    return (record.get("method_options") or {}).get("autocast")
+
+
+def _is_control(record: Record, autocast: str | None = None) -> bool:
+    """fp32 master weights and states, the forward under `autocast` (None: all fp32): against a
+    reference of that arithmetic, the same update with other rounding."""
+    return str(record.get("master_weights")) == "fp32" and autocast_of(record) == autocast
 
 
 def fidelity(records: Sequence[Record]) -> Selection | None:
@@ -88,8 +95,9 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
     pairs: set[tuple] = set()  # an FP8 method against its bf16 twin
     for (sweep, model, seed), group in groups_of(runs).items():
         reference = reference_of(group)
-        if reference is None or not _is_control(reference):
+        if reference is None or str(reference.get("master_weights")) != "fp32":
             continue  # the table judges against fp32 master weights only (a group that lacks them waits)
+        arithmetic = autocast_of(reference)  # the controls compute as the reference does
         for record in sorted(group, key=lambda r: str(r.get("time") or "")):
             if record is reference:
                 continue
@@ -101,7 +109,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
                 key = (sweep, model, phase, _order(record))
                 by_seed.setdefault(key, {})[seed] = deviation
                 labels[key] = display_name(record)
-                if _is_control(record):
+                if _is_control(record, arithmetic):
                     controls.add(key)
                 paired = None if twin is None else heldout_deviation(record, twin, start, end)
                 if paired is not None:
@@ -180,16 +188,22 @@ def statistics_cells(values: list[float], band: float | None, fmt: str = ".4f") 
 
 
 def _verdict(
-    values: list[float], control: bool, band: float | None, unit: str = "seed", fmt: str = ".4f"
+    values: list[float],
+    control: bool,
+    band: float | None,
+    unit: str = "seed",
+    fmt: str = ".4f",
+    kind: str = "fp32",
 ) -> list[str]:
-    """[verdict, target] of a method's draws (one per `unit`: a seed, or a branch) against the band,
-    the figures in format `fmt`."""
+    """[verdict, target] of a method's draws (one per `unit`: a seed, or a branch) against the band
+    that the `kind` controls set, the figures in format `fmt`."""
+    units = unit + ("es" if unit.endswith("ch") else "s")
     if len(values) < MIN_SEEDS:
-        return [f"not judged: {len(values)} {unit}(s) of {MIN_SEEDS}", NONE]
+        return [f"not judged: {len(values)} {unit if len(values) == 1 else units} of {MIN_SEEDS}", NONE]
     if control:
-        return ["fp32 control (sets the band)", NONE]
+        return [f"{kind} control (sets the band)", NONE]
     if band is None:
-        return [f"not judged: no fp32 control with {MIN_SEEDS} {unit}s", NONE]
+        return [f"not judged: no {kind} control with {MIN_SEEDS} {units}", NONE]
     mean, half = interval(values)
     if mean - half > band or mean + half < -band:
         return [f"biased by {mean:+{fmt}} +- {half:{fmt}} nats", "not met"]

@@ -8,12 +8,20 @@ from tests.helpers import convergence_record
 
 
 def _run(
-    label: str, method: str, master: str, seed: int, bias: float, noise: float, rng, branches=10
+    label: str,
+    method: str,
+    master: str,
+    seed: int,
+    bias: float,
+    noise: float,
+    rng,
+    branches=10,
+    autocast=None,
 ) -> dict:
     """A branched record: `branches` pretraining branches and 3 of continued pretraining, each
-    deviating by `bias` plus noise."""
+    deviating by `bias` plus noise; its forward under `autocast` if given."""
     spans = [("pretrain", s) for s in range(0, 50 * branches, 50)] + [("cpt", s) for s in (0, 50, 100)]
-    return convergence_record(
+    record = convergence_record(
         "convergence_branched",
         label,
         method,
@@ -27,6 +35,9 @@ def _run(
             for p, s in spans
         ],
     )
+    if autocast:
+        record["method_options"]["autocast"] = autocast
+    return record
 
 
 def _records(seeds: int = 1, bias: float = 2e-3) -> list[dict]:
@@ -42,10 +53,18 @@ def _records(seeds: int = 1, bias: float = 2e-3) -> list[dict]:
     return out
 
 
-def _verdicts(records: list[dict]) -> dict[tuple[str, str], list[str]]:
+VERDICT, BF16_BAND, BF16_VERDICT = (
+    "Verdict",
+    "Band of bf16 arithmetic (fp32 masters, autocast)",
+    "Verdict against it",
+)
+TARGET = "Target: 95% interval within +-0.005"
+
+
+def _verdicts(records: list[dict]) -> dict[tuple[str, str], dict[str, str]]:
+    """The table's rows by (method, phase), each a dict by column name."""
     table = bt.branch_fidelity(records).table
-    col = {name: i for i, name in enumerate(table.header)}
-    return {(r[col["Method"]], r[col["Phase"]]): r for r in table.rows}
+    return {(row[3], row[2]): dict(zip(table.header, row)) for row in table.rows}
 
 
 def test_a_bias_far_under_the_seeds_noise_is_resolved():
@@ -53,22 +72,47 @@ def test_a_bias_far_under_the_seeds_noise_is_resolved():
     0.005-nat target; 0.02 is resolved above it; a method within the fp32 controls' 1e-5 is within
     noise; the controls set the band."""
     rows = _verdicts(_records())
-    verdict, target = rows[("forge_bf16", "pretrain")][-2:]
-    assert verdict.startswith("biased by +2.0") and target == "met"  # resolved under 0.005 nats
-    assert rows[("forge_bf16_kahan", "pretrain")][-2:] == ["within noise", "met"]
-    far = _verdicts(_records(bias=0.02))[("forge_bf16", "pretrain")][-1]
-    assert far == "not met"
-    assert rows[("forge_fp32_exact", "cpt")][-2] == "fp32 control (sets the band)"
-    assert rows[("forge_bf16", "pretrain")][5] == "10"  # branches, pooled over the seed's run
+    row = rows[("forge_bf16", "pretrain")]
+    assert row[VERDICT].startswith("biased by +2.0") and row[TARGET] == "met"  # resolved under 0.005 nats
+    assert [rows[("forge_bf16_kahan", "pretrain")][c] for c in (VERDICT, TARGET)] == ["within noise", "met"]
+    assert _verdicts(_records(bias=0.02))[("forge_bf16", "pretrain")][TARGET] == "not met"
+    assert rows[("forge_fp32_exact", "cpt")][VERDICT] == "fp32 control (sets the band)"
+    assert row["Branches"] == "10"  # pooled over the seed's run
+    assert row[BF16_VERDICT] == "not judged: no bf16-arithmetic control with 3 branches"
+
+
+def test_fp32_masters_under_autocast_set_the_band_of_bf16_arithmetic():
+    """fp32 master weights with a bf16 forward scatter as bf16 GEMMs do (1e-3 here): a method that
+    scatters as much is biased against the fp32 band but within the bf16 one, and a bias well
+    beyond the bf16 scatter is named against both. The autocast run is no fp32 control, and the
+    fp32 controls are not judged against bf16 arithmetic."""
+    rng = random.Random(3)
+    records = _records(seeds=3, bias=0.0)
+    for seed in range(3):
+        records += [
+            _run("fused_adamw_amp", "fused_adamw", "fp32", seed, 0.0, 1e-3, rng, autocast="bf16"),
+            _run("forge_int8_kahan", "forge", "bf16+kahan", seed, 5e-4, 1e-3, rng),
+            _run("fused_adamw", "fused_adamw", "bf16", seed, 2e-2, 1e-3, rng),
+        ]
+    rows = _verdicts(records)
+    amp, int8, pure = (rows[(m, "pretrain")] for m in ("fused_adamw_amp", "forge_int8_kahan", "fused_adamw"))
+    assert amp[BF16_VERDICT] == "bf16-arithmetic control (sets the band)"
+    assert not amp[VERDICT].startswith("fp32 control")  # judged against fp32 rounding like any method
+    assert 5e-4 < float(amp[BF16_BAND].removeprefix("+-")) < 2e-3
+    assert int8[BF16_VERDICT] == "within noise" and int8[TARGET] == "met"
+    assert pure[VERDICT].startswith("biased by +") and pure[BF16_VERDICT].startswith("biased by +")
+    control = rows[("torch_adamw_fp32", "pretrain")]
+    assert control[VERDICT] == "fp32 control (sets the band)"
+    assert control[BF16_BAND] == control[BF16_VERDICT] == control[TARGET] == "—"
 
 
 def test_branches_pool_over_seeds_and_the_latest_run_of_a_seed_counts():
     records = _records(seeds=2)
     again = _run("forge_bf16", "forge", "bf16+sr", 1, 0.5, 0.0, random.Random(1))
     again["time"] = "2026-12-02T01:00:00"
-    rows = _verdicts(records + [again])
-    assert rows[("forge_bf16", "pretrain")][4:6] == ["2", "20"]
-    assert rows[("forge_bf16", "pretrain")][6].startswith("+2.5")  # seed 1's latest run: 0.5 nats a branch
+    row = _verdicts(records + [again])[("forge_bf16", "pretrain")]
+    assert (row["Seeds"], row["Branches"]) == ("2", "20")
+    assert row["Mean d (nats)"].startswith("+2.5")  # seed 1's latest run: 0.5 nats a branch
 
 
 def test_too_few_branches_are_not_judged_and_a_diverged_branch_is_left_out():
@@ -78,9 +122,12 @@ def test_too_few_branches_are_not_judged_and_a_diverged_branch_is_left_out():
     ]
     records[1]["branches"][0].pop("deviation")  # diverged: no held-out loss
     rows = _verdicts(records)
-    assert rows[("forge_bf16", "cpt")][5] == "3" and rows[("forge_bf16", "cpt")][-2] == "within noise"
+    assert (
+        rows[("forge_bf16", "cpt")]["Branches"] == "3"
+        and rows[("forge_bf16", "cpt")][VERDICT] == "within noise"
+    )
     assert ("forge_bf16", "pretrain") not in rows  # its only pretraining branch diverged
-    assert rows[("forge_fp32_exact", "pretrain")][-2].startswith("not judged: 1 branch")
+    assert rows[("forge_fp32_exact", "pretrain")][VERDICT] == "not judged: 1 branch of 3"
 
 
 def test_branched_runs_stay_out_of_the_trajectory_tables():
@@ -104,3 +151,18 @@ def test_the_by_start_table_splits_each_phase_by_the_step_its_branches_started_a
     lone = rows[("cpt", "150", "torch_adamw_fp32")]
     assert lone[col["Branches"]] == "1" and lone[col["SD of d"]] == "—" and lone[col["Mean d"]] == "-3.00e-03"
     assert bt.branch_fidelity_by_start([dict(sweep="convergence", status="ok", losses=[1.0])]) is None
+
+
+def test_the_seed_effect_tells_a_shared_offset_from_independent_branches():
+    """Branches drawn independently of their seed give an F ratio near 1; an offset that every branch
+    of a seed shares gives one far above; one seed, or one branch a seed, gives none. The table
+    shows it per row."""
+    rng = random.Random(4)
+    independent = [[rng.gauss(0, 1e-3) for _ in range(8)] for _ in range(40)]
+    assert 0.7 < bt.seed_effect(independent) < 1.4
+    shared = [[offset + rng.gauss(0, 1e-3) for _ in range(8)] for offset in (-3e-3, 0.0, 3e-3)]
+    assert bt.seed_effect(shared) > 20
+    assert bt.seed_effect([[1e-3, 2e-3]]) is None and bt.seed_effect([[1e-3], [2e-3]]) is None
+    assert bt.seed_effect([[1e-3, 1e-3], [2e-3, 2e-3]]) is None  # no spread within a seed
+    row = _verdicts(_records(seeds=3))[("forge_bf16", "pretrain")]
+    assert 0.0 < float(row["Seed effect (F)"]) < 10

@@ -59,7 +59,7 @@ def test_a_biased_method_is_named_and_an_unbiased_one_is_within_the_controls_noi
 
 def test_fewer_than_three_seeds_are_not_judged():
     verdicts = _verdicts(_records(2))
-    assert verdicts[("forge_bf16", "cpt")] == ("not judged: 2 seed(s) of 3", "—")
+    assert verdicts[("forge_bf16", "cpt")] == ("not judged: 2 seeds of 3", "—")
 
 
 def test_the_interval_is_students_t_over_the_seeds():
@@ -133,3 +133,34 @@ def test_an_fp8_method_is_judged_against_its_bf16_twin_of_the_same_seed():
     verdict, target = verdicts[("fused_adamw_fp8 - fused_adamw", "cpt")]
     assert verdict.startswith("biased by +0.05") and target == "—"
     assert ("forge_bf16 - forge_bf16", "cpt") not in verdicts  # a bf16 method has no twin row
+
+
+def test_the_controls_compute_as_the_reference_does():
+    """fp32 master weights under bf16 autocast are no control against an all-fp32 reference (bf16
+    GEMMs are not rounding's noise) but are judged; against an autocast reference, as in
+    +exp=convergence_amp, fp32 masters under the same autocast are the controls."""
+    rng = random.Random(5)
+    records = _records(3)
+    for seed in range(3):
+        amp = _run("fused_adamw_amp", "fused_adamw", "fp32", seed, 0.0, 0.0005, rng)
+        amp["method_options"]["autocast"] = "bf16"
+        records.append(amp)
+    verdicts = _verdicts(records)
+    assert verdicts[("fused_adamw_amp", "pretrain")] == ("within noise", "met")
+    assert verdicts[("torch_adamw_fp32", "pretrain")][0] == "fp32 control (sets the band)"
+
+    mixed = []
+    for seed in range(3):
+        for label, method, master, offset in [
+            ("fused_adamw_amp", "fused_adamw", "fp32", 0.0),  # the reference
+            ("forge_amp", "forge", "fp32", rng.gauss(0, 0.0005)),
+            ("forge_bf16", "forge", "bf16+sr", 0.02),
+        ]:
+            record = _run(label, method, master, seed, offset, 0.0005, rng)
+            if master == "fp32":
+                record["method_options"]["autocast"] = "bf16"
+            record["convergence_reference"] = label == "fused_adamw_amp"
+            mixed.append(record)
+    verdicts = _verdicts(mixed)
+    assert verdicts[("forge_amp", "pretrain")][0] == "fp32 control (sets the band)"
+    assert verdicts[("forge_bf16", "pretrain")][0].startswith("biased by +0.0")
