@@ -29,9 +29,9 @@ bias a low-precision method adds. Here the method never leaves the reference for
 
 A method needs a loader for torch AdamW's state: FORGE (every state dtype and weight format),
 FlashOptim's FlashAdamW (int8 moments, bf16 weights with error-correction bits) and torch's own
-optimizers (pure-bf16 fused AdamW, torch AdamW); others (the 8-bit optimizers) are reported
-unavailable, with the reason. Graphed methods are refused, as in every convergence run
-(`harness.run.config`).
+optimizers (pure-bf16 fused AdamW, fused AdamW on fp32 weights under autocast, torch AdamW);
+others (the 8-bit optimizers) are reported unavailable, with the reason. Graphed methods are
+refused, as in every convergence run (`harness.run.config`).
 
 The record's fields: `branches` (one dict per branch: phase, step, heldout, reference_heldout,
 deviation, losses), `branch_steps` (k), `losses` (the method's training losses over all branches,

@@ -61,16 +61,28 @@ def test_compensated_bf16_branches_run_and_deviate_by_bf16s_rounding(smoke_recor
     assert max(deviations) > max(abs(b["deviation"]) for b in smoke_records["forge_fp32_exact"]["branches"])
 
 
+def test_fp32_masters_under_bf16_autocast_branch_from_the_reference(smoke_records):
+    """The bf16-arithmetic control: the reference's fp32 weights and moments, loaded by torch's own
+    loader, and a bf16 forward; it ends each branch off the reference by bf16 arithmetic alone."""
+    record = smoke_records["fused_adamw_amp"]
+    assert record["status"] == "ok", record["error"]
+    assert record["master_weights"] == "fp32" and record["method_options"]["autocast"] == "bf16"
+    deviations = [abs(b["deviation"]) for b in record["branches"]]
+    assert len(deviations) == 3 and max(deviations) < 0.05
+    assert max(deviations) > max(abs(b["deviation"]) for b in smoke_records["forge_fp32_exact"]["branches"])
+
+
 def test_the_methods_points_share_one_reference_trajectory(smoke_records, reference_cache):
-    """Two points ran at once: one trained the reference, the other waited and read it."""
+    """Two points ran at once: one trained the reference, the others waited and read it."""
     (folder,) = [p for p in reference_cache.iterdir() if p.is_dir()]
     assert sorted(p.name for p in folder.glob("*.pt")) == ["cpt-0.pt", "pretrain-0.pt", "pretrain-12.pt"]
-    first, second = smoke_records["forge_fp32_exact"], smoke_records["forge_bf16_kahan"]
-    assert first["reference"] == second["reference"] == folder.name
-    assert first["reference_losses"] == second["reference_losses"]
-    assert [b["reference_heldout"] for b in first["branches"]] == [
-        b["reference_heldout"] for b in second["branches"]
-    ]
+    first, *others = (smoke_records[m] for m in ("forge_fp32_exact", "forge_bf16_kahan", "fused_adamw_amp"))
+    for other in others:
+        assert first["reference"] == other["reference"] == folder.name
+        assert first["reference_losses"] == other["reference_losses"]
+        assert [b["reference_heldout"] for b in first["branches"]] == [
+            b["reference_heldout"] for b in other["branches"]
+        ]
 
 
 def test_a_cached_trajectory_is_read_and_a_cut_off_one_trained_again(monkeypatch, tmp_path):
