@@ -2,7 +2,8 @@
 # Run steps of measurement on a GPU machine that reaches no package index, inside one time budget,
 # and hand back what they wrote. From the repository root, after `scripts/device_wheels.sh` and
 # `scripts/stamp_commit.sh` on a connected machine, with .whl/ and .device-commit copied along
-# (and, for convergence sweeps, the prepared corpora under .cache/convergence/):
+# (and, for convergence sweeps, the prepared corpora under .cache/convergence/, or `python3 -m
+# harness data` run there first: docs/offline-gpu.md):
 #
 #   bash scripts/device_sweep.sh '+exp=llama8b_h200 sweep.batch_sizes=[1,2] sweep.seq_lens=[1024]'
 #   bash scripts/device_sweep.sh tests '+exp=convergence' '+exp=qwen3_scaling_h200'
