@@ -246,7 +246,8 @@ def check_hardware(
         lines.append("To try it here on the CPU, on a tiny model:")
         lines.append("  " + _command(tiny_cpu_point(overrides), "run"))
     elif cfg.convergence.enabled:
-        lines.append("On a CPU, its run in miniature is: python -m harness sweep +exp=convergence_smoke")
+        smoke = "convergence_branched_smoke" if cfg.convergence.branch_every else "convergence_smoke"
+        lines.append(f"On a CPU, its run in miniature is: python -m harness sweep +exp={smoke}")
     else:
         lines.append("To try it here on the CPU, on a tiny model:")
         lines.append("  " + _command(tiny_cpu_overrides(cfg, overrides)))

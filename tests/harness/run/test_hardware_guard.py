@@ -6,6 +6,7 @@ same on a CPU host and on the GPU machine; workers are replaced by a stand-in (n
 no model is built (the parameter count comes from the meta device).
 """
 
+import re
 import shlex
 
 import pytest
@@ -117,8 +118,12 @@ def test_the_refusal_says_a_command_that_runs_here(exp):
         return  # a CPU experiment
     except ConfigError as e:
         message = str(e)
-    if compose_config(overrides).convergence.enabled:
-        assert "python -m harness sweep +exp=convergence_smoke" in message
+    cfg = compose_config(overrides)
+    if cfg.convergence.enabled:  # the miniature of the same protocol, branched or not
+        (smoke,) = re.findall(r"python -m harness sweep (\+exp=\w+)$", message, re.MULTILINE)
+        miniature = compose_config([smoke])
+        assert bool(miniature.convergence.branch_every) == bool(cfg.convergence.branch_every)
+        hardware.check_hardware([miniature], [smoke], CPU_ONLY)
         return
     (line,) = [
         x for x in message.splitlines() if x.strip().startswith(f"python -m harness sweep +exp={exp} ")
