@@ -102,8 +102,15 @@ def detach(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is ForgeLinear:
             module.__class__ = nn.Linear
-            for attr in ("_forge_optimizer", "_forge_name", "_forge_handle", "_forge_index", "_forge_states",
-                         "_forge_marker", "_forge_fp8"):
+            for attr in (
+                "_forge_optimizer",
+                "_forge_name",
+                "_forge_handle",
+                "_forge_index",
+                "_forge_states",
+                "_forge_marker",
+                "_forge_fp8",
+            ):
                 module.__dict__.pop(attr, None)
     for handle in optimizer._hooks:
         handle.remove()

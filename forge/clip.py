@@ -45,7 +45,7 @@ DIRECT_COST = 1.5
 
 
 def norm_method(T: int, N: int, K: int, x_gram_known: bool, norm_type: float = 2.0) -> str:
-    """"gram" or "direct" for the norm of dy^T x, dy (T, N), x (T, K): the cheaper one."""
+    """ "gram" or "direct" for the norm of dy^T x, dy (T, N), x (T, K): the cheaper one."""
     if norm_type != 2.0:
         return "direct"
     gram = T * T * (N + (0 if x_gram_known else K))

@@ -73,8 +73,14 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
     return t8, scale.reciprocal()
 
 
-def scaled_mm(a8: torch.Tensor, b8: torch.Tensor, a_inv: torch.Tensor, b_inv: torch.Tensor, out_dtype,
-              fast_accum: bool = False) -> torch.Tensor:
+def scaled_mm(
+    a8: torch.Tensor,
+    b8: torch.Tensor,
+    a_inv: torch.Tensor,
+    b_inv: torch.Tensor,
+    out_dtype,
+    fast_accum: bool = False,
+) -> torch.Tensor:
     """(a8 @ b8) * a_inv * b_inv in `out_dtype`: `torch._scaled_mm` on a GPU (a8 row-major, b8
     column-major; `fast_accum`: cuBLAS keeps the FP8 MMA's own accumulator throughout, as torchao's
     forward does, where the backward's GEMMs add it into fp32 as they go), the fp32 emulation

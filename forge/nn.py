@@ -65,8 +65,16 @@ class ForgeLinearFunction(torch.autograd.Function):
     """y = x W^T + b whose backward updates W in place instead of returning dW."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias, optimizer, name: str, saved_ahead: bool,
-                fp8: bool = False):
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias,
+        optimizer,
+        name: str,
+        saved_ahead: bool,
+        fp8: bool = False,
+    ):
         # saved_ahead: x is the output of `_SavedInput`, whose node holds x for the backward
         # fp8: the three GEMMs on FP8 tensor cores (`forge.fp8`)
         ctx.input_node = x.grad_fn if saved_ahead else None
@@ -146,8 +154,9 @@ def _saved_tensor_hooks_active() -> bool:
     return top is not None and top(False) is not None
 
 
-def forge_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str,
-                 fp8: bool = False):
+def forge_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str, fp8: bool = False
+):
     """y = x W^T + b through ForgeLinearFunction, with x saved ahead of the GEMM under saved-tensor
     hooks (x must require grad for `_SavedInput` to keep a node); `fp8`: its GEMMs in FP8."""
     saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
@@ -156,8 +165,9 @@ def forge_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return ForgeLinearFunction.apply(x, weight, bias, optimizer, name, saved_ahead, fp8)
 
 
-def _fused_step_outside_graph(optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,
-                              grad_scale: torch.Tensor | None) -> None:
+def _fused_step_outside_graph(
+    optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, grad_scale: torch.Tensor | None
+) -> None:
     """The fused step while torch.compile traces the backward: outside its graph."""
     _outside_graph()(optimizer, weight, dy, x, grad_scale)
 

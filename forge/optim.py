@@ -549,15 +549,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         weights = list(weights)
         if len(weights) != len(params):
-            raise ValueError(f"got {len(weights)} master weights for {len(params)} parameters: give one per "
-                             "parameter, in the order of param_groups")
+            raise ValueError(
+                f"got {len(weights)} master weights for {len(params)} parameters: give one per "
+                "parameter, in the order of param_groups"
+            )
         for p, master in zip(params, weights):
             if is_dtensor(p):
                 raise ValueError("load_master_weights sets plain tensors; a DTensor parameter holds a shard")
             if tuple(master.shape) != tuple(p.shape):
                 name = self.param_names.get(p, "a parameter")
-                raise ValueError(f"the master weight for {name} has shape {tuple(master.shape)}, "
-                                 f"not {tuple(p.shape)}")
+                raise ValueError(
+                    f"the master weight for {name} has shape {tuple(master.shape)}, not {tuple(p.shape)}"
+                )
         for p, master in zip(params, weights):
             master = master.to(device=p.device, dtype=torch.float32)
             local(p).copy_(master)
@@ -588,8 +591,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
             value = saved[key]
             if not isinstance(value, torch.Tensor) or value.shape != p.shape:
                 shape = tuple(getattr(value, "shape", ()))
-                raise ValueError(f"state {key!r} of {name} is {type(value).__name__} {shape}, "
-                                 f"not a tensor of shape {tuple(p.shape)}")
+                raise ValueError(
+                    f"state {key!r} of {name} is {type(value).__name__} {shape}, "
+                    f"not a tensor of shape {tuple(p.shape)}"
+                )
             value = value.to(device=p.device, dtype=torch.float32)
             if self.state_dtype == "int8":
                 codes, scale = self._kernels.quant.quantize(value, slot.signed, self.int8_group)
