@@ -215,6 +215,11 @@ def graphed(record: Mapping[str, Any]) -> bool:
     return bool(options_dict(record.get("method_options")).get("cuda_graph"))
 
 
+def autocast(record: Mapping[str, Any]) -> Any:
+    """The dtype the record's forward ran under torch.autocast to ("bf16"), or None (`method.autocast`)."""
+    return options_dict(record.get("method_options")).get("autocast")
+
+
 def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any, Any]:
     """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, compiled,
     chunked loss, max_grad_norm or None, FP8 recipe or None). A point is compared with the fused
@@ -222,7 +227,7 @@ def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any, An
     an FP8 one with fused AdamW over torchao's FP8 linears of the same recipe."""
     options = options_dict(record.get("method_options"))
     return (
-        options.get("autocast"),
+        autocast(record),
         graphed(record),
         bool(options.get("compile")),
         bool(options.get("chunked_loss")),

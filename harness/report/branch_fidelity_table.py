@@ -113,21 +113,20 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
     runs = _branched_runs(records)
     if not runs:
         return None
-    draws: dict[tuple, list[float]] = {}
-    seeds: dict[tuple, dict[int, list[float]]] = {}
+    seeds: dict[tuple, dict[int, list[float]]] = {}  # each row's deviations, by seed
     labels: dict[tuple, str] = {}
     controls: set[tuple] = set()  # fp32 arithmetic: the reference's
     bf16_controls: set[tuple] = set()  # fp32 masters under bf16 autocast
     for record in latest_by_key(runs).values():
         for phase, values in branch_deviations(record).items():
             key = (str(record.get("sweep")), str(record.get("model")), phase, _order(record))
-            draws.setdefault(key, []).extend(values)
             seeds.setdefault(key, {}).setdefault(seed_of(record), []).extend(values)
             labels[key] = display_name(record)
             if _is_control(record):
                 controls.add(key)
             elif _is_control(record, "bf16"):
                 bf16_controls.add(key)
+    draws = {key: [d for values in by_seed.values() for d in values] for key, by_seed in seeds.items()}
     bands, bf16_bands = noise_bands(draws, controls), noise_bands(draws, bf16_controls)
     rows = []
     for key in sorted(draws):

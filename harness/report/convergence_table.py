@@ -37,6 +37,7 @@ from typing import Any
 
 from harness.points import (
     REFERENCE_METHOD,
+    autocast,
     display_name,
     latest_by_key,
     method_rank,
@@ -98,7 +99,7 @@ def reference_of(group: Sequence[Record]) -> Record | None:
         return marked[0]
     fused = [r for r in group if r.get("method") == REFERENCE_METHOD]
     fp32 = [r for r in fused if str(r.get("master_weights")) == "fp32"]
-    all_fp32 = [r for r in fp32 if not (r.get("method_options") or {}).get("autocast")]
+    all_fp32 = [r for r in fp32 if not autocast(r)]
     pool = all_fp32 or fp32 or fused
     return sorted(pool, key=lambda r: options_key(r.get("method_options")))[0] if pool else None
 

@@ -32,6 +32,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from harness import points
 from harness.points import display_name
 from harness.records import HELDOUT_FIELDS, Record, is_branched, is_convergence
 from harness.report.convergence_table import _order, curve, groups_of, phases_of, reference_of
@@ -74,15 +75,10 @@ def _by_step(record: Record, start: int, end: int) -> dict[int, float]:
     return {int(s): v for v, s in zip(values, steps) if start <= int(s) < end}
 
 
-def autocast_of(record: Record) -> str | None:
-    """The dtype the record's forward ran under torch.autocast to ("bf16"), or None."""
-    return (record.get("method_options") or {}).get("autocast")
-
-
 def _is_control(record: Record, autocast: str | None = None) -> bool:
     """fp32 master weights and states, the forward under `autocast` (None: all fp32): against a
     reference of that arithmetic, the same update with other rounding."""
-    return str(record.get("master_weights")) == "fp32" and autocast_of(record) == autocast
+    return str(record.get("master_weights")) == "fp32" and points.autocast(record) == autocast
 
 
 def fidelity(records: Sequence[Record]) -> Selection | None:
@@ -97,7 +93,7 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
         reference = reference_of(group)
         if reference is None or str(reference.get("master_weights")) != "fp32":
             continue  # the table judges against fp32 master weights only (a group that lacks them waits)
-        arithmetic = autocast_of(reference)  # the controls compute as the reference does
+        arithmetic = points.autocast(reference)  # the controls compute as the reference does
         for record in sorted(group, key=lambda r: str(r.get("time") or "")):
             if record is reference:
                 continue
