@@ -88,6 +88,10 @@ EXTRA_FIELDS = (
     "params_moved_frac",  # fraction of trainable parameter tensors that changed
     "nvml_baseline_gib",  # device memory in use before this point's process touched CUDA
     "forward_end_alloc_gib",  # allocated when the forward returns (largest over steps; static + saved)
+    # measure.peak_pools: the memory at the peak of one more, recorded, step (harness.run.peak_pools):
+    "peak_pools_gib",  # {weights, states, gradients, activations, other}, from the allocator's record
+    "peak_pools_phase",  # where that peak fell: "forward", "backward", "after backward"
+    "peak_pools_alloc_gib",  # the allocator's own peak over that step (the pools' total, rounded up)
     "peak_tflops",  # the per-GPU peak used for mfu
     "notes",  # list of remarks the method or runner made (fallbacks, caveats)
     "config",  # the full resolved config of the point (its `launcher` aside)

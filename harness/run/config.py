@@ -176,6 +176,18 @@ class ConvergenceConfig:
 
 
 @dataclass
+class MeasureConfig:
+    """Optional measurements beyond step time and the memory peaks, each off by default: it costs
+    time or perturbs the process, so only the experiments that report it turn it on."""
+
+    # true: after the timed steps, one more eager step under the CUDA allocator's history
+    # (torch.cuda.memory._record_memory_history), and the memory at its peak split into weights,
+    # optimizer states, gradients, activations and the rest from the allocator's own record
+    # (harness.run.peak_pools); CUDA, one GPU, eager steps
+    peak_pools: bool = False
+
+
+@dataclass
 class Config:
     """One point (and, through `sweep`, the grid it belongs to)."""
 
@@ -196,6 +208,7 @@ class Config:
     check_training: bool = True  # require that parameters moved and the loss fell
     results_dir: str = "results"
     convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 
@@ -378,6 +391,28 @@ def _validate_cuda_graph(cfg: DictConfig) -> None:
         )
 
 
+def _validate_measure(cfg: DictConfig) -> None:
+    """What the optional measurements need (a CPU point records them as null, with a note)."""
+    if not cfg.measure.peak_pools:
+        return
+    if cfg.method.cuda_graph:
+        raise ConfigError(
+            "measure.peak_pools=true with method.cuda_graph=true: a replayed CUDA graph allocates "
+            "nothing, so the allocator's record holds no peak to split; measure the pools on eager "
+            "steps (method.cuda_graph=false) or set measure.peak_pools=false"
+        )
+    if cfg.gpus > 1:
+        raise ConfigError(
+            f"measure.peak_pools=true with gpus={cfg.gpus}: the pools are read from one GPU's "
+            "allocator; set gpus=1 or measure.peak_pools=false"
+        )
+    if cfg.convergence.enabled:
+        raise ConfigError(
+            "measure.peak_pools=true with convergence.enabled=true: the pools are measured on a "
+            "step-time point's fixed batch; set measure.peak_pools=false"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Check what the types cannot: choices, ranges, the method and its options. Raises ConfigError."""
     from harness.run import methods
@@ -404,6 +439,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_convergence(cfg.convergence)
     methods.validate(cfg.method.name, OmegaConf.to_container(cfg.method.options, resolve=True))
     _validate_cuda_graph(cfg)
+    _validate_measure(cfg)
     _validate_launcher(cfg)
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(

@@ -14,7 +14,9 @@ power draw and clock-event reasons the same way, for profiles and probes that as
 ran slower. The breakdown sums the tensors themselves: weights (parameters), optimizer states
 (what the optimizer holds, tensor subclasses and helper objects walked down to their storages),
 gradients (modelled per method, see `methods.base`), and activations-and-the-rest = peak
-allocated minus the other three.
+allocated minus the other three. Where a point asks for it (`measure.peak_pools`),
+`harness.run.peak_pools` measures the pools at the moment of the peak instead, from the CUDA
+allocator's own record of one more step.
 """
 
 from __future__ import annotations
@@ -238,35 +240,43 @@ class ClockSampler(NvmlSampler):
         }
 
 
-def _storages(obj: Any, seen: set[int]) -> Iterable[int]:
-    """Yield the byte size of every storage reachable from obj, each once (by data pointer)."""
+def _spans(obj: Any, seen: set[int]) -> Iterable[tuple[int, int]]:
+    """Yield (data pointer, bytes) of every storage reachable from obj, each once (by data pointer;
+    a storage without one, as an empty CPU tensor's, by identity, with pointer 0)."""
     if isinstance(obj, torch.Tensor):
         if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor:
             names, _ = obj.__tensor_flatten__()  # tensor subclass (torchao): count its inner tensors
             for name in names:
-                yield from _storages(getattr(obj, name), seen)
+                yield from _spans(getattr(obj, name), seen)
             return
         storage = obj.untyped_storage()
         key = storage.data_ptr() if storage.data_ptr() else id(storage)
         if key not in seen:
             seen.add(key)
-            yield storage.nbytes()
+            yield storage.data_ptr(), storage.nbytes()
     elif isinstance(obj, dict):
         for value in obj.values():
-            yield from _storages(value, seen)
+            yield from _spans(value, seen)
     elif isinstance(obj, list | tuple):
         for value in obj:
-            yield from _storages(value, seen)
+            yield from _spans(value, seen)
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
         for value in vars(obj).values():  # helper objects holding tensors (FlashOptim's states)
             if isinstance(value, torch.Tensor | dict | list | tuple):
-                yield from _storages(value, seen)
+                yield from _spans(value, seen)
 
 
 def nbytes(objs: Iterable[Any]) -> int:
     """Total bytes of the distinct storages behind tensors, tensor subclasses and containers."""
     seen: set[int] = set()
-    return sum(n for obj in objs for n in _storages(obj, seen))
+    return sum(n for obj in objs for _, n in _spans(obj, seen))
+
+
+def storage_spans(objs: Iterable[Any]) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of the distinct storages behind tensors, tensor subclasses and
+    containers: where they lie in device memory (harness.run.peak_pools matches them to blocks)."""
+    seen: set[int] = set()
+    return [span for obj in objs for span in _spans(obj, seen)]
 
 
 def cuda_peaks(device: str) -> dict[str, int | None]:

@@ -6,7 +6,9 @@ The procedure: resolve the device (and the memory cap of an emulated card), stam
 environment, stop early with `unavailable` if the method cannot run here, build the model and the
 method, then time `cfg.steps` whole steps from a fixed batch, with the allocator and NVML peaks
 around them. A method that trains must have moved its parameters and lowered the loss; if not,
-the point is an `error` however fast it was. OOM is a result (`oom`), a NaN or inf loss is
+the point is an `error` however fast it was. With `measure.peak_pools`, one more step runs after
+the timed ones with the CUDA allocator's history on, for the pools at its peak
+(`harness.run.peak_pools`). OOM is a result (`oom`), a NaN or inf loss is
 `diverged`, any other exception is `error` with its message. The worker subprocess
 (`harness.run.worker`) wraps this so that nothing carries from one point to the next.
 """
@@ -23,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from harness import results
-from harness.run import chunked_loss, env, measure, methods, models
+from harness.run import chunked_loss, env, measure, methods, models, peak_pools
 from harness.run import config as config_mod
 from harness.run.measure import GIB, gib
 
@@ -206,6 +208,10 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
             peaks["peak_alloc"],
         )
     )
+    if cfg.measure.peak_pools:  # one more step, recorded: after every figure above is taken
+        pools, note = peak_pools.measure(method, model, batch, device)
+        out.update(pools)
+        out["notes"] += [note] if note else []
     return out
 
 
