@@ -1,0 +1,260 @@
+"""What a step should cost as its tokens grow, before it is measured: time over the floor, and the peak.
+
+Both models take a decoder's architecture numbers (a record's `config.model`, `Architecture`) and
+the bytes per parameter of `harness.report.expectations.footprint`, at the H200 ceilings used
+there (800 TFLOP/s bf16 matmul, 4.27 TB/s device copy).
+
+Time over the floor. The no-optimizer step (forward and backward, gradients dropped) is the floor;
+a method's step is the floor plus what its update adds. With T tokens a step, a linear layer's
+weight-gradient GEMM does 2 T N K FLOPs, so the dW GEMMs of a step take `gemm_ms` = 2 T P_gemm /
+peak, growing with T, while the update moves b bytes a parameter (`footprint().update_traffic`),
+whatever T is (`update_ms` = b P / bandwidth).
+- A separate optimizer (fused AdamW on bf16 or fp32 gradients) runs after the backward: nothing
+  overlaps it. It adds its traffic less the floor's own (the floor's GEMM writes dW too, 2 B a
+  parameter): 14 B a parameter for fused AdamW, 18 on fp32 gradients.
+- FORGE runs the update inside the dW GEMM of each linear layer. At best the update hides under
+  the GEMM, and only what exceeds it shows: max(0, b P_fused / bandwidth - 2 T P_fused / peak),
+  plus the element-wise update of the parameters outside those layers (embeddings, norms, a tied
+  lm_head), which no GEMM covers. At worst nothing hides: b P / bandwidth. Both bounds are
+  `Overhead`; the update can hide entirely from T* = b peak / (2 bandwidth) tokens on
+  (`hiding_tokens`): ~1,100 for bf16 states (12 B), ~760 for int8 (8.1 B).
+- FORGE with global-norm clipping (`max_grad_norm`) adds the norms of the layers' gradients
+  (`forge.clip`): per layer the cheaper of the Gram form, 2 T^2 (N + K) FLOPs, and the direct
+  one, the GEMM's 2 T N K at 1.5 times its time, every input's Gram counted once per layer (an
+  upper bound: q, k and v share theirs, as gate and up do).
+Traffic at the copy rate is a lower bound: an update whose epilogue is bound by instructions
+(int8 states) or whose multi-tensor pass runs below the copy rate (torch's fused AdamW,
+~2.7 TB/s) sits above its line.
+
+The peak. At the peak a method holds its weights and optimizer states (`footprint`), and either
+the activations at the start of the backward or, for a method that keeps every gradient until its
+update, those gradients with little else:
+
+    peak = (weights + states) P + max(T (a + l), gradients P)
+
+- a, the activations a token leaves for the backward (`activation_bytes`), counted from what
+  transformers' Llama and Qwen3 decoder layers keep: per layer two RMSNorms (their fp32 input and
+  bf16 output, 6 h bytes each), q, k and v at the query heads' width and the attention's output
+  (SDPA), o_proj's input (10 q bytes), the MLP's gate, up, SiLU and product (8 I bytes), and
+  Qwen3's q and k norms (6 (q + kv)); then the final norm (6 h) and the loss: the bf16 logits and
+  the fp32 log-softmax (6 V). With activation checkpointing a layer keeps only its input (2 h).
+- l, the loss's backward (`loss_backward_bytes`): the logits' fp32 and bf16 gradients (6 V) on
+  top of the activations at the start of the backward.
+- gradients: 2 B a parameter for fused AdamW, none for FORGE (its linear layers' gradients never
+  exist; the others' live one at a time), none for the floor. The fp32-gradient baseline's
+  `main_grad` buffers (4 B) persist through the step, so they add to the activations instead.
+
+So FORGE's saving over fused AdamW with the same states is the gradient's full 2 B a parameter
+when the activations are small, shrinks by one token's a + l for each token, and is zero from
+`saving_ends_tokens` = 2 P / (a + l) tokens on, where the activations set both peaks. Activation
+checkpointing divides a by about 7 on Llama-3.1-8B, and moves that point out by as much. The
+largest step that fits (`largest_tokens`) is where the peak meets the card's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.points import options_dict
+from harness.report import expectations as ex
+
+GIB = ex.GIB
+DIRECT_NORM_COST = 1.5  # the direct norm's time per multiply-add against the GEMM's (forge.clip.DIRECT_COST)
+PERSISTENT_GRADIENTS = {"fused_adamw_fp32grad"}  # main_grad buffers alive through the whole step
+SEPARATE_UPDATES = {"fused_adamw", "fused_adamw_fp32grad", "adamw8bit_bnb", "adamw8bit_torchao"}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder's numbers, as conf/model/ gives them."""
+
+    family: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = False
+
+    @classmethod
+    def from_config(cls, model: Any) -> Architecture | None:
+        """From a record's `config.model` (None where a number is missing)."""
+        if not isinstance(model, Mapping):
+            return None
+        try:
+            hidden, heads = int(model["hidden_size"]), int(model["num_attention_heads"])
+            return cls(
+                family=str(model.get("family") or ""),
+                hidden=hidden,
+                intermediate=int(model["intermediate_size"]),
+                layers=int(model["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(model["num_key_value_heads"]),
+                head_dim=int(model.get("head_dim") or hidden // heads),
+                vocab=int(model["vocab_size"]),
+                tied=bool(model.get("tie_word_embeddings")),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def block_shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of each linear layer of one decoder block."""
+        h, i = self.hidden, self.intermediate
+        return [(self.q, h), (self.kv, h), (self.kv, h), (h, self.q), (i, h), (i, h), (h, i)]
+
+    def gemm_params(self) -> int:
+        """Weights behind a dW GEMM in a step: every block's linear layers and lm_head."""
+        return self.layers * sum(n * k for n, k in self.block_shapes()) + self.vocab * self.hidden
+
+    def fused_params(self) -> int:
+        """Weights whose update FORGE fuses into their dW GEMM: a tied lm_head is the embedding's
+        weight, updated element-wise."""
+        return self.gemm_params() - (self.vocab * self.hidden if self.tied else 0)
+
+
+def architecture(record: Mapping[str, Any]) -> Architecture | None:
+    config = record.get("config")
+    return Architecture.from_config(config.get("model")) if isinstance(config, Mapping) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Time over the floor
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What a method's update adds to the floor's step, in ms: `hidden`, where as much of it as
+    can hide under the dW GEMM does; `exposed`, where none does (equal for a separate optimizer)."""
+
+    hidden_ms: float
+    exposed_ms: float
+
+
+def gemm_ms(arch: Architecture, tokens: int, flops: float = ex.H200_MATMUL_FLOPS) -> float:
+    """The dW GEMMs of one step at the matmul rate."""
+    return 2.0 * tokens * arch.gemm_params() / flops * 1e3
+
+
+def update_ms(bytes_per_param: float, n_params: float, bandwidth: float = ex.H200_COPY_BYTES_PER_S) -> float:
+    """An update's traffic over `n_params` parameters at the copy rate."""
+    return bytes_per_param * n_params / bandwidth * 1e3
+
+
+def norms_ms(arch: Architecture, tokens: int, flops: float = ex.H200_MATMUL_FLOPS) -> float:
+    """The clipped step's gradient norms, each layer's the cheaper of Gram and direct."""
+
+    def layer(n: int, k: int) -> float:
+        return min(2.0 * tokens**2 * (n + k), DIRECT_NORM_COST * 2.0 * tokens * n * k)
+
+    total = arch.layers * sum(layer(n, k) for n, k in arch.block_shapes()) + layer(arch.vocab, arch.hidden)
+    return total / flops * 1e3
+
+
+def hiding_tokens(bytes_per_param: float) -> float:
+    """Tokens a step from which an update of `bytes_per_param` fits under the dW GEMM it rides on."""
+    return bytes_per_param * ex.H200_MATMUL_FLOPS / (2.0 * ex.H200_COPY_BYTES_PER_S)
+
+
+def overhead(method: str, options: Any, arch: Architecture, n_params: float, tokens: int) -> Overhead | None:
+    """The update's cost over the floor for `method` at `tokens` a step; None where unmodelled."""
+    fp, floor = ex.footprint(method, options), ex.footprint("no_optimizer")
+    if fp is None or floor is None:
+        return None
+    if method == "no_optimizer":
+        return Overhead(0.0, 0.0)
+    if method in SEPARATE_UPDATES:
+        ms = update_ms(fp.update_traffic - floor.update_traffic, n_params)
+        return Overhead(ms, ms)
+    if method != "forge":
+        return None
+    fused = arch.fused_params()
+    rest = update_ms(fp.update_traffic, max(0.0, n_params - fused))
+    hidden = max(0.0, update_ms(fp.update_traffic, fused) - 2.0 * tokens * fused / ex.H200_MATMUL_FLOPS * 1e3)
+    clip = norms_ms(arch, tokens) if options_dict(options).get("max_grad_norm") else 0.0
+    return Overhead(hidden + rest + clip, update_ms(fp.update_traffic, n_params) + clip)
+
+
+# ---------------------------------------------------------------------------------------------
+# The peak
+
+
+def activation_bytes(arch: Architecture, checkpointing: bool) -> float:
+    """Bytes a token leaves for the backward when the forward returns (see the module's count)."""
+    h, q, kv = arch.hidden, arch.q, arch.kv
+    head = 6 * h + 6 * arch.vocab  # the final norm; the bf16 logits and the fp32 log-softmax
+    if checkpointing:
+        return arch.layers * 2 * h + head
+    layer = 12 * h + 10 * q + 8 * arch.intermediate
+    if arch.family == "qwen3":
+        layer += 6 * (q + kv)  # the q and k RMSNorms
+    return arch.layers * layer + head
+
+
+def loss_backward_bytes(arch: Architecture) -> float:
+    """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients."""
+    return 6.0 * arch.vocab
+
+
+def peak_gib(
+    method: str,
+    options: Any,
+    arch: Architecture,
+    n_params: float,
+    tokens: int,
+    checkpointing: bool,
+    master_weights: Any = None,
+) -> float | None:
+    """The step's predicted peak allocated memory in GiB; None for a method without a footprint."""
+    fp = ex.footprint(method, options, master_weights)
+    if fp is None:
+        return None
+    static = (fp.weights + fp.states) * n_params
+    activations = tokens * (activation_bytes(arch, checkpointing) + loss_backward_bytes(arch))
+    gradients = fp.grads * n_params
+    if method in PERSISTENT_GRADIENTS:
+        return (static + gradients + activations) / GIB
+    return (static + max(activations, gradients)) / GIB
+
+
+def saving_ends_tokens(arch: Architecture, n_params: float, checkpointing: bool) -> float:
+    """Tokens from which the activations set fused AdamW's peak as they set FORGE's (bf16 weights
+    and gradients, the same states): FORGE's saving is zero from here on."""
+    per_token = activation_bytes(arch, checkpointing) + loss_backward_bytes(arch)
+    return 2.0 * n_params / per_token
+
+
+def largest_tokens(
+    method: str,
+    options: Any,
+    arch: Architecture,
+    n_params: float,
+    checkpointing: bool,
+    capacity_gib: float,
+    master_weights: Any = None,
+) -> int | None:
+    """The most tokens a step whose predicted peak fits in `capacity_gib`: 0 when not even the
+    static memory fits, None for a method without a footprint."""
+    fp = ex.footprint(method, options, master_weights)
+    if fp is None:
+        return None
+    capacity = capacity_gib * GIB
+    static = (fp.weights + fp.states) * n_params
+    gradients = fp.grads * n_params
+    if method in PERSISTENT_GRADIENTS:
+        static, gradients = static + gradients, 0.0
+    if static + gradients > capacity:
+        return 0
+    per_token = activation_bytes(arch, checkpointing) + loss_backward_bytes(arch)
+    return int((capacity - static) // per_token)

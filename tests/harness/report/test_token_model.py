@@ -1,0 +1,120 @@
+"""harness.report.token_model: the time and peak models against tokens per step, on the
+architectures of conf/model/ (no GPU: the models are arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from harness.report import expectations as ex
+from harness.report import token_model as tm
+from harness.run.config import CONF_DIR
+
+LLAMA_PARAMS = 8_030_261_248  # Llama-3.1-8B as transformers builds it (test_config checks 8.03e9)
+
+
+def _arch(model: str) -> tm.Architecture:
+    numbers = yaml.safe_load((CONF_DIR / "model" / f"{model}.yaml").read_text())
+    arch = tm.Architecture.from_config(numbers)
+    assert arch is not None
+    return arch
+
+
+@pytest.fixture(scope="module")
+def llama() -> tm.Architecture:
+    return _arch("llama3.1-8b")
+
+
+def test_the_linear_layers_and_the_rest_add_up_to_the_model(llama):
+    """Block linears and lm_head, plus the embedding and the RMSNorms, are every parameter."""
+    embedding, norms = llama.vocab * llama.hidden, (2 * llama.layers + 1) * llama.hidden
+    assert llama.gemm_params() == 7_504_658_432 == llama.fused_params()
+    assert llama.gemm_params() + embedding + norms == LLAMA_PARAMS
+
+
+def test_a_tied_lm_head_is_updated_element_wise():
+    qwen = _arch("qwen3-0.6b")
+    assert qwen.tied and qwen.gemm_params() - qwen.fused_params() == qwen.vocab * qwen.hidden
+    assert qwen.q == 16 * 128 != qwen.hidden  # head_dim as given, not hidden / heads
+
+
+def test_activation_bytes_a_token(llama):
+    h, i, v = 4096, 14336, 128256
+    per_layer = 12 * h + 10 * h + 8 * i  # norms, attention (q = h on Llama-3.1-8B), MLP
+    assert tm.activation_bytes(llama, False) == 32 * per_layer + 6 * h + 6 * v == 7_347_712
+    assert tm.activation_bytes(llama, True) == 32 * 2 * h + 6 * h + 6 * v
+    assert tm.loss_backward_bytes(llama) == 6 * v
+    qwen = _arch("qwen3-4b")
+    plain = tm.Architecture(**{**qwen.__dict__, "family": "llama"})
+    assert tm.activation_bytes(qwen, False) - tm.activation_bytes(plain, False) == 36 * 6 * (qwen.q + qwen.kv)
+
+
+def test_an_update_hides_from_the_tokens_where_the_gemm_outlasts_it(llama):
+    assert tm.hiding_tokens(12.0) == pytest.approx(12 * 800e12 / (2 * 4.27e12))  # ~1,124
+    bf16 = {"state_dtype": "bf16"}
+    at = tm.hiding_tokens(12.0)
+    below, above = (
+        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) - 200),
+        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) + 1),
+    )
+    rest = tm.update_ms(12.0, LLAMA_PARAMS - llama.fused_params())
+    assert below.hidden_ms > rest and above.hidden_ms == pytest.approx(rest)
+    assert above.exposed_ms == below.exposed_ms == pytest.approx(tm.update_ms(12.0, LLAMA_PARAMS))
+
+
+def test_a_separate_optimizer_adds_its_traffic_beyond_the_floors_at_any_tokens(llama):
+    for tokens in (1024, 8192):
+        fused = tm.overhead("fused_adamw", {}, llama, LLAMA_PARAMS, tokens)
+        assert fused.hidden_ms == fused.exposed_ms == pytest.approx(14 * LLAMA_PARAMS / 4.27e12 * 1e3)
+        fp32 = tm.overhead("fused_adamw_fp32grad", {}, llama, LLAMA_PARAMS, tokens)
+        assert fp32.exposed_ms == pytest.approx(18 * LLAMA_PARAMS / 4.27e12 * 1e3)
+    assert tm.overhead("no_optimizer", {}, llama, LLAMA_PARAMS, 1024) == tm.Overhead(0.0, 0.0)
+    assert tm.overhead("lomo", {}, llama, LLAMA_PARAMS, 1024) is None  # an update the model does not time
+
+
+def test_clipping_adds_the_norms_the_cheaper_way_for_each_layer(llama):
+    plain = tm.overhead("forge", {"state_dtype": "bf16"}, llama, LLAMA_PARAMS, 1024)
+    clipped = tm.overhead("forge", {"state_dtype": "bf16", "max_grad_norm": 1.0}, llama, LLAMA_PARAMS, 1024)
+    assert clipped.exposed_ms - plain.exposed_ms == pytest.approx(tm.norms_ms(llama, 1024))
+    # at 1,024 tokens every layer's Gram is cheaper than its dW GEMM; at 16,384 none is
+    assert tm.norms_ms(llama, 1024) < tm.gemm_ms(llama, 1024)
+    assert tm.norms_ms(llama, 16384) == pytest.approx(tm.DIRECT_NORM_COST * tm.gemm_ms(llama, 16384))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_forges_saving_is_the_gradient_then_shrinks_then_ends(llama, checkpointing):
+    n, per_token = LLAMA_PARAMS, tm.activation_bytes(llama, checkpointing) + tm.loss_backward_bytes(llama)
+    bf16 = {"state_dtype": "bf16"}
+    end = tm.saving_ends_tokens(llama, n, checkpointing)
+    for tokens in (0, 512, int(end) - 1, int(end) + 1, 4 * int(end)):
+        fused = tm.peak_gib("fused_adamw", {}, llama, n, tokens, checkpointing)
+        forge = tm.peak_gib("forge", bf16, llama, n, tokens, checkpointing)
+        assert (fused - forge) * tm.GIB == pytest.approx(max(0.0, 2 * n - tokens * per_token))
+    assert tm.peak_gib("fused_adamw", {}, llama, n, 0, checkpointing) == pytest.approx(8 * n / tm.GIB)
+
+
+def test_persistent_fp32_gradients_add_to_the_activations(llama):
+    n, tokens = LLAMA_PARAMS, 1024
+    acts = tokens * (tm.activation_bytes(llama, False) + tm.loss_backward_bytes(llama))
+    assert tm.peak_gib("fused_adamw_fp32grad", {}, llama, n, tokens, False) == pytest.approx(
+        (2 + 4 + 4) * n / tm.GIB + acts / tm.GIB
+    )
+
+
+@pytest.mark.parametrize(
+    "method, options", [("fused_adamw", {}), ("forge", {"state_dtype": "int8"}), ("fused_adamw_fp32grad", {})]
+)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_largest_step_is_where_the_predicted_peak_meets_the_memory(llama, method, options, checkpointing):
+    largest = tm.largest_tokens(method, options, llama, LLAMA_PARAMS, checkpointing, 139.8)
+    assert tm.peak_gib(method, options, llama, LLAMA_PARAMS, largest, checkpointing) <= 139.8
+    assert tm.peak_gib(method, options, llama, LLAMA_PARAMS, largest + 1, checkpointing) > 139.8
+    assert (
+        tm.largest_tokens(method, options, llama, LLAMA_PARAMS, checkpointing, 20.0) == 0
+    )  # not even static
+
+
+def test_the_models_use_the_expectations_ceilings():
+    assert (tm.ex.H200_MATMUL_FLOPS, tm.ex.H200_COPY_BYTES_PER_S) == (ex.H200_MATMUL_FLOPS, 4.27e12)
+    assert tm.Architecture.from_config({"hidden_size": 8}) is None
+    assert tm.architecture({"config": None}) is None
