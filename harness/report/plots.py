@@ -299,3 +299,127 @@ def _moving_mean(values: Sequence[float], window: int) -> list[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+def _colors(labels: Sequence[str]) -> dict[str, str]:
+    """One color per label, the same in every panel of a figure."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {label: cycle[i % len(cycle)] for i, label in enumerate(dict.fromkeys(labels))}
+
+
+def _legend(ax: Any) -> None:
+    """A legend where something is labelled (a sweep of failed points draws no line)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _tokens_axis(ax: Any, ticks: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(sorted(set(ticks)), [str(t) for t in sorted(set(ticks))])
+    ax.set_xlabel("tokens per step")
+
+
+def _draw_series(ax: Any, series: Sequence[Any], colors: dict[str, str], top: float) -> None:
+    """Measured points joined by a line, the prediction as a dashed line (with a dotted lower
+    bound and a band between where the two differ), and the points without a figure as a
+    labelled x at `top`, one line of text per point."""
+    failed: dict[int, list[tuple[str, str]]] = {}
+    for s in series:
+        color = colors[s.label]
+        ok = [(t, v) for t, v, _ in s.points if v is not None]
+        if ok:
+            ax.plot([t for t, _ in ok], [v for _, v in ok], marker="o", color=color, label=s.label)
+        for t, v, status in s.points:
+            if v is None:
+                failed.setdefault(t, []).append((f"{s.label}: {status}", color))
+        if s.predicted:
+            xs, lows, highs = zip(*s.predicted)
+            ax.plot(xs, highs, linestyle="--", linewidth=0.9, color=color)
+            if any(abs(h - lo) > 1e-9 for lo, h in zip(lows, highs)):
+                ax.plot(xs, lows, linestyle=":", linewidth=0.9, color=color)
+                ax.fill_between(xs, lows, highs, color=color, alpha=0.08)
+    for t, lines in failed.items():
+        for k, (text, color) in enumerate(lines):
+            ax.scatter([t], [top], marker="x", color=color)
+            ax.annotate(
+                text,
+                (t, top),
+                xytext=(0, -9 * (k + 1)),
+                textcoords="offset points",
+                fontsize=6,
+                color=color,
+                ha="center",
+                va="top",
+            )
+
+
+@styled
+def overhead_vs_tokens(
+    series: dict[tuple, list[Any]],
+    times: dict[tuple, tuple[list[tuple[int, float]], dict[str, float]]],
+    path: Path,
+) -> Path:
+    """Per (model, GPU): each graphed method's step over the graphed floor against tokens per step
+    (measured: solid; predicted: dashed where none of the update hides, dotted where all that fits
+    under the dW GEMM does), and beside it the prediction's parts: the step's dW GEMMs against each
+    update's traffic, which can hide where it lies below the GEMM line."""
+    groups = sorted(series)
+    fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
+    colors = _colors([s.label for key in groups for s in series[key]])
+    for row, key in enumerate(groups):
+        left, right = axes[row][0], axes[row][1]
+        ticks = [t for s in series[key] for t, _, _ in s.points]
+        measured = [v for s in series[key] for _, v, _ in s.points if v is not None]
+        predicted = [h for s in series[key] for _, _, h in s.predicted]
+        top = max(measured + predicted + [1.0]) * 1.05
+        _draw_series(left, series[key], colors, top)
+        left.set_ylim(top=top * 1.02)
+        left.axhline(1.0, color="black", linewidth=0.8)
+        _tokens_axis(left, ticks)
+        left.set_ylabel("step time / no-optimizer step (graphed)")
+        left.set_title(f"{key[0]}, {key[1]}: measured (solid) and predicted (dashed, dotted)", fontsize=9)
+        _legend(left)
+        gemm, updates = times.get(key, ([], {}))
+        if gemm:
+            right.plot(
+                [t for t, _ in gemm], [ms for _, ms in gemm], color="black", marker=".", label="dW GEMMs"
+            )
+        for label, ms in updates.items():
+            color = colors.get(label.split(" ")[0], "gray")
+            right.axhline(ms, color=color, linestyle="--", linewidth=0.9, label=label)
+        _tokens_axis(right, [t for t, _ in gemm])
+        right.set_ylim(bottom=0)
+        right.set_ylabel("ms a step (800 TFLOP/s, 4.27 TB/s)")
+        right.set_title("Predicted parts: FORGE's update can hide where it lies below the GEMMs", fontsize=9)
+        _legend(right)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+@styled
+def peak_vs_tokens(
+    series: dict[tuple, dict[bool, list[Any]]], capacity: dict[tuple, float | None], path: Path
+) -> Path:
+    """Per (model, GPU), without and with activation checkpointing: each method's peak against
+    tokens per step, measured (solid, a failure as a labelled x at the card's memory) and predicted
+    (dashed), with the card's memory as a line."""
+    groups = sorted(series)
+    fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
+    colors = _colors([s.label for key in groups for ac in (False, True) for s in series[key].get(ac, [])])
+    for row, key in enumerate(groups):
+        cap = capacity.get(key)
+        for col, ac in enumerate((False, True)):
+            ax = axes[row][col]
+            lines = series[key].get(ac, [])
+            values = [v for s in lines for _, v, _ in s.points if v is not None]
+            _draw_series(ax, lines, colors, cap or max(values + [1.0]) * 1.05)
+            if cap:
+                ax.axhline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU memory {cap:.1f} GiB")
+            _tokens_axis(ax, [t for s in lines for t, _, _ in s.points])
+            ax.set_ylabel("peak allocated, GiB")
+            state = "with" if ac else "without"
+            ax.set_title(f"{key[0]}, {key[1]}: {state} activation checkpointing", fontsize=9)
+            _legend(ax)
+    fig.tight_layout()
+    return save(fig, path)

@@ -10,6 +10,9 @@ records' own parameter counts and the methods present (`harness.report.expectati
   checkpointing) at the H200's measured bf16 matmul rate, and the update's traffic at its copy
   bandwidth.
 
+The tokens-per-step sections open with `harness.report.token_model`'s predictions instead: each
+update's traffic against the step's dW GEMMs, and the bytes a token adds to the peak.
+
 Measured peaks sit above the static figure by the activations and the allocator's slack; measured
 step times sit above the matrix floor by attention, element-wise work and launch gaps.
 """
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from harness.points import display_name, graphed, method_rank, options_dict, options_key
 from harness.records import Record
 from harness.report import expectations as ex
-from harness.report.markup import Table, fmt_float, fmt_gib, fmt_ms, to_markdown
+from harness.report.markup import NONE, Table, fmt_float, fmt_gib, fmt_ms, to_markdown
 
 STEP_TEXT = (
     "FORGE never writes the weight gradient to memory: it saves the gradient's 2 B/param (bf16) "
@@ -208,3 +211,130 @@ def convergence_preamble() -> str:
         "within 0.001 nats; plain bf16 write-back without stochastic rounding stalls, so its distance "
         "grows over the run (the last 10% tells more than the mean)."
     )
+
+
+TOKENS_TEXT = (
+    "A step's dW GEMMs grow with its tokens (2 T FLOPs a weight); an update's traffic does not (its "
+    "bytes a parameter, once a step). Fused AdamW updates after the backward, where nothing hides it: "
+    "its milliseconds over the floor should stay flat as tokens grow, and its ratio fall toward 1. "
+    "FORGE's update rides in the dW GEMM: once the GEMM takes longer than the update's traffic, the "
+    "update can hide entirely, and FORGE's step should approach the no-optimizer floor; a kernel that "
+    "hides part of it sits between the two predictions (hidden as far as it fits, and not hidden). "
+    "Clipped FORGE adds the gradient norms' matrix work, which grows with the tokens."
+)
+
+
+def _token_models(records: Sequence[Record]) -> list[tuple[str, Record, float]]:
+    """(model, a record of it with its architecture, parameters) for each model, smallest first."""
+    from harness.report import token_model as tm
+
+    sizes = model_sizes(records)
+    found: dict[str, Record] = {}
+    for record in records:
+        if tm.architecture(record) is not None:
+            found.setdefault(str(record.get("model")), record)
+    return sorted(((m, r, sizes[m]) for m, r in found.items() if m in sizes), key=lambda item: item[2])
+
+
+def token_overhead_preamble(records: Sequence[Record]) -> str:
+    """Expectation for the step over the floor against tokens: each update's traffic, the dW GEMMs
+    a step at each token count measured, and from how many tokens each update can hide."""
+    from harness.report import token_model as tm
+
+    rows, lines = [], []
+    for model, like, n in _token_models(records):
+        arch = tm.architecture(like)
+        counts = sorted(
+            {int(r["batch_size"]) * int(r["seq_len"]) for r in records if r.get("model") == model}
+        )
+        gemm = ", ".join(f"{fmt_ms(tm.gemm_ms(arch, t))} ms at {t}" for t in counts)
+        lines.append(f"dW GEMMs a step, {model}: {gemm} tokens.")
+        for record in _variants([r for r in records if r.get("model") == model]):
+            fp = ex.footprint(
+                record.get("method"), record.get("method_options"), record.get("master_weights")
+            )
+            if fp is None or record.get("method") == "no_optimizer":
+                continue
+            separate = record.get("method") in tm.SEPARATE_UPDATES
+            hides = "never (after the backward)" if separate else f"{tm.hiding_tokens(fp.update_traffic):.0f}"
+            over = tm.overhead(str(record.get("method")), record.get("method_options"), arch, n, counts[0])
+            rows.append(
+                [model, display_name(record), fmt_float(fp.update_traffic, 3)]
+                + [
+                    fmt_ms(tm.update_ms(fp.update_traffic, n)),
+                    fmt_ms(over.exposed_ms if over else None),
+                    hides,
+                ]
+            )
+    parts = [TOKENS_TEXT]
+    if rows:
+        header = ["Model", "Method", "Update traffic B/param", "Update ms (copy rate)"]
+        header += ["Over floor ms, nothing hidden (fewest tokens)", "Hides under the dW GEMM from tokens"]
+        parts.append(to_markdown(Table("expected_tokens", "Expected", header, rows, align="llrrrr")).rstrip())
+    parts += lines
+    parts.append(
+        "At the H200 ceilings measured in this workplace: 800 TFLOP/s bf16 matmul for the dW GEMMs (2 T "
+        "FLOPs a weight of every linear layer and lm_head), 4.27 TB/s device copy for the updates; the "
+        "model is harness.report.token_model."
+    )
+    return "\n\n".join(parts)
+
+
+PEAK_TOKENS_TEXT = (
+    "At the peak every method holds its weights and states; fused AdamW also holds, at the end of the "
+    "backward, every gradient (2 B/param), FORGE none. The activations a token leaves for the backward "
+    "(a), plus the loss's backward (l), set the other candidate for the peak, at the start of the "
+    "backward. So FORGE's saving over fused AdamW is the whole gradient while T (a + l) is small, "
+    "shrinks by a + l a token, and is zero once T (a + l) passes the gradient's 2 B/param, where the "
+    "activations set both peaks. Activation checkpointing keeps only each layer's input (a shrinks about "
+    "7x on Llama-3.1-8B), which pushes that point out and the largest step that fits up."
+)
+
+
+def token_peak_preamble(records: Sequence[Record]) -> str:
+    """Expectation for the peak against tokens: bytes a token, where FORGE's saving ends, and the
+    largest step each method should fit."""
+    from harness.report import token_model as tm
+    from harness.report.plots import capacity_gib
+
+    rows = []
+    labels = [
+        r for r in _variants(records) if ex.footprint(r.get("method"), r.get("method_options")) is not None
+    ]
+    for model, like, n in _token_models(records):
+        arch, cap = tm.architecture(like), capacity_gib(like)
+        for ac in sorted(
+            {bool(r.get("activation_checkpointing")) for r in records if r.get("model") == model}
+        ):
+            row = [model, "on" if ac else "off"]
+            row += [
+                fmt_float(tm.activation_bytes(arch, ac) / 2**20, 3),
+                fmt_float(tm.loss_backward_bytes(arch) / 2**20, 3),
+            ]
+            row.append(f"{tm.saving_ends_tokens(arch, n, ac):.0f}")
+            for record in labels:
+                largest = None
+                if cap is not None:
+                    largest = tm.largest_tokens(
+                        str(record.get("method")),
+                        record.get("method_options"),
+                        arch,
+                        n,
+                        ac,
+                        cap,
+                        record.get("master_weights"),
+                    )
+                row.append(NONE if largest is None else str(largest))
+            rows.append(row)
+    parts = [PEAK_TOKENS_TEXT]
+    if rows:
+        header = ["Model", "Act. ckpt", "a MiB/token", "l MiB/token", "FORGE's saving ends at tokens"]
+        header += [f"Largest tokens, {display_name(r)}" for r in labels]
+        table = Table("expected_peak_tokens", "Expected", header, rows, align="ll" + "r" * (len(header) - 2))
+        parts.append(to_markdown(table).rstrip())
+    parts.append(
+        "a and l are counted from what transformers' decoder layers keep (harness.report.token_model); the "
+        "largest step is where the predicted peak meets the card's memory, its CUDA context and the "
+        "allocator's slack not counted."
+    )
+    return "\n\n".join(parts)

@@ -5,7 +5,8 @@ The procedure:
    results/baselines/, which holds the regression baseline, nor the scratch folders the harness
    marks as uncommitted, such as results/smoke/);
 2. build the sections (`readme.Section`): their tables (`paper_table`, `tables`, `kernel_table`,
-   `convergence_table`), each a `Selection` of a table and the records behind it, and plots;
+   `convergence_table`, `token_tables`), each a `Selection` of a table and the records behind it,
+   and plots;
 3. write each table as Markdown and LaTeX (booktabs) under reports/tables/, the plots as PNG
    under reports/plots/, and reports/README.md (`readme`), which opens every table with its
    expectation (`preambles`), links the files, and names the hardware, versions, commit and
@@ -31,7 +32,7 @@ from typing import Any
 
 from harness.points import display_name, seed_of
 from harness.records import Record, in_scratch, load_records, split_kinds
-from harness.report import plots, preambles
+from harness.report import plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.fidelity_table import fidelity
@@ -51,6 +52,7 @@ from harness.report.tables import (
     t6_tensor_parallel,
 )
 
+SCALING, PEAK = token_tables.SCALING_SWEEP, token_tables.PEAK_SWEEP
 DEFAULT_RESULTS = "results"
 DEFAULT_OUT = "reports"
 
@@ -70,6 +72,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         _step_section(
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
+        *_token_sections(steps, out),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
         _convergence_section(
             convergence(steps),
@@ -151,6 +154,30 @@ def _scaling_plots(records: Sequence[Record], out: Path) -> list[Path]:
         title = f"Peak memory vs model size (batch {int(batch or 0)}, seq {int(seq or 0)})"
         paths.append(plots.memory_vs_size(members, title, out / "plots" / name))
     return paths
+
+
+def _token_sections(steps: Sequence[Record], out: Path) -> list[Section]:
+    """The tokens-per-step sections (`token_tables`), each only where its sweep has records: the
+    report of results without them is the same as before they existed."""
+    sections = []
+    overhead = token_tables.overhead_vs_tokens(steps)
+    if overhead is not None:
+        section = Section("tokens", "FORGE against the floor as tokens per step grow", _hint(SCALING))
+        section.selections = [overhead]
+        section.preamble = preambles.token_overhead_preamble(overhead.records)
+        series, times = token_tables.overhead_series(steps), token_tables.analytic_times(steps)
+        section.plots = [plots.overhead_vs_tokens(series, times, out / "plots" / "overhead_vs_tokens.png")]
+        sections.append(section)
+    peak = token_tables.peak_vs_tokens(steps)
+    if peak is not None:
+        section = Section("peak-tokens", "Peak memory against tokens per step", _hint(PEAK))
+        section.selections = [s for s in (peak, token_tables.largest_fit(steps)) if s is not None]
+        section.preamble = preambles.token_peak_preamble(peak.records)
+        series = token_tables.peak_series(steps)
+        capacity = {token_tables.group_of(r): plots.capacity_gib(r) for r in peak.records}
+        section.plots = [plots.peak_vs_tokens(series, capacity, out / "plots" / "peak_vs_tokens.png")]
+        sections.append(section)
+    return sections
 
 
 def _capacity_section(sel: Selection | None, sizes: dict[str, float], out: Path) -> Section:
