@@ -16,8 +16,13 @@ Parameters added later with `optimizer.add_param_group` are fused or hooked the 
 Tensor parallelism (DTensor weights from `parallelize_module`'s colwise and rowwise plans, sequence
 parallel included) is supported: see `forge.distributed` for what runs on each rank and why it is exact.
 
-Refused, with what to do instead: data-parallel wrappers (DDP, FSDP), which need an all-reduce of the
-full gradient before the update; DTensors on meshes of more than one dimension; attaching twice.
+Data parallelism: a DDP-wrapped model (or a plain one with `process_group=`) and a model sharded by
+FSDP2's `fully_shard` train with every gradient reduced over the ranks before its update, from
+post-accumulate-grad hooks; no nn.Linear is fused then, since the mean gradient is not a rank's own
+(`forge.data_parallel` says how and what it costs).
+
+Refused, with what to do instead: nn.DataParallel and FSDP1; tensor-parallel DTensors on meshes of
+more than one dimension outside FSDP2; attaching twice.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from forge import data_parallel as dp
 from forge.distributed import linear_layout
 from forge.nn import ForgeLinear
 from forge.optim import ForgeOptimizer
@@ -50,6 +56,8 @@ def attach(
     master_weights: str | None = None,
     fp8: str | None = None,
     fp8_skip: Iterable[str] = ("lm_head",),
+    process_group=None,
+    bucket_cap_mb: float = dp.DEFAULT_BUCKET_CAP_MB,
     **hparams,
 ) -> ForgeOptimizer:
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer.
@@ -60,12 +68,22 @@ def attach(
     runs the forward, dX and fused dW GEMMs of every fused linear layer in FP8 (`forge.fp8`), but
     for layers whose dimensions are not multiples of 16 and those whose module name ends with a
     name in `fp8_skip` (by default the output projection, kept in bf16 as FP8 recipes do); None:
-    bf16 (or the weights' dtype) GEMMs."""
-    _refuse_data_parallel(model)
+    bf16 (or the weights' dtype) GEMMs. `process_group`: train data-parallel replicas over it, every
+    gradient all-reduced in buckets of `bucket_cap_mb` MiB before its update (a DDP-wrapped model
+    gives its own group; FSDP2 needs none); parameters and buffers are broadcast from its first
+    rank first, as DDP does."""
     _check_fp8_options(fp8, max_grad_norm)
-    if getattr(model, _ATTR, None) is not None:
+    target = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if getattr(target, _ATTR, None) is not None:
         raise RuntimeError(
             "FORGE is already attached to this model; call forge.detach(model) before attaching again"
+        )
+    model, parallel = dp.resolve(model, process_group, bucket_cap_mb)  # a DDP wrapper: taken over here
+    if parallel is not None and fp8 is not None:
+        raise ValueError(
+            "fp8 under data parallelism: FP8 runs FORGE's fused GEMMs, and data-parallel training reduces "
+            "each gradient instead of fusing it. Leave fp8=None, or train FP8 on one GPU or under tensor "
+            "parallelism."
         )
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -85,17 +103,22 @@ def attach(
         max_grad_norm=max_grad_norm,
         norm_type=norm_type,
         master_weights=master_weights,
+        data_parallel=parallel,
         **hparams,
     )
     trained = {p for g in optimizer.param_groups for p in g["params"]}
-    fused = _fuse_linears(model, optimizer, trained, names)
+    fused = _fuse_linears(model, optimizer, trained, names) if parallel is None else set()
     optimizer._hooks = [p.register_post_accumulate_grad_hook(_make_hook(optimizer)) for p in trained - fused]
     setattr(model, _ATTR, optimizer)
     return optimizer
 
 
 def detach(model: nn.Module) -> None:
-    """Take FORGE off `model`: plain nn.Linear modules again, hooks removed, weights kept."""
+    """Take FORGE off `model`: plain nn.Linear modules again, hooks removed, weights kept. (A DDP
+    wrapper FORGE took over keeps its gradient synchronization off: wrap the model again to train
+    it with another optimizer.)"""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
     optimizer = getattr(model, _ATTR, None)
     if optimizer is None:
         raise RuntimeError("FORGE is not attached to this model")
@@ -138,7 +161,7 @@ def wire(optimizer: ForgeOptimizer, params: list) -> None:
     from its materialized gradient, the same step without the fused kernel's memory saving (use
     forge.attach(model, ...) for that)."""
     fused = set()
-    if optimizer._owner is not None:
+    if optimizer._owner is not None and optimizer.data_parallel is None:
         model = attached_model(optimizer)
         fused = _fuse_linears(model, optimizer, set(params), optimizer.param_names)
     hook = _make_hook(optimizer)
@@ -202,21 +225,3 @@ def _make_hook(optimizer: ForgeOptimizer):
             p.grad = None
 
     return hook
-
-
-def _refuse_data_parallel(model: nn.Module) -> None:
-    why = (
-        "FORGE consumes each weight gradient inside the backward kernel, so the all-reduce of gradients "
-        "that data parallelism needs has nothing to reduce. Use FORGE on a single GPU, or with tensor/"
-        "sequence parallelism (exact, the local gradient is complete), or use a standard optimizer for "
-        "data-parallel training."
-    )
-    if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
-        raise RuntimeError(f"forge.attach got a {type(model).__name__}-wrapped model. {why}")
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:  # torch built without distributed
-        return
-    for module in model.modules():
-        if isinstance(module, FullyShardedDataParallel | FSDPModule):
-            raise RuntimeError(f"forge.attach got a model sharded with FSDP ({type(module).__name__}). {why}")

@@ -54,19 +54,27 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if is_dtensor(t) else t
 
 
-def like_param(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def like_param(p: torch.Tensor, t: torch.Tensor, scale_group: int | None = None) -> torch.Tensor:
     """Wrap a per-rank state tensor `t` as a DTensor laid out like the parameter `p` (else `t`).
 
-    A state of p's shape gets p's global shape; block scales (one per 64 along the last dim) get
-    the shape DTensor infers from equal shards."""
+    A state of p's shape gets p's global shape. Block scales (`scale_group` elements of p's last dim
+    to a scale, `forge.kernels.quant`) of a weight (rows, cols) are (rows, ceil(cols / group)), sharded
+    on the same dims as p: their global shape follows p's (rows sharded unevenly by FSDP2 included)."""
     if not is_dtensor(p):
         return t
     from torch.distributed.tensor import DTensor
 
+    mesh, placements = p.device_mesh, p.placements
     if t.shape == local(p).shape:
-        mesh, placements = p.device_mesh, p.placements
         return DTensor.from_local(t, mesh, placements, run_check=False, shape=p.shape, stride=p.stride())
-    return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False)
+    if scale_group is not None and p.dim() >= 2:
+        shape = (*p.shape[:-1], -(-p.shape[-1] // scale_group))
+        rows = 1
+        for size in shape[:-1]:
+            rows *= size
+        shape = torch.Size((rows, shape[-1])) if len(shape) > 2 else torch.Size(shape)
+        return DTensor.from_local(t, mesh, placements, run_check=False, shape=shape, stride=(shape[1], 1))
+    return DTensor.from_local(t, mesh, placements, run_check=False)
 
 
 def linear_layout(name: str, weight: torch.Tensor) -> str | None:
@@ -95,6 +103,18 @@ def check_param(name: str, p: torch.Tensor) -> None:
         )
     if p.placements[0].is_partial():
         raise NotImplementedError(f"{name} is a Partial DTensor: a parameter must be sharded or replicated")
+
+
+def check_sharded_param(name: str, p: torch.Tensor) -> None:
+    """Under FSDP2 every trained parameter is a DTensor sharded by `fully_shard` (on a 1-D mesh, or a
+    2-D one with tensor parallelism): its gradient reaches FORGE reduce-scattered. A plain tensor
+    would be updated from this rank's gradient alone, so it is refused."""
+    if not is_dtensor(p):
+        raise RuntimeError(
+            f"{name} is not sharded by fully_shard, so its gradient would never be reduced over the ranks. "
+            "Under FSDP2 apply fully_shard to the root module too (it takes every parameter left), or leave "
+            "this parameter out of forge.attach(params=...)."
+        )
 
 
 def local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

@@ -64,7 +64,8 @@ from collections.abc import Iterable
 import torch
 
 from forge.backend import interpreting
-from forge.distributed import check_param, is_dtensor, like_param, local, local_grad
+from forge.data_parallel import REPLICAS, SHARDS, DataParallel, GradientReducer
+from forge.distributed import check_param, check_sharded_param, is_dtensor, like_param, local, local_grad
 from forge.streams import UpdateStream
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
@@ -92,6 +93,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         max_grad_norm: float | None = None,
         norm_type: float = 2.0,
         master_weights: str | None = None,
+        data_parallel: DataParallel | None = None,
         **hparams,
     ):
         # FORGE's first use of Triton: its kernels load here (`forge.backend` decides, as they do,
@@ -124,6 +126,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self.kahan = master_weights == "bf16+kahan"
         self.stochastic_rounding = bool(stochastic_rounding) and not self.kahan
         self.seed = int(seed)
+        # data parallelism (`forge.data_parallel`): None, replicas (FORGE all-reduces each gradient
+        # before its update) or FSDP2 shards (FSDP2 reduce-scatters, FORGE updates the local shard)
+        self.data_parallel = data_parallel
+        self._reducer: GradientReducer | None = None
+        _check_data_parallel_options(data_parallel, capturable, update_stream, max_grad_norm)
         self._version: dict[torch.Tensor, int] = {}
         self._index: dict[torch.Tensor, int] = {}
         self._group_of: dict[torch.Tensor, dict] = {}
@@ -160,6 +167,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self.handle = next(_HANDLES)
         _BY_HANDLE[self.handle] = self
         super().__init__(params, resolve_hparams(self.rule, hparams))
+        if data_parallel is not None and data_parallel.kind == REPLICAS:
+            params_in_order = [p for g in self.param_groups for p in g["params"]]
+            self._reducer = GradientReducer(
+                params_in_order, data_parallel.group, data_parallel.bucket_cap_mb, self._apply_gradient
+            )
         self._wired = True
         if self._owner is None:
             self._wire([p for g in self.param_groups for p in g["params"]])
@@ -167,6 +179,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ groups and states
 
     def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_wired", False) and self.data_parallel is not None:
+            raise RuntimeError(
+                "add_param_group under data parallelism: every rank must reduce the same parameters in the "
+                "same buckets from the first backward on. Give every group to forge.attach(model, rule, "
+                "params=[...]) instead; nothing was added."
+            )
         options = {k: v for k, v in param_group.items() if k != "params"}
         # Reject unknown, unsupported or out-of-range options, and parameters FORGE cannot update,
         # before the group is added: a refused group leaves the optimizer as it was. The options are
@@ -210,7 +228,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _check_param(self, p: torch.Tensor) -> None:
         name = self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
-        check_param(name, p)  # a tensor-parallel DTensor: 1-D mesh, sharded or replicated
+        if self.data_parallel is not None and self.data_parallel.kind == SHARDS:
+            check_sharded_param(name, p)  # FSDP2: sharded over its mesh (2-D with TP), any placement
+        else:
+            check_param(name, p)  # a tensor-parallel DTensor: 1-D mesh, sharded or replicated
         if self._clip is not None and is_dtensor(p):
             raise NotImplementedError(
                 f"{name} is a tensor-parallel DTensor, and FORGE's max_grad_norm does not yet reduce the "
@@ -244,6 +265,13 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _slots(self, group: dict):
         return self.rule.slots(group)
 
+    def state_dtype_of(self, p: torch.Tensor) -> str:
+        """The storage of p's states: `state_dtype`, but int8 quantizes weights of two or more
+        dimensions only; a vector (norm weight, bias: a few thousandths of a percent of a transformer's
+        parameters) keeps bf16 states, so that its 64-element scale groups never straddle the shards
+        of FSDP2, which splits vectors along their one dimension."""
+        return "bf16" if self.state_dtype == "int8" and p.dim() < 2 else self.state_dtype
+
     def _init_state(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
         state["step"] = 0
@@ -251,18 +279,19 @@ class ForgeOptimizer(torch.optim.Optimizer):
         shard = local(p)  # a DTensor's states hold only this rank's shard, laid out like p
         if self.kahan:  # what the weight's rounding to bf16 lost: nothing yet
             state["weight_residual"] = like_param(p, torch.zeros_like(shard))
+        state_dtype = self.state_dtype_of(p)
         for slot in self._slots(group):
             if slot is None:
                 continue
             init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
-            if self.state_dtype == "int8":
+            if state_dtype == "int8":
                 values = torch.full_like(shard, init, dtype=torch.float32)
                 codes, scale = self._kernels.quant.quantize(values, slot.signed, self.int8_group)
                 state[slot.name] = like_param(p, codes)
-                state[slot.name + "_absmax"] = like_param(p, scale)
+                state[slot.name + "_absmax"] = like_param(p, scale, scale_group=self.int8_group)
             else:
                 state[slot.name] = like_param(
-                    p, torch.full_like(shard, init, dtype=STATE_DTYPES[self.state_dtype])
+                    p, torch.full_like(shard, init, dtype=STATE_DTYPES[state_dtype])
                 )
 
     def _slot_tensors(self, p: torch.Tensor, group: dict):
@@ -374,17 +403,22 @@ class ForgeOptimizer(torch.optim.Optimizer):
         return (0.0,) * NUM_COEFFICIENTS
 
     def _seed_for(self, p: torch.Tensor, step: int) -> int:
-        """A per-step, per-tensor Philox seed: fixed seed -> reproducible bits."""
+        """A per-step, per-tensor Philox seed: fixed seed -> reproducible bits. An FSDP2 shard mixes in
+        its rank, so that shards draw independent bits (replicas must draw the same ones)."""
         x = (self.seed * 0x9E3779B1 + self._index[p] * 0x85EBCA77 + step * 0xC2B2AE3D) & 0xFFFFFFFF
+        if self.data_parallel is not None and self.data_parallel.kind == SHARDS and is_dtensor(p):
+            x = (x + _mesh_rank(p) * 0x27D4EB2F) & 0xFFFFFFFF
         x ^= x >> 15
         x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
         return (x ^ (x >> 13)) & 0x7FFFFFFF
 
-    def _kernel_options(self, group: dict) -> dict:
+    def _kernel_options(self, group: dict, p: torch.Tensor | None = None) -> dict:
+        """The kernels' rule options for a parameter of `group` (`p`: its states' storage; a weight's
+        by default)."""
         return dict(
             rule=self.rule.name,
             flags=self.rule.flags(group),
-            state_dtype=self.state_dtype,
+            state_dtype=self.state_dtype if p is None else self.state_dtype_of(p),
             stochastic_rounding=self.stochastic_rounding,
             int8_group=self.int8_group,
         )
@@ -413,6 +447,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
         No torch.no_grad() here: nothing below is a torch op that autograd could record (the
         kernel writes through raw pointers), and the context manager cost each of the 225 calls of
         a Llama-3.1-8B step a few microseconds of host."""
+        if self._reducer is not None:  # replicas: dW itself must be averaged over the ranks first
+            if grad_scale is not None:
+                raise ValueError("FORGE's data-parallel reducer takes bf16 or fp32 operands, not FP8 ones")
+            self.update_elementwise(weight, (dy.t() @ x).to(local(weight).dtype))
+            return
         if self._clip is not None:  # the norm now, the update when the backward ends (forge.clip)
             if grad_scale is not None:
                 raise ValueError("FORGE's clipping takes bf16 or fp32 operands, not FP8 ones (forge.fp8)")
@@ -439,7 +478,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         target, residual = local(weight), self._residual(weight)
         if into is not None:
             target, states, scales, residual = _unpack_into(into, residual)
-        options = dict(self._kernel_options(group), step_values=row, config=config, grad_scale=grad_scale)
+        options = dict(
+            self._kernel_options(group, weight), step_values=row, config=config, grad_scale=grad_scale
+        )
         self._kernels.wgrad_update(
             target, states, scales, signed, dy, x, coefficients, seed, residual=residual, **options
         )
@@ -448,7 +489,22 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (element-wise kernel); with
         max_grad_norm, its norm now and the step when the backward ends (the gradient kept till then).
-        `into`: as for `update_linear`."""
+        Data-parallel replicas: the gradient goes to the reducer first, and the step follows once
+        its mean over the ranks is known (`forge.data_parallel`). `into`: as for `update_linear`."""
+        if self._reducer is not None:
+            if into is not None:
+                raise NotImplementedError(
+                    "FORGE under data parallelism updates each parameter when its gradient's all-reduce "
+                    "completes, outside any compiled graph: train the data-parallel model without "
+                    "torch.compile's FORGE ops (or compile only its forward)"
+                )
+            self._check_once()
+            self._reducer.add(p, grad)
+        else:
+            self._apply_gradient(p, grad, into=into)
+
+    def _apply_gradient(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
+        """The step of p from its complete gradient (reduced over the ranks where that applies)."""
         if self._clip is not None:
             self._check_once()
             self._clip.add_elementwise(p, grad)
@@ -468,7 +524,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         target, residual = local(p), self._residual(p)
         if into is not None:
             target, states, scales, residual = _unpack_into(into, residual)
-        options = dict(self._kernel_options(group), step_values=row, grad_scale=grad_scale)
+        if target.numel() == 0:  # an FSDP2 shard with no elements on this rank: its step still counts
+            return
+        options = dict(self._kernel_options(group, p), step_values=row, grad_scale=grad_scale)
         self._kernels.elementwise_update(
             target, grad, states, scales, signed, coefficients, seed, residual=residual, **options
         )
@@ -596,7 +654,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     f"not a tensor of shape {tuple(p.shape)}"
                 )
             value = value.to(device=p.device, dtype=torch.float32)
-            if self.state_dtype == "int8":
+            if self.state_dtype_of(p) == "int8":
                 codes, scale = self._kernels.quant.quantize(value, slot.signed, self.int8_group)
                 state[key].copy_(codes)
                 state[key + "_absmax"].copy_(scale)
@@ -698,3 +756,38 @@ def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tenso
     values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
     values[:, n] = torch.tensor(seeds, dtype=torch.int32)
     return values.pin_memory() if torch.cuda.is_available() else values
+
+
+def _check_data_parallel_options(
+    data_parallel: DataParallel | None, capturable: bool, update_stream: bool, max_grad_norm
+) -> None:
+    """Refuse the options FORGE does not run under data parallelism, saying what to do instead."""
+    if data_parallel is None:
+        return
+    how = "data-parallel replicas" if data_parallel.kind == REPLICAS else "FSDP2"
+    if capturable:
+        raise ValueError(
+            f"capturable=True under {how}: the updates wait for collectives issued from the host as the "
+            "backward goes, which a captured CUDA graph would replay without their host side. Train "
+            "eagerly (capturable=False)."
+        )
+    if update_stream:
+        raise ValueError(
+            f"update_stream=True under {how}: it overlaps the fused dW kernel, which data parallelism "
+            "does not run (each gradient is reduced first). Leave update_stream off."
+        )
+    if max_grad_norm is not None and data_parallel.kind == SHARDS:
+        raise NotImplementedError(
+            "max_grad_norm under FSDP2: the global norm needs every rank's shard norms summed before any "
+            "update, which FORGE does not yet do. Train FSDP2 without max_grad_norm, or clip under DDP "
+            "(forge.attach(DDP(model), ..., max_grad_norm=...)), where it is exact."
+        )
+
+
+def _mesh_rank(p: torch.Tensor) -> int:
+    """A number for this rank's shard of the DTensor p: its coordinate on p's mesh, flattened."""
+    coordinate = p.device_mesh.get_coordinate() or [0]
+    rank = 0
+    for size, c in zip(p.device_mesh.shape, coordinate):
+        rank = rank * size + c
+    return rank

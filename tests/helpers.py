@@ -96,10 +96,12 @@ _TINY = dict(
 )
 
 
-def tiny_llama(vocab: int = 96, tie: bool = False):
+def tiny_llama(vocab: int = 96, tie: bool = False, **config):
+    """The tiny Llama; `config` overrides its LlamaConfig (num_hidden_layers=2, hidden_size=32...)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=tie, **_TINY)).float()
+    options = {**_TINY, **config}
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=tie, **options)).float()
 
 
 def tiny_qwen3(vocab: int = 96, tie: bool = True):

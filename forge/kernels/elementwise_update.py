@@ -15,6 +15,7 @@ import triton.language as tl
 
 from forge.backend import interpreting
 from forge.kernels.launch import DirectLauncher, cdiv, next_power_of_2, tensor_facts
+from forge.kernels.quant import GROUP
 from forge.kernels.update_tile import (
     epilogue_constexprs,
     load_step_values,
@@ -108,6 +109,8 @@ def elementwise_update(
         block_c = 64 if cols <= 64 else 256 if cols <= 1024 else 512
     if state_dtype == "int8":
         block_c = max(block_c, int8_group)  # a tile spans whole int8 groups
+    else:
+        int8_group = GROUP  # no scales: any group size that divides the block (64) does
     block_r = max(1, min(next_power_of_2(rows), 4096 // block_c))
     grid = (cdiv(rows, block_r), cdiv(cols, block_c))
     slots = slot_arguments(param, states, scales, residual)

@@ -1,11 +1,14 @@
 """`forge.attach` / `forge.detach`: which parameters FORGE takes, giving them back, and what it
 refuses (attaching twice, data parallelism)."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import forge
+from forge.nn import ForgeLinear
 from tests.helpers import mlp, regression_batches, regression_step
 
 
@@ -41,16 +44,31 @@ def test_attaching_twice_is_refused():
         forge.attach(model, "adamw")
 
 
-def test_data_parallel_is_refused(tmp_path):
+def test_a_ddp_wrapper_of_one_rank_trains_as_the_plain_model(tmp_path):
+    """A DDP wrapper over one rank is taken over and its module trained as a single process would
+    be: fused linears, the same steps (data-parallel runs of several ranks: test_data_parallel.py)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        ddp = nn.parallel.DistributedDataParallel(mlp())
-        with pytest.raises(RuntimeError, match="all-reduce of gradients"):
-            forge.attach(ddp, "adamw")
+        base, batches = mlp(), regression_batches(2)
+        plain, wrapped = copy.deepcopy(base), nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+        forge.attach(plain, "adamw", lr=1e-2, state_dtype="fp32")
+        opt = forge.attach(wrapped, "adamw", lr=1e-2, state_dtype="fp32")
+        assert opt.data_parallel is None and type(wrapped.module[0]) is ForgeLinear
+        assert not wrapped.require_backward_grad_sync  # DDP's own reducer is off
+        for batch in batches:
+            regression_step(plain, batch)
+            regression_step(wrapped, batch)
+        for p, q in zip(plain.parameters(), wrapped.module.parameters()):
+            assert torch.equal(p, q)
     finally:
         dist.destroy_process_group()
+
+
+def test_nn_data_parallel_is_refused_naming_ddp():
+    with pytest.raises(RuntimeError, match="DistributedDataParallel"):
+        forge.attach(nn.DataParallel(mlp()), "adamw")
 
 
 def test_a_single_linear_attaches_and_detaches():

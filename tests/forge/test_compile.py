@@ -179,11 +179,12 @@ def test_elementwise_op_is_update_elementwise():
     """forge::elementwise_update (for hooks traced by compiled autograd) is the optimizer's step."""
     from forge.ops import elementwise_update_op
 
-    a, b = nn.LayerNorm(40), nn.LayerNorm(40)
+    a, b = nn.Linear(40, 24), nn.Linear(40, 24)  # a weight: int8 states (a vector's are bf16)
+    b.load_state_dict(a.state_dict())
     opt_a = forge.ForgeOptimizer(a.parameters(), "adamw", state_dtype="int8")
     opt_b = forge.ForgeOptimizer(b.parameters(), "adamw", state_dtype="int8")
     for _ in range(STEPS):
-        grad = torch.randn(40)
+        grad = torch.randn(24, 40)
         opt_a.update_elementwise(a.weight, grad)
         elementwise_update_op(opt_b, b.weight, grad)
     assert torch.equal(a.weight, b.weight)

@@ -1,0 +1,327 @@
+"""FORGE under data parallelism: replicas (DDP) and shards (FSDP2), built on torch.distributed.
+
+Why the fused kernel does not run here. Under data parallelism the step must use the MEAN of the
+weight gradient over the ranks, dW = (1/P) sum_r dy_r^T x_r, and a rank's registers only ever hold
+its own tokens' term. Either dW crosses the network (an all-reduce or a reduce-scatter of every
+layer's gradient), or the operands dy and x do (each rank gathers every rank's and runs the fused
+kernel over P x T tokens). docs/distributed.md compares the two; FORGE reduces the gradient, so each
+parameter's gradient exists for a short, bounded window, and the update is FORGE's element-wise
+kernel (the same rule, states, stochastic rounding and int8 storage as the fused one) applied to the
+reduced gradient. What survives of FORGE's saving is that no rank ever holds the whole model's
+gradient, where DDP + AdamW holds it from the backward to `step()`.
+
+Replicas, `forge.attach(model, ..., process_group=pg)` or `forge.attach(DDP(model), ...)`. Every
+trained parameter gets FORGE's post-accumulate-grad hook; the hook hands its gradient to
+`GradientReducer`, which groups gradients into buckets (`bucket_cap_mb`, DDP's default of 25 MiB),
+multiplies each by 1/P and all-reduces the bucket asynchronously, as DDP's reducer does, and, once
+the bucket is reduced, updates its parameters from the mean and drops the gradients. Buckets are
+launched in one fixed order on every rank (so the collectives pair up whatever order the gradients
+arrive in): the reverse of the parameters' order for the first backward, then the order in which
+rank 0's gradients arrived in it. At most `MAX_IN_FLIGHT` buckets are being reduced while the next
+fills, so the gradients alive at once are bounded by about (MAX_IN_FLIGHT + 1) buckets (a parameter
+larger than a bucket is a bucket of its own). A DDP wrapper handed to `attach` is taken over: its
+own gradient synchronization is switched off and its reducer, whose bucket buffers hold a whole
+gradient, is released (`take_over_ddp`); its forward (and buffer broadcast) stays as it was.
+
+Shards, FSDP2 (`torch.distributed.fsdp.fully_shard`, then `forge.attach(model, ...)`). FSDP2
+reduce-scatters each group's gradients itself and, since torch 2.5, runs the post-accumulate-grad
+hooks of the sharded parameters right after it assigns their sharded gradient. FORGE's hook updates
+the rank's shard from it with the rank's own sharded states and frees it: weights, states and
+gradients stay sharded, and no sharded gradient outlives its group's reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd import Variable
+
+REPLICAS, SHARDS = "replicas", "shards"
+MAX_IN_FLIGHT = 2  # buckets being all-reduced while the next one fills
+DEFAULT_BUCKET_CAP_MB = 25.0  # DDP's default bucket size
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """How an optimizer's gradients are shared between ranks: `kind` REPLICAS (FORGE all-reduces
+    them over `group`, in buckets of `bucket_cap_mb`) or SHARDS (FSDP2 reduce-scatters them)."""
+
+    kind: str
+    group: Any = None
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group) if self.kind == REPLICAS else _shard_world()
+
+
+def _shard_world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+# ---------------------------------------------------------------------------------- finding out
+
+
+def resolve(
+    model: nn.Module, process_group: Any, bucket_cap_mb: float
+) -> tuple[nn.Module, DataParallel | None]:
+    """(the module to attach to, how its gradients are shared) for `forge.attach`'s arguments.
+
+    A DDP wrapper gives its module and process group (and is taken over); a model holding FSDP2
+    modules gives SHARDS; `process_group` gives REPLICAS over it (None: no data parallelism, as
+    for a group of one rank). Refuses, before anything changes, what FORGE cannot train this way."""
+    _check_bucket_cap(bucket_cap_mb)
+    if isinstance(model, nn.DataParallel):
+        raise RuntimeError(
+            "forge.attach got an nn.DataParallel model (one process driving several GPUs). Use "
+            "DistributedDataParallel with one process per GPU (torchrun) and attach FORGE to it, or pass "
+            "the plain model with process_group=..."
+        )
+    _refuse_fsdp1(model)
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        if process_group is not None and process_group is not model.process_group:
+            raise ValueError(
+                "forge.attach got a DDP-wrapped model and a process_group that is not the wrapper's: "
+                "leave process_group out (FORGE reduces over the wrapper's group)"
+            )
+        parallel = DataParallel(REPLICAS, model.process_group, bucket_cap_mb)
+        take_over_ddp(model)
+        return model.module, (parallel if parallel.world_size > 1 else None)
+    if is_fully_sharded(model):
+        if process_group is not None:
+            raise ValueError(
+                "forge.attach got a model sharded with FSDP2 (fully_shard) and a process_group: FSDP2 "
+                "reduce-scatters the gradients over its own mesh; leave process_group out"
+            )
+        return model, DataParallel(SHARDS)
+    if process_group is None:
+        return model, None
+    parallel = DataParallel(REPLICAS, process_group, bucket_cap_mb)
+    if parallel.world_size == 1:
+        return model, None
+    broadcast_from_first_rank(model, process_group)
+    return model, parallel
+
+
+def _check_bucket_cap(bucket_cap_mb: Any) -> None:
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, int | float) or not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: give a positive size in MiB (DDP's default: 25)")
+
+
+def is_fully_sharded(model: nn.Module) -> bool:
+    """Whether `model` holds modules sharded by FSDP2's `fully_shard`."""
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing was sharded without importing it
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _refuse_fsdp1(model: nn.Module) -> None:
+    if "torch.distributed.fsdp" not in sys.modules:
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel):
+            raise RuntimeError(
+                "forge.attach got a model wrapped in FullyShardedDataParallel (FSDP1), whose flat "
+                "parameters FORGE cannot address one by one. Shard it with FSDP2 instead "
+                "(torch.distributed.fsdp.fully_shard on each block, then on the model) and attach FORGE "
+                "after sharding."
+            )
+
+
+# ---------------------------------------------------------------------------------- replicas
+
+
+class _NoReducer:
+    """Stands in for a taken-over DDP wrapper's reducer: its forward asks only whether to rebuild
+    buckets (no); anything else would mean DDP synchronizing gradients FORGE already reduced."""
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(
+            f"DDP tried to use its reducer ({name}) after forge.attach took over its gradient "
+            "synchronization. FORGE reduces and applies every gradient during backward; do not re-enable "
+            "require_backward_grad_sync or register DDP comm hooks on a FORGE-attached model."
+        )
+
+
+def take_over_ddp(ddp: nn.parallel.DistributedDataParallel) -> None:
+    """Switch off `ddp`'s own gradient synchronization and release its reducer (and the bucket
+    buffers it allocated, a whole gradient's size); its forward and buffer broadcast keep working."""
+    remove_hooks = getattr(ddp, "_remove_autograd_hooks", None)
+    if remove_hooks is None or not hasattr(ddp, "reducer"):
+        raise RuntimeError(
+            "this torch's DistributedDataParallel has no reducer FORGE knows how to switch off. Attach "
+            "FORGE to the plain model instead: forge.attach(model, ..., process_group=pg)."
+        )
+    if getattr(ddp, "_use_python_reducer", False) or getattr(ddp, "_delay_all_reduce_all_params", False):
+        raise RuntimeError(
+            "FORGE cannot take over a DDP wrapper built with a Python reducer or delayed all-reduce "
+            "(compiled DDP). Attach FORGE to the plain model instead: forge.attach(model, ..., "
+            "process_group=pg)."
+        )
+    ddp.require_backward_grad_sync = False
+    if not isinstance(ddp.reducer, _NoReducer):
+        remove_hooks()
+        ddp.reducer = _NoReducer()
+        ddp.logger = None  # it holds the reducer too
+
+
+@torch.no_grad()
+def broadcast_from_first_rank(model: nn.Module, group: Any) -> None:
+    """Every parameter and buffer of `model` from the group's first rank, as DDP's constructor
+    does: replicas start equal, so equal updates keep them equal."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    source = dist.get_global_rank(group, 0)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=source, group=group)
+
+
+class GradientReducer:
+    """The mean over the ranks of every gradient handed to `add`, in buckets, asynchronously; each
+    bucket's parameters are then updated through `apply(p, mean)` and its gradients dropped.
+
+    `params`: every parameter that will get a gradient, in the optimizer's order (all ranks alike).
+    `peak_bytes` is the most gradient bytes this reducer held at once (kept since construction)."""
+
+    def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply):
+        import torch.distributed as dist
+
+        self.group = dist.group.WORLD if group is None else group
+        self.world_size = dist.get_world_size(self.group)
+        self.apply = apply
+        self.cap_bytes = int(bucket_cap_mb * 2**20)
+        self.params = list(params)
+        self.buckets = self._bucket(list(reversed(self.params)))
+        self.learned_order = False  # buckets still in the static order (until the first backward ends)
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._task: int | None = None
+        self._ready: dict[torch.Tensor, torch.Tensor] = {}
+        self._arrived: list[torch.Tensor] = []  # this backward's arrival order
+        self._next = 0  # the next bucket to launch
+        self._in_flight: deque = deque()
+
+    def _bucket(self, ordered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Consecutive parameters of one dtype, up to `cap_bytes` a bucket (at least one each)."""
+        buckets, current, size = [], [], 0
+        for p in ordered:
+            nbytes = p.numel() * p.element_size()
+            if current and (size + nbytes > self.cap_bytes or p.dtype != current[0].dtype):
+                buckets.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            buckets.append(current)
+        self._bucket_of = {p: i for i, bucket in enumerate(buckets) for p in bucket}
+        return buckets
+
+    # ------------------------------------------------------------------ during backward
+
+    def add(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """p's gradient from this rank's backward: kept until its bucket is reduced and applied."""
+        if grad.is_sparse:
+            raise RuntimeError(
+                "FORGE's data-parallel reducer takes dense gradients; build the embedding with sparse=False"
+            )
+        self._begin()
+        if p in self._ready:
+            raise RuntimeError(
+                "FORGE: a parameter's gradient arrived twice in one backward; under data parallelism each "
+                "parameter is reduced once per backward"
+            )
+        self._ready[p] = grad
+        self._arrived.append(p)
+        self.live_bytes += grad.numel() * grad.element_size()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._launch_ready()
+        if self._task == -1:  # called outside any backward: the step is this gradient alone
+            self.finish()
+
+    def _begin(self) -> None:
+        """At the first gradient of a backward: queue `finish` for when the backward ends."""
+        task = torch._C._current_graph_task_id()
+        if task == self._task and task != -1:
+            return
+        self._task = task
+        if task != -1:
+            Variable._execution_engine.queue_callback(self.finish)
+
+    def _launch_ready(self) -> None:
+        """Launch buckets in their fixed order while the next one has every gradient."""
+        while self._next < len(self.buckets) and all(p in self._ready for p in self.buckets[self._next]):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    def _launch(self, members: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        members = [p for p in members if p in self._ready]
+        if not members:
+            return
+        grads = [self._ready.pop(p) for p in members]
+        flat = grads[0] if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
+        del grads
+        flat.mul_(1.0 / self.world_size)  # as DDP's reducer scales each gradient before the sum
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        self._in_flight.append((work, members, flat))
+        while len(self._in_flight) > MAX_IN_FLIGHT:
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        work, members, flat = self._in_flight.popleft()
+        work.wait()
+        offset = 0
+        for p in members:
+            n = p.numel()
+            self.apply(p, flat[offset : offset + n].view(p.shape) if len(members) > 1 else flat)
+            offset += n
+        self.live_bytes -= flat.numel() * flat.element_size()
+
+    # ------------------------------------------------------------------ at the end of backward
+
+    def finish(self) -> None:
+        """Launch what is left (buckets with a parameter that got no gradient this time reduce the
+        others: every rank must leave out the same ones), apply everything, learn the order."""
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        while self._in_flight:
+            self._complete_oldest()
+        arrived, self._arrived = self._arrived, []
+        self._ready.clear()
+        self._next, self._task, self.live_bytes = 0, None, 0
+        if not self.learned_order and arrived:
+            self._learn_order(arrived)
+
+    def _learn_order(self, arrived: list[torch.Tensor]) -> None:
+        """Rebuild the buckets in the order rank 0's gradients arrived in its first backward (DDP's
+        rebuild): the launch order then follows the backward, and the window stays one bucket wide."""
+        import torch.distributed as dist
+
+        index = {p: i for i, p in enumerate(self.params)}
+        order = [[index[p] for p in arrived]]
+        dist.broadcast_object_list(order, src=dist.get_global_rank(self.group, 0), group=self.group)
+        seen = set(order[0])
+        ordered = [self.params[i] for i in order[0]] + [
+            p for p in reversed(self.params) if index[p] not in seen
+        ]
+        self.buckets = self._bucket(ordered)
+        self.learned_order = True

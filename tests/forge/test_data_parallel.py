@@ -1,0 +1,450 @@
+"""FORGE under data parallelism on CPU: 2 and 4 gloo processes, a tiny Llama under DDP and FSDP2.
+
+One spawn per world size runs every check (the Triton interpreter is slow, so each training run is
+done once); the parent compares. What is checked:
+* every rule, fp32 weights and states: FORGE under DDP and under FSDP2 against the same wrapper
+  with torch.optim, on the same per-rank batches;
+* the mean gradient FORGE's reducer applies is DDP's own, bit for bit (2 ranks: a sum of two terms
+  has one order);
+* bf16 and int8 states: sharding changes nothing (FSDP2 == DDP, bit for bit, 2 ranks), and they
+  track fp32 states as on one process;
+* the gradients a DDP-wrapped FORGE model holds at once stay within the reducer's bound, counted
+  by weak references to every gradient autograd produced;
+* checkpoints: saved at step 5 and resumed on the same ranks, the run continues bit for bit (DDP
+  and FSDP2; fp32, and bf16 weights with stochastic rounding); an FSDP2 checkpoint of 2 ranks loads
+  on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
+* what FORGE refuses under data parallelism, and its messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import pytest
+import torch
+
+from tests.forge.exactness import TRANSFORMER_FP32, assert_close_to_update, near_zero
+from tests.forge.ranks import full, full_states, run_on_ranks
+from tests.helpers import RULE_CASES, tiny_llama
+
+STEPS = 3
+RESUME_STEPS, SAVED_AT = 15, 5
+ADAMW = dict(lr=1e-2, weight_decay=0.1)
+FOUR_RANK_CASES = ("adamw", "lion", "sgd-nesterov")
+
+
+def _batches(rank: int, n: int = STEPS) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    return [torch.randint(0, 96, (2, 8), generator=g) for _ in range(n)]
+
+
+def _base(init: int = 0, **config) -> torch.nn.Module:
+    torch.manual_seed(init)
+    return tiny_llama(**config)
+
+
+def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
+    """DDP, or FSDP2 as torchtitan applies it (each decoder layer, then the root)."""
+    if kind == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _train(model, batches, opt=None, on_step=None) -> list[float]:
+    losses = []
+    for i, ids in enumerate(batches):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if on_step is not None:
+            on_step(i)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+# ---------------------------------------------------------------------------------- the rank's work
+
+
+def _forge_vs_torch(kind: str, base, case: str, batches) -> dict:
+    """FORGE and torch.optim under the same wrapper, and where torch's mean gradient was within
+    rounding of zero at some step (`tests.forge.exactness.near_zero`: left out of the comparison)."""
+    import forge
+
+    rule, hparams = case.split("-")[0], RULE_CASES[case]
+    ours, ref = _wrap(kind, copy.deepcopy(base)), _wrap(kind, copy.deepcopy(base))
+    forge.attach(ours, rule, state_dtype="fp32", **hparams)
+    torch_opt = forge.torch_optimizer(rule, ref.parameters(), **hparams)
+    ambiguous: dict[str, torch.Tensor] = {}
+
+    def mark(_):
+        for name, p in _inner(ref).named_parameters():
+            zero = near_zero(_whole(p.grad))
+            ambiguous[name] = ambiguous[name] | zero if name in ambiguous else zero
+
+    return {
+        "losses": _train(ours, batches),
+        "torch_losses": _train(ref, batches, torch_opt, mark),
+        "forge": full(ours),
+        "torch": full(ref),
+        "ambiguous": ambiguous,
+    }
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _reduced_gradients(base, batches) -> dict:
+    """The mean gradients FORGE's reducer applied, and DDP's own .grad from the same weights, step
+    by step (DDP's model is given FORGE's weights before each of its steps)."""
+    import forge
+
+    ours, ref = _wrap("ddp", copy.deepcopy(base)), _wrap("ddp", copy.deepcopy(base))
+    opt = forge.attach(ours, "adamw", state_dtype="fp32", **ADAMW)
+    names = {p: n for n, p in _inner(ours).named_parameters()}
+    applied: list[dict] = [{} for _ in batches]
+    step = [0]
+    reducer_apply = opt._reducer.apply
+
+    def recording(p, grad):
+        applied[step[0]][names[p]] = grad.clone()
+        reducer_apply(p, grad)
+
+    opt._reducer.apply = recording
+    ddp_grads: list[dict] = []
+    for i, ids in enumerate(batches):
+        step[0] = i
+        ref.module.load_state_dict(ours.module.state_dict())
+        ref(input_ids=ids, labels=ids).loss.backward()
+        ddp_grads.append({n: p.grad.clone() for n, p in ref.module.named_parameters()})
+        ref.zero_grad(set_to_none=True)
+        ours(input_ids=ids, labels=ids).loss.backward()
+    return {"forge": applied, "ddp": ddp_grads}
+
+
+def _clipped(base, batches) -> dict:
+    """DDP + FORGE with max_grad_norm against DDP + torch AdamW after clip_grad_norm_."""
+    import forge
+
+    ours, ref = _wrap("ddp", copy.deepcopy(base)), _wrap("ddp", copy.deepcopy(base))
+    opt = forge.attach(ours, "adamw", state_dtype="fp32", max_grad_norm=0.5, **ADAMW)
+    torch_opt = torch.optim.AdamW(ref.parameters(), **ADAMW)
+    norms = []
+    _train(
+        ref,
+        batches,
+        torch_opt,
+        lambda i: norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5))),
+    )
+    forge_norms = []
+    _train(ours, batches, on_step=lambda i: forge_norms.append(float(opt.last_grad_norm)))
+    return {"norms": norms, "forge_norms": forge_norms, "forge": full(ours), "torch": full(ref)}
+
+
+def _low_precision(kind: str, base, state_dtype: str, batches) -> dict:
+    import forge
+
+    model = _wrap(kind, copy.deepcopy(base))
+    opt = forge.attach(model, "adamw", state_dtype=state_dtype, **ADAMW)
+    losses = _train(model, batches)
+    return {"losses": losses, "weights": full(model), "states": full_states(opt)}
+
+
+def _gradient_window(batches) -> dict:
+    """DDP + FORGE on a two-layer model with 4 KiB buckets: the gradient bytes alive at once, by
+    the reducer's count and by weak references to each gradient (hooks registered before FORGE's)."""
+    import forge
+    from forge.data_parallel import MAX_IN_FLIGHT
+
+    model = _wrap("ddp", _base(num_hidden_layers=2))
+    params = list(model.module.parameters())
+    alive: list[tuple[weakref.ref, int]] = []
+    peaks: list[int] = []
+
+    def count(p):
+        alive.append((weakref.ref(p.grad), p.grad.numel() * p.grad.element_size()))
+        peaks[-1] = max(peaks[-1], sum(n for ref, n in alive if ref() is not None))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(count)
+    cap_mb = 4096 / 2**20
+    opt = forge.attach(model, "adamw", state_dtype="fp32", bucket_cap_mb=cap_mb, **ADAMW)
+    reducer_peaks = []
+    for ids in batches:
+        peaks.append(0)
+        alive.clear()
+        opt._reducer.peak_bytes = 0
+        model(input_ids=ids, labels=ids).loss.backward()
+        reducer_peaks.append(opt._reducer.peak_bytes)
+    largest = max(p.numel() * p.element_size() for p in params)
+    layer = sum(p.numel() * p.element_size() for p in model.module.model.layers[0].parameters())
+    return {
+        "layer": layer,
+        "weakref_peaks": peaks,
+        "reducer_peaks": reducer_peaks,
+        "bound": (MAX_IN_FLIGHT + 1) * max(4096, largest),
+        "total": sum(p.numel() * p.element_size() for p in params),
+        "buckets": len(opt._reducer.buckets),
+    }
+
+
+def _resume(kind: str, weights: torch.dtype, options: dict, rank: int, tmp) -> dict:
+    """A straight run of RESUME_STEPS saved at SAVED_AT, and a run resumed from that checkpoint in a
+    model built from other weights (everything must come from the checkpoint)."""
+    import forge
+    import forge.checkpoint as ckpt
+
+    batches = _batches(rank, RESUME_STEPS)
+    directory = tmp / f"resume-{kind}-{str(weights)[6:]}"
+    model = _wrap(kind, _base(0).to(weights))
+    opt = forge.attach(model, "adamw", **options, **ADAMW)
+
+    def save(i):
+        if i + 1 == SAVED_AT:
+            ckpt.save(directory, model, opt, step=SAVED_AT)
+
+    straight = _train(model, batches, on_step=save)
+    resumed = _wrap(kind, _base(1).to(weights))
+    opt2 = forge.attach(resumed, "adamw", **{**options, "seed": 7}, **ADAMW)
+    start = ckpt.load(directory, resumed, opt2).step
+    return {
+        "straight": straight[start:],
+        "resumed": _train(resumed, batches[start:]),
+        "same_weights": _equal(full(model), full(resumed)),
+        "same_states": _equal(full_states(opt), full_states(opt2)),
+    }
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _save_sharded_for_one_process(tmp, rank: int) -> dict:
+    """An FSDP2 run of 2 ranks saved at step 2, and its whole tensors, for the parent to load."""
+    import forge
+    import forge.checkpoint as ckpt
+
+    model = _wrap("fsdp2", _base(0))
+    opt = forge.attach(model, "adamw", state_dtype="int8", **ADAMW)
+    _train(model, _batches(rank, 2))
+    ckpt.save(tmp / "sharded", model, opt, step=2)
+    return {"weights": full(model), "states": full_states(opt)}
+
+
+def _load_one_process_checkpoint(rank: int, world: int, tmp, checkpoint) -> dict:
+    """A one-process checkpoint, loaded into FSDP2 on 2 ranks."""
+    import forge
+    import forge.checkpoint as ckpt
+
+    model = _wrap("fsdp2", _base(3))
+    opt = forge.attach(model, "adamw", state_dtype="int8", **ADAMW)
+    ckpt.load(checkpoint, model, opt)
+    return {"weights": full(model), "states": full_states(opt)}
+
+
+def _refusals() -> dict[str, str]:
+    import forge
+
+    out = {}
+    for name, kind, options in (
+        ("capturable", "ddp", dict(capturable=True)),
+        ("update_stream", "fsdp2", dict(update_stream=True)),
+        ("clip_fsdp2", "fsdp2", dict(max_grad_norm=1.0)),
+        ("fp8", "ddp", dict(fp8="tensorwise")),
+    ):
+        try:
+            forge.attach(_wrap(kind, _base()), "adamw", **options)
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            out[name] = str(e)
+    model = _wrap("ddp", _base())
+    opt = forge.attach(model, "adamw")
+    try:
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    except RuntimeError as e:
+        out["add_param_group"] = str(e)
+    return out
+
+
+def _two_ranks(rank: int, world: int, tmp) -> dict:
+    import forge
+    from forge.data_parallel import SHARDS
+
+    base, batches = _base(), _batches(rank)
+    out: dict = {"initial": full(base)}
+    probe = _wrap("fsdp2", copy.deepcopy(base))
+    out["fsdp2_kind"] = forge.attach(probe, "sgd", lr=0.1).data_parallel.kind == SHARDS
+    out["exact"] = {
+        (kind, case): _forge_vs_torch(kind, base, case, batches)
+        for kind in ("ddp", "fsdp2")
+        for case in RULE_CASES
+    }
+    out["gradients"] = _reduced_gradients(base, batches)
+    out["low_precision"] = {
+        (kind, dtype): _low_precision(kind, base, dtype, _batches(rank, 6))
+        for kind in ("ddp", "fsdp2")
+        for dtype in ("fp32", "bf16", "int8")
+    }
+    out["clipped"] = _clipped(base, batches)
+    out["window"] = _gradient_window(_batches(rank))
+    out["resume"] = {
+        (kind, name): _resume(kind, weights, options, rank, tmp)
+        for kind in ("ddp", "fsdp2")
+        for name, weights, options in (
+            ("fp32", torch.float32, dict(state_dtype="fp32")),
+            ("bf16-sr", torch.bfloat16, dict(state_dtype="bf16", stochastic_rounding=True)),
+        )
+    }
+    out["sharded"] = _save_sharded_for_one_process(tmp, rank)
+    out["refusals"] = _refusals()
+    return out
+
+
+def _four_ranks(rank: int, world: int, tmp) -> dict:
+    base, batches = _base(), _batches(rank)
+    return {
+        "initial": full(base),
+        "exact": {
+            (kind, case): _forge_vs_torch(kind, base, case, batches)
+            for kind in ("ddp", "fsdp2")
+            for case in FOUR_RANK_CASES
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------- the checks
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dp2")
+    return run_on_ranks(_two_ranks, 2, tmp), tmp
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    return run_on_ranks(_four_ranks, 4, tmp_path_factory.mktemp("dp4"))
+
+
+def _assert_forge_matches_torch(runs: list[dict], cases) -> None:
+    initial = runs[0]["initial"]
+    for (kind, case), run in runs[0]["exact"].items():
+        assert case in cases
+        for name, w in run["forge"].items():
+            # The first step's mean gradient is the same on both sides; the update's own arithmetic
+            # (the element-wise kernel's order of the rule's terms against torch.optim's) moves the
+            # weights by an ulp, and the later gradients by as much as one process's tests allow.
+            assert_close_to_update(
+                w,
+                run["torch"][name],
+                initial[name],
+                TRANSFORMER_FP32,
+                f"{kind} {case} {name}",
+                near_zero_grad=run["ambiguous"][name],
+            )
+        assert run["losses"] == pytest.approx(run["torch_losses"], rel=1e-6), (kind, case)
+        assert run["forge"]["lm_head.weight"].ne(initial["lm_head.weight"]).any(), (kind, case)
+    for other in runs[1:]:  # every rank holds the same model
+        for key, run in other["exact"].items():
+            assert _equal(run["forge"], runs[0]["exact"][key]["forge"]), key
+
+
+def test_every_rule_under_ddp_and_fsdp2_equals_torch_optim_two_ranks(two):
+    runs, _ = two
+    assert runs[0]["fsdp2_kind"]
+    _assert_forge_matches_torch(runs, RULE_CASES)
+
+
+def test_every_checked_rule_equals_torch_optim_four_ranks(four):
+    _assert_forge_matches_torch(four, FOUR_RANK_CASES)
+
+
+def test_the_reduced_gradient_is_ddps_bit_for_bit(two):
+    grads = two[0][0]["gradients"]
+    assert len(grads["forge"]) == STEPS
+    for step, (ours, theirs) in enumerate(zip(grads["forge"], grads["ddp"])):
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            assert torch.equal(ours[name], theirs[name]), (step, name)
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_sharding_changes_nothing_and_low_precision_states_track_fp32(two, state_dtype):
+    runs = two[0][0]["low_precision"]
+    ddp, fsdp2 = runs["ddp", state_dtype], runs["fsdp2", state_dtype]
+    # The same mean gradients (a sum of two terms), the same update on each row: FSDP2's shards
+    # hold whole rows of every weight, so even int8 scale groups are the same.
+    assert ddp["losses"] == fsdp2["losses"]
+    assert _equal(ddp["weights"], fsdp2["weights"]) and _equal(ddp["states"], fsdp2["states"])
+    fp32 = runs["ddp", "fp32"]["losses"]
+    assert ddp["losses"][-1] < ddp["losses"][0]
+    # as on one process (tests/forge/test_low_precision.py): within 5% of fp32 states' loss
+    assert max(abs(a - b) / a for a, b in zip(fp32, ddp["losses"])) < 0.05
+
+
+def test_ddp_clips_the_global_norm_of_the_mean_gradient(two):
+    runs, _ = two
+    clipped, initial = runs[0]["clipped"], runs[0]["initial"]
+    assert min(clipped["norms"]) > 0.5  # every step clipped
+    assert clipped["forge_norms"] == pytest.approx(clipped["norms"], rel=1e-6)
+    for name, w in clipped["forge"].items():
+        assert_close_to_update(w, clipped["torch"][name], initial[name], TRANSFORMER_FP32, name)
+
+
+def test_ddp_holds_a_bounded_window_of_gradients(two):
+    window = two[0][0]["window"]
+    assert window["buckets"] > 10  # 4 KiB buckets: every weight its own
+    counted, reducer = window["weakref_peaks"], window["reducer_peaks"]
+    # The first backward launches buckets in the parameters' reverse order, where a norm weight comes
+    # before the projections of its layer that arrive first: up to a layer's gradients wait for it.
+    assert counted[0] <= window["bound"] + window["layer"], window
+    for step in range(1, len(counted)):  # then in the order they arrive: within the bound
+        assert counted[step] <= window["bound"] and reducer[step] <= window["bound"], (step, window)
+        assert counted[step] < 0.3 * window["total"], (step, window)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16-sr"])
+def test_a_resumed_two_rank_run_continues_bit_for_bit(two, kind, weights):
+    for rank in two[0]:
+        run = rank["resume"][kind, weights]
+        assert len(run["resumed"]) == RESUME_STEPS - SAVED_AT
+        assert run["resumed"] == run["straight"]
+        assert run["same_weights"] and run["same_states"]
+
+
+def test_an_fsdp2_checkpoint_loads_on_one_process_and_back(two):
+    import forge
+    import forge.checkpoint as ckpt
+
+    runs, tmp = two
+    model = _base(5)
+    opt = forge.attach(model, "adamw", state_dtype="int8", **ADAMW)
+    assert ckpt.load(tmp / "sharded", model, opt).step == 2
+    saved = runs[0]["sharded"]
+    assert _equal(full(model), saved["weights"]) and _equal(full_states(opt), saved["states"])
+    # and the other way: this one process's checkpoint onto 2 ranks of FSDP2
+    checkpoint = ckpt.save(tmp / "one-process", model, opt, step=2)
+    (tmp / "back").mkdir()
+    back = run_on_ranks(_load_one_process_checkpoint, 2, tmp / "back", checkpoint)
+    for rank in back:
+        assert _equal(rank["weights"], saved["weights"]) and _equal(rank["states"], saved["states"])
+
+
+def test_what_data_parallelism_refuses_says_what_to_do(two):
+    messages = two[0][0]["refusals"]
+    assert "capturable=True under data-parallel replicas" in messages["capturable"]
+    assert "update_stream=True under FSDP2" in messages["update_stream"]
+    assert "max_grad_norm under FSDP2" in messages["clip_fsdp2"] and "DDP" in messages["clip_fsdp2"]
+    assert "fp8 under data parallelism" in messages["fp8"]
+    assert "nothing was added" in messages["add_param_group"]
