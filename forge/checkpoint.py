@@ -1,0 +1,385 @@
+"""Checkpoints of a FORGE run: model and optimizer, sharded, atomic, checked before anything loads.
+
+    import forge.checkpoint
+    forge.checkpoint.save("ckpt", model, opt, step=500, extra={"scheduler": sched.state_dict()})
+    loaded = forge.checkpoint.load("ckpt", model, opt)   # the newest complete checkpoint in ckpt/
+    sched.load_state_dict(loaded.extra["scheduler"]); start = loaded.step + 1
+
+Every rank calls both (on one process, no process group is needed). The files are written by
+`torch.distributed.checkpoint` (DCP): each rank writes its own shards (FSDP2 and tensor-parallel
+DTensors, FORGE's states laid out like their weights), replicated tensors are written once, and a
+checkpoint loads on the same or another number of ranks, sharded or not: DCP reads whatever part
+of each saved tensor a rank now holds. What FORGE saves besides the weights: every state slot in
+its storage dtype (fp32, bf16, int8 codes with their bf16 scales), the compensated weights' bf16
+residuals, each parameter's step count, the param groups' hyperparameters, and the seed its
+stochastic rounding draws from (each step's bits derive from seed, parameter and step), so a run
+resumed at step k continues bit for bit as the run that never stopped did, on the same ranks.
+
+Layout: `<directory>/step-00000500/` holds DCP's files and `forge.json`, a manifest of what was
+saved (rule, state dtype, options, and every tensor's global shape and dtype). A checkpoint is
+written as `step-00000500.partial` and renamed into place by one rank once every rank's files
+and DCP's metadata are on disk; `load` only sees renamed ones. A process killed during a save
+(even by SIGKILL) therefore leaves the previous checkpoint as the newest complete one, and the
+next save clears the partial directory away.
+
+`load` checks before it touches a tensor, on every rank together (one rank's refusal is every
+rank's): that the checkpoint is FORGE's, of the same rule, state dtype, int8 group and weight
+format; that every tensor the model and the optimizer hold is in it with the same global shape and
+dtype, and nothing else is; and that no data file is shorter than DCP's metadata says (a truncated
+copy). Each refusal says what differs and what to do. A file damaged without a change of size is
+not detected: DCP keeps no checksums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from forge.distributed import load_optimizer_state_dict, optimizer_state_dict
+
+FORMAT = 1
+MANIFEST = "forge.json"
+PARTIAL = ".partial"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded into this model and optimizer; nothing was changed."""
+
+
+@dataclass
+class Loaded:
+    """What `load` restored: the checkpoint's directory, its step and the `extra` saved with it."""
+
+    path: Path
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------- saving
+
+
+def save(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    optimizer,
+    step: int,
+    *,
+    extra: dict[str, Any] | None = None,
+    keep: int | None = None,
+) -> Path:
+    """Save `model` and FORGE's `optimizer` as `<directory>/step-<step>` (see the module); every rank
+    calls it. `extra`: picklable objects to keep beside them (a scheduler's state_dict, the data
+    position), the same on every rank. `keep`: then delete all but the newest `keep` checkpoints.
+    Returns the checkpoint's path."""
+    import torch.distributed.checkpoint as dcp
+
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step={step!r}: give the training step as a non-negative int")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep={keep!r}: give how many checkpoints to keep (>= 1), or None for all")
+    directory = Path(directory)
+    final = directory / f"step-{step:08d}"
+    partial = final.with_name(final.name + PARTIAL)
+    if _rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # what a killed save of this step left
+    _barrier()
+    state = _state(model, optimizer, extra or {})
+    with _single_process_quiet():
+        dcp.save(state, checkpoint_id=str(partial), no_dist=not _distributed())
+    if _rank() == 0:
+        manifest = _manifest(model, optimizer, state, step)
+        _write_file(partial / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        _publish(partial, final)
+        if keep is not None:
+            for old in complete_checkpoints(directory)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def _state(model: nn.Module, optimizer, extra: dict[str, Any]) -> dict[str, Any]:
+    """What DCP saves and loads in place: the model's and optimizer's tensors by name, and `extra`
+    pickled as one item (DCP keeps a byte stream as it is)."""
+    return {
+        "model": _model_state(model),
+        "optimizer": optimizer_state_dict(optimizer),
+        "extra": io.BytesIO(pickle.dumps(dict(extra))),
+    }
+
+
+def _model_state(model: nn.Module) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(_unwrapped(model))
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _manifest(model: nn.Module, optimizer, state: dict[str, Any], step: int) -> dict[str, Any]:
+    world = dist.get_world_size() if _distributed() else 1
+    return {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world,
+        "options": options_of(optimizer),
+        "seed": optimizer.seed,
+        "tensors": tensor_specs(state),
+    }
+
+
+def options_of(optimizer) -> dict[str, Any]:
+    """What a checkpoint's states only make sense under: a different value refuses the load."""
+    return {
+        "rule": optimizer.rule.name,
+        "state_dtype": optimizer.state_dtype,
+        "int8_group": optimizer.int8_group,
+        "weights": "bf16+kahan"
+        if optimizer.kahan
+        else "bf16+sr"
+        if optimizer.stochastic_rounding
+        else "bf16",
+    }
+
+
+def tensor_specs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{dotted name: {shape, dtype}} of every tensor in `state` (DTensors by their global shape)."""
+    specs = {}
+    for name, value in _flatten(state):
+        if isinstance(value, torch.Tensor):
+            specs[name] = {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    return specs
+
+
+def _flatten(value: Any, prefix: str = ""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}{key}.")
+    elif isinstance(value, list | tuple) and any(isinstance(v, dict | torch.Tensor) for v in value):
+        for i, item in enumerate(value):
+            yield from _flatten(item, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], value
+
+
+def _publish(partial: Path, final: Path) -> None:
+    """Put the finished `partial` in place as `final` by renames (atomic on one file system); a
+    checkpoint of the same step already there is replaced only once the new one is complete."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(partial, final)
+    _sync_directory(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_file(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------- loading
+
+
+def complete_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints in `directory`, oldest step first (partial ones are not listed)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and (path / MANIFEST).is_file() and (path / ".metadata").is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest(directory: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint in `directory`, or None."""
+    found = complete_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
+    """Load a checkpoint into `model` and FORGE's `optimizer`, in place; every rank calls it.
+    `path`: a checkpoint (`.../step-00000500`) or a directory of them (its newest complete one).
+    Raises CheckpointError, with nothing changed, when the checkpoint does not fit (see the module)."""
+    import torch.distributed.checkpoint as dcp
+
+    checkpoint = _resolve(Path(path))
+    state = _state(model, optimizer, {})
+    manifest = _agree(lambda: _check(checkpoint, model, optimizer, state))
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=not _distributed())
+    _set_model_state(model, state["model"])
+    load_optimizer_state_dict(optimizer, state["optimizer"])
+    optimizer.seed = int(manifest["seed"])  # stochastic rounding draws from it: the saved run's bits
+    extra = state["extra"]
+    extra = pickle.loads(extra.getvalue()) if isinstance(extra, io.BytesIO) else extra
+    return Loaded(checkpoint, int(manifest["step"]), extra)
+
+
+def _resolve(path: Path) -> Path:
+    if (path / MANIFEST).is_file():
+        return path
+    found = latest(path)
+    if found is None:
+        what = "does not exist" if not path.exists() else "holds no complete FORGE checkpoint"
+        raise FileNotFoundError(
+            f"{path} {what}: give a checkpoint directory (step-NNNNNNNN, with forge.json and .metadata) or "
+            "the directory forge.checkpoint.save wrote them into"
+        )
+    return found
+
+
+def _check(checkpoint: Path, model: nn.Module, optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's manifest, once it fits this model and optimizer; else CheckpointError."""
+    try:
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{checkpoint / MANIFEST} cannot be read ({e}): the checkpoint is damaged"
+        ) from e
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{checkpoint} is in checkpoint format {manifest.get('format')!r}; this FORGE reads {FORMAT}"
+        )
+    _check_options(checkpoint, manifest["options"], options_of(optimizer))
+    _check_tensors(checkpoint, manifest["tensors"], tensor_specs(state))
+    _check_files(checkpoint)
+    return manifest
+
+
+def _check_options(checkpoint: Path, saved: dict[str, Any], ours: dict[str, Any]) -> None:
+    differ = {key: (saved.get(key), value) for key, value in ours.items() if saved.get(key) != value}
+    if differ:
+        listed = ", ".join(f"{key}={a!r} (this optimizer: {b!r})" for key, (a, b) in differ.items())
+        raise CheckpointError(
+            f"{checkpoint} was saved by FORGE with {listed}. Attach with the checkpoint's options "
+            "(forge.attach(model, rule, state_dtype=..., int8_group=..., master_weights=...)) to resume it."
+        )
+
+
+def _check_tensors(checkpoint: Path, saved: dict[str, Any], ours: dict[str, Any]) -> None:
+    missing = sorted(set(ours) - set(saved))
+    unknown = sorted(set(saved) - set(ours))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"lacks {len(missing)} tensor(s) this run holds, e.g. {missing[0]}")
+        if unknown:
+            parts.append(f"holds {len(unknown)} tensor(s) this run does not, e.g. {unknown[0]}")
+        raise CheckpointError(
+            f"{checkpoint} {' and '.join(parts)}: it was saved from another model or another choice of "
+            "trained parameters. Build the same model and attach FORGE to the same parameters."
+        )
+    for name in sorted(ours):
+        if saved[name] != ours[name]:
+            a, b = saved[name], ours[name]
+            raise CheckpointError(
+                f"{checkpoint}: {name} was saved as {a['dtype']} {tuple(a['shape'])}, this run holds "
+                f"{b['dtype']} {tuple(b['shape'])}. Build the model with the checkpoint's sizes and dtype."
+            )
+
+
+def _check_files(checkpoint: Path) -> None:
+    """Every data file at least as long as DCP's metadata says its items reach."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(checkpoint)).read_metadata()
+    except Exception as e:  # a truncated or damaged .metadata raises whatever unpickling raises
+        raise CheckpointError(f"{checkpoint}/.metadata cannot be read ({type(e).__name__}): damaged") from e
+    reach: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        reach[info.relative_path] = max(reach.get(info.relative_path, 0), info.offset + info.length)
+    for name, needed in sorted(reach.items()):
+        file = checkpoint / name
+        size = file.stat().st_size if file.is_file() else None
+        if size is None or size < needed:
+            have = "is missing" if size is None else f"has {size} bytes of the {needed} its metadata records"
+            raise CheckpointError(
+                f"{file} {have}: the checkpoint is incomplete (a truncated copy?). Load an earlier "
+                f"checkpoint (forge.checkpoint.complete_checkpoints({str(checkpoint.parent)!r}))."
+            )
+
+
+def _set_model_state(model: nn.Module, model_state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(_unwrapped(model), model_state)
+
+
+def _agree(check):
+    """Run `check` on every rank; if any rank raises, every rank raises (rank order's first
+    message), so that no rank goes on into DCP's collectives alone."""
+    try:
+        result, error = check(), None
+    except (CheckpointError, FileNotFoundError) as e:
+        result, error = None, e
+    if not _distributed():
+        if error is not None:
+            raise error
+        return result
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, None if error is None else (type(error).__name__, str(error)))
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        if error is not None:
+            raise error
+        kind = FileNotFoundError if first[0] == "FileNotFoundError" else CheckpointError
+        raise kind(f"another rank refused the checkpoint: {first[1]}")
+    return result
+
+
+# ---------------------------------------------------------------------------------- process group
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns that it assumes one process when no process group exists: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
