@@ -25,12 +25,18 @@ What the TrainingArguments become:
 `forge_options` go to `forge.attach` as they are (`state_dtype`, `stochastic_rounding`, `capturable`,
 ...); `seed`, the stochastic-rounding seed, defaults to the Trainer's `seed`.
 
+Several processes (torchrun, `accelerate launch`): data-parallel FORGE (`forge.data_parallel`).
+FORGE is attached over the default process group, so each gradient is all-reduced before its
+update, and the DDP wrapper the Trainer puts around the model afterwards is taken over at the first
+training step (its own gradient synchronization off). Every rank holds the same states, and the
+Trainer's `optimizer.pt` (written by rank 0, read by every rank) resumes them as on one process.
+
 Refused when the trainer is built, before FORGE touches the model, each with what to do instead:
 `gradient_accumulation_steps` > 1 (each backward is a step: there is nothing to accumulate into),
-`fp16` (its loss scaler unscales gradients after backward, by when FORGE has applied them), data
-parallelism (DDP, FSDP, DeepSpeed, several GPUs in one process: each needs the full gradient for an
-all-reduce), an optimizer of one's own (`optimizers`, `optimizer_cls_and_kwargs`), and `optim` names
-that have no FORGE rule.
+`fp16` (its loss scaler unscales gradients after backward, by when FORGE has applied them), the
+Trainer's FSDP and DeepSpeed integrations and several GPUs in one process (nn.DataParallel), an
+optimizer of one's own (`optimizers`, `optimizer_cls_and_kwargs`), and `optim` names that have no
+FORGE rule.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainingArguments
 from transformers.training_args import OptimizerNames
 
 import forge
+from forge.data_parallel import take_over_ddp
 
 # `optim` names whose arithmetic is one of FORGE's rules. A name's storage format (8-bit, paged) is not
 # FORGE's: its state precision is `forge_options["state_dtype"]`, so those names are refused, not
@@ -57,6 +65,10 @@ _RULE_OF_OPTIM = {
 }
 _KNOWN_OPTIMS = {o.value for o in OptimizerNames}
 OPTIM_RULES = {name: rule for name, rule in _RULE_OF_OPTIM.items() if name in _KNOWN_OPTIMS}
+
+# Accelerate's distributed types ForgeTrainer trains under: one process, or one process per device
+# with the Trainer's DDP wrapper (taken over by FORGE's reducer).
+_DATA_PARALLEL_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU"}
 
 # Names whose optimizer class the installed Trainer builds from torch alone: their hyperparameters are
 # taken from `Trainer.get_optimizer_cls_and_kwargs`, so they follow the Trainer's own mapping (optim_args
@@ -158,27 +170,27 @@ class ForgeTrainer(Trainer):
         self._forge_optimizer = None
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         check_training_args(self.args)  # the Trainer's default arguments, where none were given
-        self._refuse_data_parallel()
+        self._refuse_unsupported_parallelism()
+        self._took_over_ddp = False
 
-    def _refuse_data_parallel(self) -> None:
-        from accelerate.utils import DistributedType
+    def _refuse_unsupported_parallelism(self) -> None:
 
         args, kind = self.args, None
+        distributed = self.accelerator.distributed_type
         if self.is_deepspeed_enabled:
             kind = "DeepSpeed"
         elif self.is_fsdp_enabled or getattr(self, "is_fsdp_xla_enabled", False):
-            kind = "FSDP"
+            kind = "the Trainer's FSDP integration"
         elif args.n_gpu > 1:
             kind = f"{args.n_gpu} GPUs in one process (the Trainer would wrap the model in nn.DataParallel)"
-        elif args.world_size > 1 or self.accelerator.distributed_type != DistributedType.NO:
-            distributed = self.accelerator.distributed_type.value
-            kind = f"a distributed run ({distributed}, {args.world_size} processes)"
+        elif distributed not in _DATA_PARALLEL_TYPES:
+            kind = f"a {distributed.value} run ({args.world_size} processes)"
         if kind is not None:
             raise RuntimeError(
-                f"ForgeTrainer cannot train with {kind}: data parallelism all-reduces every gradient "
-                "before the update, and FORGE applies each gradient inside backward, where it is made. "
-                "Train on one GPU (FORGE's saving often makes the model fit), or call forge.attach "
-                "directly under tensor parallelism (forge.distributed), which is exact."
+                f"ForgeTrainer cannot train with {kind}. It trains on one device, or data-parallel with "
+                "one process per device (torchrun or accelerate launch: DDP, each gradient reduced before "
+                "FORGE's update). For sharded training, shard the model with FSDP2's fully_shard and "
+                "call forge.attach directly (docs/distributed.md)."
             )
 
     def create_optimizer(self, model=None):
@@ -191,6 +203,10 @@ class ForgeTrainer(Trainer):
         if clash:
             raise ValueError(f"forge_options {clash} are also set by the TrainingArguments (optim_args)")
         options = {"seed": self.args.seed, **self.forge_options}
+        if self.args.world_size > 1:  # data parallel: every gradient reduced before its update
+            import torch.distributed as dist
+
+            options["process_group"] = dist.group.WORLD
         opt_model = self.model if model is None else model
         decay = set(self.get_decay_parameter_names(opt_model))
         trained = [(name, p) for name, p in opt_model.named_parameters() if p.requires_grad]
@@ -201,6 +217,14 @@ class ForgeTrainer(Trainer):
         self._forge_optimizer = forge.attach(opt_model, rule, groups, **hparams, **options)
         self.optimizer = self._forge_optimizer
         return self.optimizer
+
+    def training_step(self, model, *args, **kwargs):
+        """The Trainer's step; at the first, FORGE takes over the DDP wrapper the Trainer has put
+        around the model since the optimizer was built (its own gradient synchronization off)."""
+        if not self._took_over_ddp and isinstance(model, DistributedDataParallel):
+            take_over_ddp(model)
+            self._took_over_ddp = True
+        return super().training_step(model, *args, **kwargs)
 
     # The Trainer clips after backward (`_clip_grad_norm`, called when max_grad_norm > 0, returns the norm
     # before clipping) and logs the norm that `_get_grad_norm` returns (the clipped one's, or one it takes

@@ -253,16 +253,77 @@ def test_other_optimizers_and_clashing_options_are_refused(tmp_path):
     assert untouched(model)
 
 
-def test_data_parallel_is_refused(tmp_path, monkeypatch):
-    """A run over several processes: the Trainer would wrap the model in DDP after building the
-    optimizer, where forge.attach cannot see it, and each rank would step on its own gradient.
-    ForgeTrainer refuses it when it is built, from the arguments' world size (a two-rank launch, as
-    torchrun would give it, is what sets it)."""
-    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
+def test_several_gpus_in_one_process_are_refused(tmp_path, monkeypatch):
+    """nn.DataParallel (one process driving several GPUs) is refused when the trainer is built; one
+    process per device (torchrun) trains data-parallel (test_ddp_training_resumes_bit_for_bit)."""
+    monkeypatch.setattr(TrainingArguments, "n_gpu", property(lambda self: 2))
     model = tiny_llama()
     with pytest.raises(RuntimeError) as refused:
         ForgeTrainer(model=model, args=training_args(tmp_path), train_dataset=RandomTokens())
-    assert "ForgeTrainer cannot train with a distributed run" in str(refused.value)
-    assert "2 processes" in str(refused.value)
-    assert "data parallelism all-reduces every gradient" in str(refused.value)
+    assert "2 GPUs in one process" in str(refused.value) and "torchrun" in str(refused.value)
     assert untouched(model)
+
+
+def _ddp_trainers(rank: int, world: int, tmp) -> dict:
+    """On each of 2 gloo ranks: ForgeTrainer under DDP, straight for 4 steps (saved at step 2) and
+    resumed from that checkpoint, and the plain Trainer with torch AdamW under DDP as the oracle."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2, max_grad_norm=1.0, ddp_backend="gloo")
+    torch.manual_seed(0)
+    model, data = tiny_llama(), RandomTokens()
+    out = {}
+    straight = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp / "straight", **common),
+        train_dataset=data,
+        forge_options=dict(state_dtype="fp32"),
+    )
+    straight.train()
+    out["straight"] = logged(straight, "loss")
+    out["data_parallel"] = straight._forge_optimizer.data_parallel is not None
+    resumed = ForgeTrainer(
+        model=tiny_llama(),
+        args=training_args(tmp / "resumed", **common),
+        train_dataset=data,
+        forge_options=dict(state_dtype="fp32"),
+    )
+    resumed.train(resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))
+    out["resumed"] = logged(resumed, "loss")
+    out["same_weights"] = all(
+        torch.equal(p, q)
+        for p, q in zip(straight.model.parameters(), resumed.model.parameters(), strict=True)
+    )
+    oracle = Trainer(
+        model=copy.deepcopy(model), args=training_args(tmp / "oracle", **common), train_dataset=data
+    )
+    oracle.train()
+    out["oracle"] = logged(oracle, "loss")
+    out["weights"] = {n: p.detach().clone() for n, p in straight.model.named_parameters()}
+    out["oracle_weights"] = {n: p.detach().clone() for n, p in oracle.model.named_parameters()}
+    out["initial"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+def test_ddp_training_resumes_bit_for_bit(tmp_path):
+    """Two processes, as torchrun starts them: FORGE all-reduces each gradient (the Trainer's DDP
+    wrapper taken over), trains as the plain Trainer with torch AdamW under DDP does, and resumes
+    from the Trainer's own checkpoint bit for bit on every rank."""
+    from tests.forge.exactness import TRANSFORMER_FP32, assert_close_to_update
+    from tests.forge.ranks import run_on_ranks
+
+    runs = run_on_ranks(_ddp_trainers, 2, tmp_path)
+    for rank in runs:
+        assert rank["data_parallel"]
+        # steps 1-2 from the checkpoint's log history, steps 3-4 trained again from its state
+        assert len(rank["straight"]) == 4 and rank["resumed"] == rank["straight"]
+        assert rank["same_weights"]
+        assert rank["straight"] == pytest.approx(rank["oracle"], rel=1e-5)
+        for name, w in rank["weights"].items():
+            assert_close_to_update(
+                w, rank["oracle_weights"][name], rank["initial"][name], TRANSFORMER_FP32, name
+            )
+    assert runs[0]["weights"].keys() == runs[1]["weights"].keys()
+    for name, w in runs[0]["weights"].items():  # the replicas stay equal
+        assert torch.equal(w, runs[1]["weights"][name]), name
