@@ -446,6 +446,18 @@ def validate(cfg: DictConfig) -> None:
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "
             + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
         )
+    _validate_data_parallel(cfg)
+
+
+def _validate_data_parallel(cfg: DictConfig) -> None:
+    """A data-parallel method (`method.options.data_parallel`) needs several ranks to share out."""
+    wrapper = cfg.method.options.get("data_parallel")
+    if wrapper is not None and cfg.gpus < 2:
+        raise ConfigError(
+            f"method {cfg.method.label!r} trains under {wrapper} (method.options.data_parallel), which needs "
+            f"several GPUs, one process each: set gpus=2 or more (gpus={cfg.gpus}), or pick the method "
+            "without the wrapper for one GPU"
+        )
 
 
 def weight_dtype(cfg: DictConfig) -> str:

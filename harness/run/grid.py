@@ -35,7 +35,8 @@ def point_id(cfg: DictConfig) -> str:
     """A stable id from what defines the point (the resume key)."""
     ac = "/ac" if cfg.activation_checkpointing else ""
     ac += "/chunked" if cfg.model.chunked_loss else ""  # another loss: another point, not a resume
-    tp = f"/tp{cfg.gpus}" if cfg.gpus > 1 else ""
+    wrapper = cfg.method.options.get("data_parallel")  # DDP or FSDP2 (e.g. /fsdp2x2), else the TP plan
+    tp = "" if cfg.gpus <= 1 else f"/{wrapper}x{cfg.gpus}" if wrapper else f"/tp{cfg.gpus}"
     seed = f"/seed{cfg.seed}" if cfg.seed else ""  # the default seed 0 keeps the ids of old results
     shape = f"b{cfg.batch_size}/s{cfg.seq_len}"
     allocator = f"/alloc={cfg.gpu.allocator}" if cfg.gpu.allocator else ""  # another search, not a resume

@@ -162,7 +162,9 @@ def tiny_cpu_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
     if cfg.sweep.mode == "capacity":
         mine.add("sweep.max_batch_size")
     kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in mine]
-    extra = ["gpus=1"] if cfg.gpus > 1 else []
+    labels = list(cfg.sweep.methods) or [cfg.method.label]
+    # data-parallel methods need two ranks (gloo processes on the CPU); tensor parallelism runs on one
+    extra = [f"gpus={2 if any(map(_data_parallel, labels)) else 1}"] if cfg.gpus > 1 else []
     extra += ["sweep.max_batch_size=2"] if cfg.sweep.mode == "capacity" else []
     return [*kept, *TINY_CPU, *extra]
 
@@ -182,7 +184,17 @@ TINY_CPU_POINT = [
 
 def tiny_cpu_point(overrides: list[str]) -> list[str]:
     mine = {o.split("=", 1)[0] for o in TINY_CPU_POINT} | {"gpus", "results_dir", "sweep.scratch"}
-    return [*(o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in mine), *TINY_CPU_POINT]
+    method = next((o.split("=", 1)[1] for o in overrides if o.startswith("method=")), None)
+    ranks = ["gpus=2"] if method is not None and _data_parallel(method) else []
+    return [*(o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in mine), *TINY_CPU_POINT, *ranks]
+
+
+def _data_parallel(label: str) -> bool:
+    """Whether conf/method/LABEL trains under a data-parallel wrapper (it needs two ranks at least)."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "method" / f"{label}.yaml"
+    return path.is_file() and OmegaConf.load(path).get("options", {}).get("data_parallel") is not None
 
 
 def _command(overrides: list[str], verb: str = "sweep") -> str:

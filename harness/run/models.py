@@ -45,9 +45,16 @@ def hf_config(cfg: ModelConfig) -> PretrainedConfig:
 
 
 def build(
-    cfg: ModelConfig, dtype: str, device: str, activation_checkpointing: bool = False, seed: int = 0
+    cfg: ModelConfig,
+    dtype: str,
+    device: str,
+    activation_checkpointing: bool = False,
+    seed: int = 0,
+    tensor_parallel: bool = True,
 ) -> torch.nn.Module:
-    """Instantiate the model on `device` in `dtype`, in training mode."""
+    """Instantiate the model on `device` in `dtype`, in training mode. Under torchrun it is sharded
+    with the TP plan unless `tensor_parallel` is False (a data-parallel point: the method's wrapper
+    shares it out, `harness.run.data_parallel`)."""
     torch.manual_seed(seed)
     torch_dtype = TORCH_DTYPES[dtype]
     if cfg.path:
@@ -64,7 +71,8 @@ def build(
     if cfg.chunked_loss:
         chunked_loss.install(model)
     model.config.use_cache = False
-    _shard_if_distributed(model, device)
+    if tensor_parallel:
+        _shard_if_distributed(model, device)
     return model.train()
 
 

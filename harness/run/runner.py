@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from harness import results
-from harness.run import chunked_loss, env, measure, methods, models, peak_pools
+from harness.run import chunked_loss, data_parallel, env, measure, methods, models, peak_pools
 from harness.run import config as config_mod
 from harness.run.measure import GIB, gib
 
@@ -144,11 +144,19 @@ def _moved_fraction(before: list[torch.Tensor], params: list[torch.Tensor]) -> f
 
 def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods.Method]:
     """The point's model (from its seed, in its weight dtype) and its method, set up."""
-    model = models.build(
-        cfg.model, config_mod.weight_dtype(cfg), device, cfg.activation_checkpointing, cfg.seed
-    )
     options = methods.make_options(cfg.method.name, config_mod.to_dict(cfg.method.options))
+    parallel = data_parallel.kind_of(options)
+    model = models.build(
+        cfg.model,
+        config_mod.weight_dtype(cfg),
+        device,
+        cfg.activation_checkpointing,
+        cfg.seed,
+        tensor_parallel=parallel is None,
+    )
     method = methods.get(cfg.method.name)(model, cfg.method.lr, options, device)
+    if parallel is not None:  # the method trains the wrapper; the runner measures the model inside
+        method.model = data_parallel.wrap(model, parallel)
     method.autocast = cfg.method.autocast
     method.cuda_graph = cfg.method.cuda_graph
     method.compile = cfg.method.compile
@@ -161,7 +169,8 @@ def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods
 
 def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
     """Build, time the steps, collect memory: the measured fields of the record."""
-    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, cfg.seed)
+    seed = data_parallel.batch_seed(cfg.seed, data_parallel.kind_of(cfg.method.options))
+    batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, seed)
     model, method = build_method(cfg, device)
     params = method.params()
     before = _snapshot(params)
@@ -249,11 +258,13 @@ def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) ->
 
 
 def throughput(record: dict[str, Any], flops_per_token: float) -> None:
-    """tokens_per_s and mfu from the median step time (mfu only where the GPU's peak is known)."""
+    """tokens_per_s and mfu from the median step time (mfu only where the GPU's peak is known);
+    under data parallelism a step trains every rank's batch."""
     median = record["step_time_ms_median"]
     if not median:
         return
-    record["tokens_per_s"] = record["batch_size"] * record["seq_len"] * 1e3 / median
+    ranks = data_parallel.ranks_of_tokens(record["method_options"].get("data_parallel"))
+    record["tokens_per_s"] = ranks * record["batch_size"] * record["seq_len"] * 1e3 / median
     if record["peak_tflops"]:
         record["mfu"] = flops_per_token * record["tokens_per_s"] / (record["peak_tflops"] * 1e12)
 

@@ -80,7 +80,7 @@ def make_options(name: str, options: dict[str, Any]) -> Any:
 
 # Options recorded only when set (not None): a point without them is the same configuration as one
 # measured before they existed (committed baselines among them).
-RECORDED_WHEN_SET = ("max_grad_norm", "master_weights", "fp8")
+RECORDED_WHEN_SET = ("max_grad_norm", "master_weights", "fp8", "data_parallel", "bucket_cap_mb")
 
 
 def resolved_options(name: str, options: dict[str, Any], lr: float) -> dict[str, Any]:

@@ -28,6 +28,11 @@ expectation.
 FP8 with one dynamic scale per tensor (`forge.fp8`), as torchao's Float8Linear does; the method
 `fused_adamw` takes the same option, with torchao's Float8Linear, for the side-by-side.
 
+`data_parallel` (None: off): "ddp" or "fsdp2", with gpus > 1 (harness.run.data_parallel). FORGE
+then fuses nothing: each gradient is reduced over the ranks first (FORGE's own bucketed all-reduce
+under DDP, FSDP2's reduce-scatter), and the element-wise kernel applies the rule to the mean
+(forge.data_parallel); only a bounded window of gradients is alive at once.
+
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
 microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
 times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
@@ -42,6 +47,7 @@ from typing import Any
 
 import torch
 
+from harness.run.data_parallel import KINDS
 from harness.run.methods.base import (
     Method,
     check_choice,
@@ -56,6 +62,7 @@ STATE_DTYPES = ("fp32", "bf16", "int8")
 INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
 MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")  # forge.optim.MASTER_WEIGHTS
 FP8_RECIPES = (None, "tensorwise")  # forge.fp8.RECIPES
+DATA_PARALLEL = KINDS  # harness.run.data_parallel: None, "ddp", "fsdp2"
 
 
 @dataclass
@@ -73,9 +80,27 @@ class ForgeOptions:
     # "tensorwise": every fused linear but lm_head with its GEMMs in FP8 (forge.fp8); None: bf16 GEMMs
     fp8: str | None = None
     debug_delay_us: float = 0.0  # a deliberate slowdown: the GPU spins this long after each update
+    # "ddp" | "fsdp2": train under that wrapper with gpus > 1 (harness.run.data_parallel), every
+    # gradient reduced before FORGE's update (forge.data_parallel); None: one GPU or the TP plan
+    data_parallel: str | None = None
+    bucket_cap_mb: float | None = None  # ddp: FORGE's bucket size in MiB (None: DDP's 25)
 
     def __post_init__(self) -> None:
         check_choice("rule", self.rule, RULES)
+        check_choice("data_parallel", self.data_parallel, DATA_PARALLEL)
+        if self.data_parallel is not None and (self.fp8 or self.update_stream):
+            raise ValueError(
+                f"data_parallel={self.data_parallel} reduces each gradient instead of fusing it, so fp8 and "
+                "update_stream (options of the fused kernel) do not apply: leave them off"
+            )
+        if self.data_parallel == "fsdp2" and self.max_grad_norm is not None:
+            raise ValueError(
+                "max_grad_norm under fsdp2 is not supported by FORGE yet: clip under ddp or not at all"
+            )
+        if self.bucket_cap_mb is not None and (self.data_parallel != "ddp" or not self.bucket_cap_mb > 0):
+            raise ValueError(
+                f"bucket_cap_mb={self.bucket_cap_mb}: a positive size in MiB, with data_parallel=ddp"
+            )
         check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
         check_choice("int8_group", self.int8_group, INT8_GROUPS)
         check_max_grad_norm(self.max_grad_norm)
@@ -121,6 +146,7 @@ class Forge(Method):
             max_grad_norm=o.max_grad_norm,
             master_weights=o.master_weights,
             fp8=o.fp8,
+            **({"bucket_cap_mb": o.bucket_cap_mb} if o.bucket_cap_mb is not None else {}),
             **hparams,
         )
         if o.fp8 is not None:
@@ -152,6 +178,13 @@ class Forge(Method):
         hooked = [p for p in self.params() if id(p) not in self.fused_ids]
         if self.options.max_grad_norm is not None:  # kept until the backward ends, all of them
             return sum(local_numel(p) * p.element_size() for p in hooked)
+        if self.options.data_parallel == "ddp":  # the reducer's window (forge.data_parallel)
+            from forge.data_parallel import MAX_IN_FLIGHT
+
+            bucket = max(int(self.opt.data_parallel.bucket_cap_mb * 2**20), largest_param_bytes(hooked))
+            return min(sum(local_numel(p) * p.element_size() for p in hooked), (MAX_IN_FLIGHT + 1) * bucket)
+        if self.options.data_parallel == "fsdp2":  # one layer's sharded gradients, FSDP2's reduce output
+            return max(sum(local_numel(p) * p.element_size() for p in group) for group in _groups(self.model))
         return largest_param_bytes(hooked)
 
     def master_weights(self) -> str:
@@ -159,6 +192,15 @@ class Forge(Method):
         if base == "bf16" and self.options.master_weights is not None:
             return self.options.master_weights
         return f"{base}+sr" if base == "bf16" and self.options.stochastic_rounding else base
+
+
+def _groups(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """The parameters FSDP2 reduce-scatters together: each decoder layer's, then the rest."""
+    from harness.run.data_parallel import decoder_layers
+
+    layers = [list(layer.parameters()) for layer in decoder_layers(model)]
+    inside = {id(p) for layer in layers for p in layer}
+    return [*layers, [p for p in model.parameters() if id(p) not in inside]]
 
 
 def _fused_weight_ids(model: torch.nn.Module) -> set[int]:

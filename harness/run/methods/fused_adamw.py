@@ -15,6 +15,10 @@ it is captured in the graph too. FORGE's `max_grad_norm` is compared against thi
 with the "tensorwise" or "rowwise" recipe, every nn.Linear but lm_head (and any whose dimensions
 are not multiples of 16) becoming a Float8Linear, whose forward, dX and dW GEMMs run in FP8 and
 whose dW is written in the weight's dtype for the optimizer. FORGE's `fp8` is compared against it.
+
+`data_parallel` (None: off): "ddp" or "fsdp2", with gpus > 1 (harness.run.data_parallel): the same
+AdamW under DistributedDataParallel (its gradients in DDP's buckets only) or on FSDP2's shards,
+beside FORGE under the same wrapper.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.run.data_parallel import KINDS
 from harness.run.methods.base import AdamWOptions, StepOptimizerMethod, check_choice, check_max_grad_norm
 from harness.run.tensor_parallel import layout_groups
 
@@ -35,10 +40,16 @@ FP8_SKIP = "lm_head"  # kept in bf16, as FORGE's fp8 keeps it (forge.attach's fp
 class FusedAdamWOptions(AdamWOptions):
     max_grad_norm: float | None = None  # clip_grad_norm_ before each step; None: no clipping
     fp8: str | None = None  # torchao's float8 training recipe for the linears; None: bf16 GEMMs
+    # "ddp" | "fsdp2": train under that wrapper with gpus > 1 (harness.run.data_parallel); None: one
+    # GPU or the TP plan
+    data_parallel: str | None = None
 
     def __post_init__(self) -> None:
         check_max_grad_norm(self.max_grad_norm)
         check_choice("fp8", self.fp8, FP8_RECIPES)
+        check_choice("data_parallel", self.data_parallel, KINDS)
+        if self.data_parallel is not None and self.fp8 is not None:
+            raise ValueError("fp8 with data_parallel is not measured here: leave one of them unset")
 
 
 class FusedAdamW(StepOptimizerMethod):

@@ -8,20 +8,25 @@ import pytest
 import torch
 
 from harness.__main__ import main
-from harness.run import grid, methods, models
+from harness.run import grid, hardware, methods, models
 from harness.run.config import ConfigError, compose_config, group_choices
+
+
+def _ranks(group: str, name: str) -> list[str]:
+    """A data-parallel method file composes for two ranks (one is refused: nothing to share out)."""
+    return ["gpus=2"] if group == "method" and hardware._data_parallel(name) else []
 
 
 @pytest.mark.parametrize("group", ["method", "model", "gpu"], ids=lambda g: f"{g}-group")
 def test_every_group_file_composes(group):
     for name in group_choices(group):
-        cfg = compose_config([f"{group}={name}"])
+        cfg = compose_config([f"{group}={name}", *_ranks(group, name)])
         assert cfg[group].name
 
 
 @pytest.mark.parametrize("method", group_choices("method"))
 def test_method_file_label_matches_name_and_options_build(method):
-    cfg = compose_config([f"method={method}"])
+    cfg = compose_config([f"method={method}", *_ranks("method", method)])
     assert cfg.method.label == method  # the label is the point id's first part
     methods.make_options(cfg.method.name, dict(cfg.method.options))
 
