@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.points import display_name, graphed, latest_by_key, method_rank, options_dict
+from harness.points import display_name, graphed, latest_by_key, method_rank, options_dict, step_mode
 from harness.records import Record, is_convergence
 from harness.report import expectations as ex
 from harness.report import token_model as tm
@@ -118,23 +118,26 @@ def _n_params(record: Record, records: Sequence[Record]) -> float | None:
 
 
 def _twin(record: Record, records: Sequence[Record], method: str) -> Record | None:
-    """The record of `method` at `record`'s configuration and step mode (graphed or eager)."""
-    for other in records:
-        if (
-            other.get("method") == method
-            and group_of(other) == group_of(record)
-            and _shape(other) == _shape(record)
-            and graphed(other) == graphed(record)
-            and not _options_beyond_graph(other)
-        ):
-            return other
-    return None
+    """The record of `method` at `record`'s configuration whose step ran the same way (graphed or
+    eager, autocast, compiled, chunked loss; the floor is the floor of a clipped step too), the
+    one with the fewest options where several are."""
+    mode = _mode(record, method == FLOOR)
+    candidates = [
+        other
+        for other in records
+        if other.get("method") == method
+        and group_of(other) == group_of(record)
+        and _shape(other) == _shape(record)
+        and _mode(other, method == FLOOR) == mode
+    ]
+    return min(candidates, key=lambda r: len(options_dict(r.get("method_options"))), default=None)
 
 
-def _options_beyond_graph(record: Record) -> dict[str, Any]:
-    options = options_dict(record.get("method_options"))
-    options.pop("cuda_graph", None)
-    return options
+def _mode(record: Record, for_floor: bool) -> tuple:
+    """How the step ran (`harness.points.step_mode`); against the floor, without the update's own
+    options (clipping, an FP8 recipe), which the floor has no update to take."""
+    mode = step_mode(record)
+    return mode[:4] if for_floor else mode
 
 
 # ---------------------------------------------------------------------------------------------

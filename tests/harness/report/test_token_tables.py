@@ -24,7 +24,7 @@ N = 8_030_261_248
 def _record(sweep, label, batch, ms=None, peak=None, status="ok", ac=False, **extra) -> dict:
     method = label.removesuffix("_graph").removesuffix("_clip")
     method = {"forge_bf16": "forge", "forge_int8": "forge"}.get(method, method)
-    options = {"state_dtype": label.split("_")[1]} if method == "forge" else {}
+    options = {"lr": 1e-4, "state_dtype": label.split("_")[1]} if method == "forge" else {"lr": 1e-4}
     options.update({"max_grad_norm": 1.0} if "_clip" in label else {})
     options.update({"cuda_graph": True} if label.endswith("_graph") else {})
     record = results.empty_record()
@@ -58,6 +58,7 @@ SCALING = [
     ("fused_adamw_graph", 1, 140.0),
     ("forge_bf16_graph", 1, 120.0),
     ("forge_int8_graph", 1, 140.0),
+    ("forge_bf16_clip_graph", 1, 135.0),
     ("no_optimizer_graph", 2, 200.0),
     ("fused_adamw_graph", 2, 240.0),
     ("forge_bf16_graph", 2, 210.0),
@@ -107,6 +108,8 @@ def test_the_step_over_the_floor_measured_beside_predicted():
     assert forge[col["Predicted over floor ms"]] == "3.4-22.6"  # hidden as far as it fits - not hidden
     assert rows[("1024", "forge_bf16", "eager")][col["vs floor"]] == "1.36x"  # the eager floor's 110 ms
     assert rows[("2048", "no_optimizer_graph", "graphed")][col["vs floor"]] == "1.00x"
+    clipped = rows[("1024", "forge_bf16_clip_graph", "graphed")]  # the plain floor, its norms predicted
+    assert clipped[col["vs floor"]] == "1.35x" and clipped[col["Predicted over floor ms"]] == "10.6-29.8"
 
 
 def test_a_missing_point_is_not_measured_and_a_failed_one_shows_its_status():
