@@ -48,8 +48,8 @@ def norm_method(T: int, N: int, K: int, x_gram_known: bool, norm_type: float = 2
     """ "gram" or "direct" for the norm of dy^T x, dy (T, N), x (T, K): the cheaper one."""
     if norm_type != 2.0:
         return "direct"
-    gram = T * T * (N + (0 if x_gram_known else K))
-    return "gram" if gram < DIRECT_COST * T * N * K else "direct"
+    gram_cost = T * T * (N + (0 if x_gram_known else K))
+    return "gram" if gram_cost < DIRECT_COST * T * N * K else "direct"
 
 
 def check_clip_options(max_grad_norm, norm_type) -> tuple[float, float]:
@@ -93,7 +93,7 @@ class GlobalNormClip:
     def add_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, config) -> None:
         """A fused layer's backward: the norm of dy^T x now, its update at the end of backward."""
         self._begin()
-        self._sums.append(self._linear_power_sum(dy, x))
+        self._sums.append(self.linear_power_sum(dy, x))
         self._pending.append((weight, dy, x, config))
         self._finish_direct_call()
 
@@ -125,9 +125,13 @@ class GlobalNormClip:
 
     # ------------------------------------------------------------------ the norm of dW = dy^T x
 
-    def _linear_power_sum(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forget_input(self) -> None:
+        """Drop the x x^T kept for the next layer that reads the same input."""
+        self._gram_x = None
+
+    def linear_power_sum(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """sum |dy^T x|^p (max |dy^T x| for p = inf), 0-dim fp32."""
-        from forge.kernels.wgrad_norm import wgrad_norm_partial
+        from forge.functional import wgrad_norm_power_sum
 
         T, N = dy.shape
         K = x.shape[1]
@@ -135,10 +139,10 @@ class GlobalNormClip:
         cached = self._gram_x is not None and self._gram_x[0] == key
         method = norm_method(T, N, K, cached, self.norm_type) if self.method == "auto" else self.method
         if method == "direct" or self.norm_type != 2.0:
-            return wgrad_norm_partial(dy, x, self.norm_type)
+            return wgrad_norm_power_sum(dy, x, self.norm_type)
         if not cached:
-            self._gram_x = (key, _gram(x))
-        return torch.dot(_gram(dy).view(-1), self._gram_x[1].view(-1))
+            self._gram_x = (key, gram(x))
+        return torch.dot(gram(dy).view(-1), self._gram_x[1].view(-1))
 
     def _roots(self, power_sums: torch.Tensor) -> torch.Tensor:
         """The layers' norms from their power sums, all at once (the inf norm's max is the norm
@@ -167,12 +171,12 @@ class GlobalNormClip:
         self.coefficient.copy_(coefficient)
         for param, a, b, config in pending:
             if b is None:
-                self.optimizer._elementwise_step(param, a, grad_scale=self.coefficient)
+                self.optimizer.elementwise_step(param, a, grad_scale=self.coefficient)
             else:
-                self.optimizer._fused_update(param, a, b, config, grad_scale=self.coefficient)
+                self.optimizer.fused_step(param, a, b, config, grad_scale=self.coefficient)
 
 
-def _gram(a: torch.Tensor) -> torch.Tensor:
+def gram(a: torch.Tensor) -> torch.Tensor:
     """a a^T in fp32: (T, T) from (T, F); bf16 operands on the tensor cores with fp32 output."""
     if a.dtype == torch.float32:
         return a @ a.T

@@ -98,9 +98,9 @@ def cast_for_gemm(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, tra
     copy written once), elsewhere `cast` and a transposed copy."""
     t = t.detach().contiguous()
     if t.is_cuda:
-        from forge.kernels import fp8_cast
+        from forge.functional import fp8_cast
 
-        return fp8_cast.cast(t, dtype, rows=rows, transposed=transposed)
+        return fp8_cast(t, dtype, rows=rows, transposed=transposed)
     t8, inverse = cast(t, dtype)
     return (t8 if rows else None), (t8.t().contiguous() if transposed else None), inverse
 

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge import fp8 as forge_fp8
+from forge import guards
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 
 # torch.compile traces the custom ops from torch 2.11 on (2.11 with the weight left out of the
@@ -89,7 +90,7 @@ class ForgeLinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.fp8 = fp8
         if not torch.compiler.is_compiling():
-            optimizer.record_use(ctx)  # checked at the backward's first update (`forge.optim`)
+            guards.record_use(ctx)  # checked at the backward's first update (`forge.guards`)
         if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
             y, x8 = forge_fp8.forward(x, weight, save_input=not saved_ahead)
             if x8 is not None:
@@ -131,7 +132,7 @@ class ForgeLinearFunction(torch.autograd.Function):
             _fused_step_outside_graph(optimizer, weight, dy2, x2, grad_scale)
         else:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
             optimizer.update_linear(weight, dy2, x2, grad_scale=grad_scale)
-        optimizer.release_use(ctx)
+        guards.release_use(ctx)
         return dx, None, db, None, None, None, None
 
 

@@ -31,7 +31,7 @@ a retained graph, and AOTAutograd refuses, while compiling, a graph that uses on
 
 The optimizer is no op argument. `handle` is an integer into a registry of weak references (a
 garbage-collected optimizer drops out of it), found at trace time and guarded by the optimizer's
-identity; `index` is the parameter's position in the optimizer (`_index`), not its identity, since
+identity; `index` is the parameter's position in the optimizer (`index_of`), not its identity, since
 the op may be handed functional copies of the tensors it mutates. The implementation therefore
 writes into the tensors it is given and takes only the step count, the hyperparameters and the
 step's coefficients from the optimizer, when the op runs, not when it is traced: every backward
@@ -69,15 +69,16 @@ WEIGHT_LISTED = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")
 
 
 class _Entry:
-    """One optimizer's parameters by index (the order of its `_index`), refreshed when it grows."""
+    """One optimizer's parameters by index (`index_of`), refreshed when it grows."""
 
     def __init__(self) -> None:
         self.params: list[Tensor] = []
 
     def lookup(self, optimizer, index: int) -> Tensor:
-        if len(self.params) != len(optimizer._index):  # parameters added since the last look
-            self.params = sorted(optimizer._index, key=optimizer._index.__getitem__)
-        return self.params[index]
+        params = self.params
+        if len(params) != len(optimizer.steps.index):  # parameters added since the last look
+            params = self.params = optimizer.params_in_order()
+        return params[index]
 
 
 _ENTRIES: dict[int, _Entry] = {}
@@ -85,7 +86,7 @@ _ENTRIES: dict[int, _Entry] = {}
 
 def _lookup(handle: int, index: int):
     """(optimizer, its parameter number `index`), when an op runs."""
-    from forge.optim import optimizer_of
+    from forge.handles import optimizer_of
 
     optimizer = optimizer_of(handle)
     entry = _ENTRIES.get(handle)
@@ -95,14 +96,15 @@ def _lookup(handle: int, index: int):
     return optimizer, entry.lookup(optimizer, index)
 
 
-def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]) -> tuple[tuple, tuple, Tensor | None]:
-    """(states, scales, residual) for a kernel, three slots each (None where the rule has none),
-    with `tensors` (as `ForgeOptimizer.op_tensors` orders them) in place of p's own."""
-    states, scales, _ = optimizer._slot_tensors(p, optimizer._group_of[p])
+def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]):
+    """p's `Slots` for a kernel (`forge.functional`), with `tensors` (as `ForgeOptimizer.op_tensors`
+    orders them) in place of p's own."""
+    own = optimizer.slots_of(p)
     given = iter(tensors)
-    states = tuple(None if t is None else next(given) for t in states)
-    scales = tuple(None if t is None else next(given) for t in scales)
-    return states, scales, next(given) if optimizer.kahan else None
+    states = tuple(None if t is None else next(given) for t in own.states)
+    scales = tuple(None if t is None else next(given) for t in own.scales)
+    residual = None if own.residual is None else next(given)
+    return own._replace(states=states, scales=scales, residual=residual)
 
 
 # ---------------------------------------------------------------------- the updates
@@ -113,8 +115,7 @@ def _linear_update(
 ) -> None:
     """`ForgeOptimizer.update_linear` of p, written into `weight` and `tensors` (p and its states,
     or functional copies of them)."""
-    states, scales, residual = _kernel_slots(optimizer, p, tensors)
-    optimizer.update_linear(p, dy, x, into=(weight, states, scales, residual))
+    optimizer.update_linear(p, dy, x, into=(weight, _kernel_slots(optimizer, p, tensors)))
 
 
 # ---------------------------------------------------------------------- the ops
@@ -214,8 +215,7 @@ linear.register_autograd(_backward, setup_context=_setup_context)
 def elementwise_update(param: Tensor, grad: Tensor, states: list[Tensor], handle: int, index: int) -> None:
     """`ForgeOptimizer.update_elementwise` of parameter `index`, written into `param` and `states`."""
     optimizer, p = _lookup(handle, index)
-    slots, scales, residual = _kernel_slots(optimizer, p, states)
-    optimizer.update_elementwise(p, grad, into=(param, slots, scales, residual))
+    optimizer.update_elementwise(p, grad, into=(param, _kernel_slots(optimizer, p, states)))
 
 
 @elementwise_update.register_fake
@@ -240,4 +240,4 @@ def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
 def elementwise_update_op(optimizer, p: Tensor, grad: Tensor) -> None:
     """`optimizer.update_elementwise(p, grad)` through `forge::elementwise_update`: for a
     post-accumulate-grad hook while compiled autograd traces it."""
-    elementwise_update(p, grad, optimizer.op_tensors(p), optimizer.handle, optimizer._index[p])
+    elementwise_update(p, grad, optimizer.op_tensors(p), optimizer.handle, optimizer.index_of(p))

@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from forge.backend import interpreting
-from forge.fp8 import FP8_DTYPES
 from forge.kernels.launch import cdiv
 from forge.kernels.update_tile import epilogue_constexprs
 
@@ -244,8 +243,8 @@ def _tma_mode(requested: str, dy: torch.Tensor, x: torch.Tensor, exact: bool) ->
 
 
 def is_fp8(t: torch.Tensor) -> bool:
-    """An FP8 operand (`forge.fp8`): e4m3 or e5m2."""
-    return t.dtype in FP8_DTYPES
+    """An FP8 operand (`forge.fp8`): e4m3 or e5m2, the floating-point dtypes of one byte."""
+    return t.dtype.is_floating_point and t.dtype.itemsize == 1
 
 
 def _can_use_tma_t_major(t: torch.Tensor) -> bool:

@@ -27,26 +27,26 @@ from harness.kernels import shape_records
 def bench_shape(name: str, T: int, N: int, K: int) -> dict[str, Any]:
     from triton.testing import do_bench
 
-    from forge.clip import GlobalNormClip, _gram, norm_method
-    from forge.kernels.wgrad_norm import wgrad_norm_partial
+    from forge.clip import GlobalNormClip, gram, norm_method
+    from forge.functional import wgrad_norm_power_sum
 
     torch.manual_seed(0)
     dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-    gram_x = _gram(x)
+    gram_x = gram(x)
     row: dict[str, Any] = dict(shape_name=name, T=T, N=N, K=K)
     row["cublas_gemm_ms"] = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
-    row["gram_ms"] = do_bench(lambda: torch.dot(_gram(dy).view(-1), _gram(x).view(-1)), return_mode="median")
+    row["gram_ms"] = do_bench(lambda: torch.dot(gram(dy).view(-1), gram(x).view(-1)), return_mode="median")
     row["gram_x_cached_ms"] = do_bench(
-        lambda: torch.dot(_gram(dy).view(-1), gram_x.view(-1)), return_mode="median"
+        lambda: torch.dot(gram(dy).view(-1), gram_x.view(-1)), return_mode="median"
     )
-    row["direct_ms"] = do_bench(lambda: wgrad_norm_partial(dy, x), return_mode="median")
+    row["direct_ms"] = do_bench(lambda: wgrad_norm_power_sum(dy, x), return_mode="median")
     exact = float(torch.linalg.vector_norm(torch.mm(dy.t().float(), x.float())))
     clip = GlobalNormClip(None, 1.0, 2.0)
     for method in ("gram", "direct"):
         clip.method = method
-        row[f"{method}_relative_error"] = abs(float(clip._linear_power_sum(dy, x).sqrt()) - exact) / exact
-        clip._gram_x = None
+        row[f"{method}_relative_error"] = abs(float(clip.linear_power_sum(dy, x).sqrt()) - exact) / exact
+        clip.forget_input()
     row["chosen"] = norm_method(T, N, K, x_gram_known=False)
     row["chosen_ms"] = row[f"{row['chosen']}_ms"]
     return row

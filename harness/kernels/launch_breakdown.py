@@ -10,7 +10,8 @@ MmBackward0. This times, on the real kernel and through forge's public API, each
 path, so the difference between two rows is what that layer costs:
 
 - `mm`: cuBLAS's dW GEMM (`torch.mm(dy.t(), x)`), the launch the baseline pays instead;
-- `wgrad_update`: FORGE's launcher (`forge.kernels.wgrad_update`: key, cached plan, descriptors,
+- `wgrad_update`: FORGE's launcher (`forge.functional.fused_wgrad_update`, which calls
+  `forge.kernels.wgrad_update`: key, cached plan, descriptors,
   argument list, the direct launch past Triton's binder) under the config shipped for this shape;
 - `wgrad_update, host TMA` and `wgrad_update, pointers`: the same under `KernelConfig(tma="host")`
   (dy and x through two TMA descriptors encoded on every call) and `tma="none"` (masked pointer
@@ -52,7 +53,8 @@ from pathlib import Path
 import torch
 
 import forge
-from forge.kernels import elementwise_update, pick_config, wgrad_update
+from forge import functional
+from forge.kernels import pick_config
 from forge.rules import get_rule, resolve_hparams
 
 
@@ -125,22 +127,22 @@ def main(argv: list[str]) -> int:
     rule = get_rule("adamw")
     hparams = resolve_hparams(rule, dict(lr=1e-4))
     coefficients, flags = rule.coefficients(hparams, 3, {}), rule.flags(hparams)
-    options = dict(rule="adamw", flags=flags, state_dtype="bf16", stochastic_rounding=True)
+    options = functional.UpdateOptions("adamw", flags, state_dtype="bf16", stochastic_rounding=True)
 
     shipped = pick_config(T, N, K, "bf16", on_interpreter=device == "cpu")
 
     def update(tma: str | None = None):
         config = shipped if tma is None else dataclasses.replace(shipped, tma=tma)
-        args = (w, (m, v, None), (None,) * 3, (True, False, False), dy, x, coefficients, 7)
-        return lambda: wgrad_update(*args, **options, config=config)
+        slots = functional.Slots((m, v, None), (None,) * 3, (True, False, False))
+        return lambda: functional.fused_wgrad_update(w, dy, x, slots, coefficients, 7, options, config=config)
 
     norm = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
     norm_grad = torch.randn(K, device=device, dtype=torch.bfloat16, generator=gen)
     norm_m, norm_v = torch.zeros_like(norm), torch.full_like(norm, 1e-6)
 
     def norm_update():
-        slots, no_scales, signed = (norm_m, norm_v, None), (None,) * 3, (True, False, False)
-        elementwise_update(norm, norm_grad, slots, no_scales, signed, coefficients, 7, **options)
+        slots = functional.Slots((norm_m, norm_v, None), (None,) * 3, (True, False, False))
+        functional.elementwise_update(norm, norm_grad, slots, coefficients, 7, options)
 
     plain = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
     fused = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16))

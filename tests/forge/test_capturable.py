@@ -14,7 +14,7 @@ from torch import nn
 
 import forge
 import forge.kernels
-from forge import optim as forge_optim
+from forge import steps as forge_steps
 from forge.kernels import STEP_ROW
 from forge.rules import NUM_COEFFICIENTS
 
@@ -50,13 +50,13 @@ def test_capturable_steps_equal_ordinary_ones(rule, options):
         _step(graphable, ids)
     for (name, a), b in zip(plain.named_parameters(), graphable.parameters()):
         assert torch.equal(a, b), name
-    assert opt._step_rows.shape == (len(list(base.parameters())), STEP_ROW)
+    assert opt.steps.rows.shape == (len(list(base.parameters())), STEP_ROW)
 
 
 def _fake_capture(monkeypatch, opt, model, ids):
     """A backward as under torch.cuda.graph: `_capturing` true, the launches recorded, not run."""
     launches = []
-    monkeypatch.setattr(forge_optim, "_capturing", lambda p: True)
+    monkeypatch.setattr(forge_steps, "_capturing", lambda p: True)
     monkeypatch.setattr(forge.kernels, "wgrad_update", lambda *a, **k: launches.append((a, k)))
     monkeypatch.setattr(forge.kernels, "elementwise_update", lambda *a, **k: launches.append((a, k)))
     _step(model, ids)
@@ -77,19 +77,19 @@ def test_a_capture_records_the_parameters_and_a_replay_advances_them(monkeypatch
         assert kwargs["step_values"] is not None
         assert args[-2:] == ((0.0,) * NUM_COEFFICIENTS, 0)
     assert all(opt.state[p]["step"] == 1 for p in params), "a capture must not count a step"
-    assert set(opt._captured) == set(params)
+    assert set(opt.steps.captured) == set(params)
 
     for step, lr in ((2, 1e-2), (3, 5e-3)):  # a scheduler's new lr reaches the next replay
         opt.param_groups[0]["lr"] = lr
         opt.prepare_replay()
-        rows = opt._step_rows
+        rows = opt.steps.rows
         for p in params:
             group, state = opt.param_groups[0], opt.state[p]
             assert state["step"] == step
-            row = rows[opt._index[p]]
+            row = rows[opt.index_of(p)]
             expected = torch.tensor(opt.rule.coefficients(group, step, {}), dtype=torch.float32)
             assert torch.equal(row[:NUM_COEFFICIENTS].view(torch.float32), expected)
-            assert int(row[NUM_COEFFICIENTS]) == opt._seed_for(p, step)
+            assert int(row[NUM_COEFFICIENTS]) == opt.steps.seed_for(p, step)
 
 
 def test_replay_helpers_refuse_misuse_with_what_to_do(monkeypatch):
@@ -102,7 +102,7 @@ def test_replay_helpers_refuse_misuse_with_what_to_do(monkeypatch):
     opt = forge.attach(model, "adamw", lr=1e-2, capturable=True)
     with pytest.raises(RuntimeError, match="no FORGE update has been captured"):
         opt.prepare_replay()
-    monkeypatch.setattr(forge_optim, "_capturing", lambda p: True)
+    monkeypatch.setattr(forge_steps, "_capturing", lambda p: True)
     with pytest.raises(RuntimeError, match="eager step"):
         _step(model, _batches(1)[0])  # the first update inside a capture: no step rows yet
 

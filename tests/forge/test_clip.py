@@ -126,7 +126,7 @@ def test_gram_and_direct_norms_agree():
     for method in ("gram", "direct"):
         clip = GlobalNormClip(None, 1.0, 2.0)
         clip.method = method
-        assert float(clip._linear_power_sum(dy, x).sqrt()) == pytest.approx(float(exact), rel=1e-6), method
+        assert float(clip.linear_power_sum(dy, x).sqrt()) == pytest.approx(float(exact), rel=1e-6), method
 
 
 def test_a_shared_input_has_its_gram_computed_once(monkeypatch):
@@ -134,13 +134,13 @@ def test_a_shared_input_has_its_gram_computed_once(monkeypatch):
     import forge.clip as clip_module
 
     calls = []
-    real = clip_module._gram
-    monkeypatch.setattr(clip_module, "_gram", lambda a: calls.append(a.shape) or real(a))
+    real = clip_module.gram
+    monkeypatch.setattr(clip_module, "gram", lambda a: calls.append(a.shape) or real(a))
     clip = clip_module.GlobalNormClip(None, 1.0, 2.0)
     clip.method = "gram"
     x = torch.randn(8, 64)
     for n in (64, 16, 16):
-        clip._linear_power_sum(torch.randn(8, n), x)
+        clip.linear_power_sum(torch.randn(8, n), x)
     assert calls.count((8, 64)) == 2  # x once, and the dy of width 64 once
 
 
@@ -304,38 +304,19 @@ def _scaled_pair(device, dtype, state_dtype, T=48, N=40, K=72):
 def assert_grad_scale_is_exact(device, dtype, state_dtype, T=48, N=40, K=72):
     """The kernels' GRAD_SCALE by 0.5 is the step of dy * 0.5: scaling by a power of two is exact
     in bf16 and fp32, before and after the GEMM, so the two must agree to the bit."""
-    from forge import kernels
+    from forge import functional
 
     ((pa, a), (pb, b)), dy, x = _scaled_pair(device, dtype, state_dtype, T, N, K)
     half = torch.full((1,), 0.5, device=device)
     for opt, p, scale, dy_in in ((a, pa, half, dy), (b, pb, None, dy * 0.5)):
-        group, coefficients, seed, _ = opt._begin_update(p)
-        states, scales, signed = opt._slot_tensors(p, group)
-        kernels.wgrad_update(
-            p.detach(),
-            states,
-            scales,
-            signed,
-            dy_in,
-            x,
-            coefficients,
-            seed,
-            grad_scale=scale,
-            **opt._kernel_options(group),
+        slots, options = opt.slots_of(p), opt.options_of(p)
+        coefficients, seed, _ = opt._begin_update(p)
+        functional.fused_wgrad_update(
+            p.detach(), dy_in, x, slots, coefficients, seed, options, grad_scale=scale
         )
         g = (dy_in.float().T @ x.float()).to(dtype)
-        group, coefficients, seed, _ = opt._begin_update(p)
-        kernels.elementwise_update(
-            p.detach(),
-            g,
-            states,
-            scales,
-            signed,
-            coefficients,
-            seed,
-            grad_scale=scale,
-            **opt._kernel_options(group),
-        )
+        coefficients, seed, _ = opt._begin_update(p)
+        functional.elementwise_update(p.detach(), g, slots, coefficients, seed, options, grad_scale=scale)
     assert torch.equal(pa, pb)
     for key in a.state[pa]:
         if isinstance(a.state[pa][key], torch.Tensor):

@@ -163,7 +163,9 @@ def test_a_new_seed_never_compiles_a_new_kernel(monkeypatch):
     model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.Linear(512, 64)).cuda().bfloat16()
     opt = forge.attach(model, "adamw", lr=1e-3, state_dtype="bf16")
     special = [16, 1, 32, 64, 2**30]  # the classes Triton could specialize an int on: == 1, % 16 == 0
-    monkeypatch.setattr(opt, "_seed_for", lambda p, step: 7 if step == 1 else special[step % len(special)])
+    monkeypatch.setattr(
+        opt.steps, "seed_for", lambda p, step: 7 if step == 1 else special[step % len(special)]
+    )
     x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     model(x).float().pow(2).mean().backward()
     torch.cuda.synchronize()

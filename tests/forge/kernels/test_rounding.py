@@ -79,7 +79,9 @@ def test_stochastic_rounding_noise_is_independent_across_steps():
     decisions = []
     for step in (1, 2):
         w = torch.ones(n // 64, 64, dtype=torch.bfloat16)
-        _sgd_step(w, torch.full(w.shape, -fraction * ulp), lr=1.0, seed=opt._seed_for(model.weight, step))
+        _sgd_step(
+            w, torch.full(w.shape, -fraction * ulp), lr=1.0, seed=opt.steps.seed_for(model.weight, step)
+        )
         decisions.append(((w.float() - 1.0) / ulp).flatten())
     corr = float(torch.corrcoef(torch.stack(decisions))[0, 1])
     assert abs(corr) < 5 / math.sqrt(n), f"rounding decisions of consecutive steps correlate: {corr:.4f}"

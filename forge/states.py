@@ -1,0 +1,134 @@
+"""How a FORGE optimizer stores its states: per parameter, in fp32, bf16 or int8, laid out like it.
+
+Each parameter's state (`optimizer.state[p]`) holds its step count, the rule's host values (NAdam's
+mu product) and the rule's slots, named as torch.optim names them (`exp_avg`, `exp_avg_sq`,
+`momentum_buffer`, `square_avg`, `grad_avg`, `sum`), allocated when the optimizer is built:
+
+    fp32, bf16   a tensor like the parameter (its local shard, for a DTensor), in that dtype
+    int8         codes like the parameter (int8 for signed states, uint8 for positive ones) and
+                 `<name>_absmax`, one bf16 scale per `int8_group` (64 or 128) elements of a row;
+                 weights only: a vector (norm weight, bias) keeps bf16 states, so that a scale
+                 group never straddles two FSDP2 shards, which split a vector along its length
+    residual     `weight_residual`, bf16, with master_weights="bf16+kahan": what rounding the
+                 weight to bf16 lost (`forge.kernels.update_tile`)
+
+A sharded parameter's states are DTensors laid out like it, so torch.distributed.checkpoint saves
+and reshards them as it does the weights. Loading keeps every tensor's own dtype (torch.optim's
+loader would cast a state to its parameter's), and `convert` takes a torch.optim state of the same
+rule into this storage (fp32 copied, bf16 rounded to nearest, int8 quantized with fresh scales).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forge import functional
+from forge.distributed import is_dtensor, like_param, local
+
+STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
+INT8_GROUPS = (64, 128)  # elements per int8 scale (forge.kernels.quant)
+
+
+class StateStorage:
+    """The storage of one optimizer's states: `state_dtype`, `int8_group`, and whether bf16 weights
+    carry a residual (`kahan`)."""
+
+    def __init__(self, state_dtype: str, int8_group: int, kahan: bool):
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(
+                f"state_dtype={state_dtype!r} is not supported; choose one of {list(STATE_DTYPES)}"
+            )
+        if int8_group not in INT8_GROUPS:
+            raise ValueError(
+                f"int8_group={int8_group!r} is not supported; choose one of {list(INT8_GROUPS)} "
+                "(elements per int8 scale)"
+            )
+        self.state_dtype = state_dtype
+        self.int8_group = int(int8_group)
+        self.kahan = kahan
+
+    def dtype_of(self, p: torch.Tensor) -> str:
+        """The storage of p's states: `state_dtype`, but bf16 for a vector under int8 (see the module)."""
+        return "bf16" if self.state_dtype == "int8" and p.dim() < 2 else self.state_dtype
+
+    def allocate(self, p: torch.Tensor, state: dict, slots: tuple, group: dict) -> None:
+        """p's state tensors into `state`: every slot of the rule at its initial value, and the residual."""
+        shard = local(p)  # a DTensor's states hold only this rank's shard, laid out like p
+        if self.kahan:  # what the weight's rounding to bf16 lost: nothing yet
+            state["weight_residual"] = like_param(p, torch.zeros_like(shard))
+        dtype = self.dtype_of(p)
+        for slot in slots:
+            if slot is None:
+                continue
+            init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
+            if dtype == "int8":
+                values = torch.full_like(shard, init, dtype=torch.float32)
+                codes, scale = functional.quantize(values, slot.signed, self.int8_group)
+                state[slot.name] = like_param(p, codes)
+                state[slot.name + "_absmax"] = like_param(p, scale, scale_group=self.int8_group)
+            else:
+                state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=STATE_DTYPES[dtype]))
+
+    def slots_of(self, state: dict, slots: tuple) -> functional.Slots:
+        """The kernels' view of a state: local tensors, three slots each (None where the rule has none)."""
+        return functional.Slots(
+            states=tuple(local(state[s.name]) if s else None for s in slots),
+            scales=tuple(local(state.get(s.name + "_absmax")) if s else None for s in slots),
+            signed=tuple(bool(s and s.signed) for s in slots),
+            residual=local(state["weight_residual"]) if self.kahan else None,
+        )
+
+    @torch.no_grad()
+    def convert(self, p: torch.Tensor, state: dict, saved: dict, slots: tuple, name: str, rule: str) -> None:
+        """A torch.optim state of the same rule (`saved`) into p's own slots (see the module)."""
+        slots = {slot.name: slot for slot in slots if slot is not None}
+        host = {k for k, v in state.items() if not isinstance(v, torch.Tensor)}  # step, NAdam's mu_product
+        unknown = sorted(set(saved) - set(slots) - host)
+        missing = sorted(set(slots) - set(saved))
+        if unknown or missing:
+            raise ValueError(
+                f"the state of {name} has {sorted(saved)}, this optimizer's {rule} keeps "
+                f"{sorted(slots)}: convert=True loads the state of the same rule (with its options, e.g. no "
+                "amsgrad), as torch.optim saves it"
+            )
+        if is_dtensor(p):
+            raise ValueError(f"{name} is a DTensor: convert=True loads the states of plain tensors")
+        for key in host & set(saved):
+            value = saved[key]
+            state[key] = type(state[key])(value.item() if isinstance(value, torch.Tensor) else value)
+        for key, slot in slots.items():
+            value = saved[key]
+            if not isinstance(value, torch.Tensor) or value.shape != p.shape:
+                shape = tuple(getattr(value, "shape", ()))
+                raise ValueError(
+                    f"state {key!r} of {name} is {type(value).__name__} {shape}, "
+                    f"not a tensor of shape {tuple(p.shape)}"
+                )
+            value = value.to(device=p.device, dtype=torch.float32)
+            if self.dtype_of(p) == "int8":
+                codes, scale = functional.quantize(value, slot.signed, self.int8_group)
+                state[key].copy_(codes)
+                state[key + "_absmax"].copy_(scale)
+            else:
+                state[key].copy_(value)
+
+    @staticmethod
+    def load(state: dict, saved: dict, name: str) -> None:
+        """FORGE's own saved state into p's: each tensor copied in place, in its own dtype and shape."""
+        for key, value in saved.items():
+            current = state.get(key)
+            if isinstance(current, torch.Tensor):
+                if (
+                    not isinstance(value, torch.Tensor)
+                    or value.shape != current.shape
+                    or value.dtype != current.dtype
+                ):
+                    raise ValueError(
+                        f"state {key!r} of {name} was saved as {getattr(value, 'dtype', type(value))} "
+                        f"{tuple(getattr(value, 'shape', ()))}, this optimizer holds {current.dtype} "
+                        f"{tuple(current.shape)}: attach with the same rule, options, state_dtype and "
+                        "int8_group as the run that saved it"
+                    )
+                current.copy_(value)
+            else:
+                state[key] = value

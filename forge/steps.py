@@ -1,0 +1,150 @@
+"""Each parameter's step count, and the scalars its next launch reads: the rule's coefficients for
+that step and the stochastic-rounding seed.
+
+`begin(p)` counts one more step of p and returns what its kernel needs: `(coefficients, seed,
+row)`. The coefficients are the rule's nine fp32 scalars at that step (`Rule.coefficients`: the
+learning rate, powers of the betas, bias corrections, weight decay...) from p's param group as it
+is now, so an LR scheduler's change applies at the next backward. The seed derives from (the
+optimizer's seed, p's index, the step), so a run's random bits need no RNG state of their own: a
+checkpoint that restores the step counts and the seed restores them (`forge.checkpoint`). FSDP2
+shards mix their place on the mesh in, so that two shards of one weight draw independent bits.
+
+CUDA graphs (`capturable=True`). A captured launch cannot take new arguments at each replay, so
+every parameter gets a row of device memory (`row`, `functional.step_row_words()` int32) holding its
+coefficients and seed, which its launch reads instead. Outside a capture, `begin` writes p's row
+just before its kernel (warm-up steps run the kernels a graph will replay); inside one it only
+records p and returns zeros, and `prepare_replay` then does the host's part for every captured
+parameter before each replay: one more step each, their rows uploaded in one copy. Replays are
+bit-identical to eager steps: the same host arithmetic, the same fp32 values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from forge.backend import interpreting
+from forge.distributed import local
+
+
+class Steps:
+    """Step counts, seeds and (capturable) step rows of one optimizer's parameters."""
+
+    def __init__(
+        self,
+        rule,
+        seed: int,
+        capturable: bool,
+        group_of: Callable[[torch.Tensor], dict],
+        state_of: Callable[[torch.Tensor], dict],
+        salt: Callable[[torch.Tensor], int] | None = None,
+    ):
+        self.rule = rule
+        self.seed = int(seed)
+        self.capturable = bool(capturable)
+        self._group_of, self._state_of = group_of, state_of
+        self._salt = salt  # p -> a number mixed into p's seeds (an FSDP2 shard's rank), or None
+        self.index: dict[torch.Tensor, int] = {}  # p's position, in the order parameters were added
+        self.version: dict[torch.Tensor, int] = {}  # updates p has received (the double-backward guard)
+        self.rows: torch.Tensor | None = None  # capturable: one step row per parameter, on the device
+        self.captured: dict[torch.Tensor, None] = {}  # updated inside a capture, in order (an ordered set)
+
+    def add(self, p: torch.Tensor) -> None:
+        self.index[p] = len(self.index)
+        self.version[p] = 0
+
+    def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
+        """(coefficients, seed, row) of p's next update, its step counted. The row is None unless
+        capturable; inside a CUDA-graph capture nothing is counted (the replays will be)."""
+        if not self.capturable:
+            return (*self._advance(p), None)
+        row = self._row(p)
+        if _capturing(p):
+            self.captured[p] = None
+            return self._no_coefficients(), 0, row
+        coefficients, seed = self._advance(p)
+        row.copy_(_step_values([coefficients], [seed], row.shape[0])[0], non_blocking=True)
+        return coefficients, seed, row
+
+    def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
+        state = self._state_of(p)
+        state["step"] += 1
+        self.version[p] += 1
+        step = state["step"]
+        return self.rule.coefficients(self._group_of(p), step, state), self.seed_for(p, step)
+
+    def seed_for(self, p: torch.Tensor, step: int) -> int:
+        """A per-step, per-tensor Philox seed: a fixed seed gives reproducible bits."""
+        x = (self.seed * 0x9E3779B1 + self.index[p] * 0x85EBCA77 + step * 0xC2B2AE3D) & 0xFFFFFFFF
+        if self._salt is not None:
+            x = (x + self._salt(p) * 0x27D4EB2F) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+        return (x ^ (x >> 13)) & 0x7FFFFFFF
+
+    def _row(self, p: torch.Tensor) -> torch.Tensor:
+        """p's step row (the rows of every parameter are allocated at the first update)."""
+        rows = self.rows
+        if rows is None or rows.shape[0] < len(self.index):
+            device = local(p).device
+            if _capturing(p):
+                raise RuntimeError(
+                    "FORGE: the first update of a capturable optimizer happened inside a CUDA-graph "
+                    "capture. Run at least one eager step (the usual warm-up on a side stream) before "
+                    "capturing, so that its buffers and kernels exist outside the graph."
+                )
+            devices = {local(q).device for q in self.index}
+            if len(devices) != 1 or (device.type != "cuda" and not interpreting()):
+                raise RuntimeError(
+                    "FORGE: capturable=True needs every parameter on one CUDA device, found "
+                    f"{sorted(map(str, devices))}"
+                )
+            from forge.functional import step_row_words
+
+            rows = torch.zeros((len(self.index), step_row_words()), dtype=torch.int32, device=device)
+            self.rows = rows
+        return rows[self.index[p]]
+
+    def prepare_replay(self) -> None:
+        """Before each replay of a captured step: every parameter updated inside the capture takes
+        one more step, and the rows of all of them go to the device in one copy."""
+        if not self.capturable:
+            raise RuntimeError(
+                "prepare_replay() is for capturable optimizers: forge.attach(..., capturable=True)"
+            )
+        if not self.captured:
+            raise RuntimeError(
+                "prepare_replay(): no FORGE update has been captured yet. Capture a forward and backward "
+                "under torch.cuda.graph with this optimizer attached, then call it before each replay."
+            )
+        rows = self.rows
+        coefficient_rows = [self._no_coefficients()] * rows.shape[0]  # rows the graph does not read stay zero
+        seeds = [0] * rows.shape[0]
+        for p in self.captured:
+            i = self.index[p]
+            coefficient_rows[i], seeds[i] = self._advance(p)
+        rows.copy_(_step_values(coefficient_rows, seeds, rows.shape[1]), non_blocking=True)
+
+    @staticmethod
+    def _no_coefficients() -> tuple:
+        """The coefficients a captured launch is given: zeros (it reads its own from its step row)."""
+        from forge.rules import NUM_COEFFICIENTS
+
+        return (0.0,) * NUM_COEFFICIENTS
+
+
+def _capturing(p: torch.Tensor) -> bool:
+    """Whether work issued now is being captured into a CUDA graph (never on a CPU tensor)."""
+    return p.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tensor:
+    """Step rows of `words` int32 in host memory, pinned where CUDA exists: the coefficients as fp32
+    bits first (words 0-8, rounded from Python's floats as a launch argument is), then the seed. A
+    fresh tensor each call: the pinned-memory allocator keeps it until the copy that reads it has run."""
+    n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
+    values = torch.zeros((len(seeds), words), dtype=torch.int32)
+    values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
+    values[:, n] = torch.tensor(seeds, dtype=torch.int32)
+    return values.pin_memory() if torch.cuda.is_available() else values
