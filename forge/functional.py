@@ -35,7 +35,6 @@ then whether they run compiled or in Triton's CPU interpreter), so `import forge
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -60,17 +59,11 @@ class UpdateOptions(NamedTuple):
     int8_group: int = 64  # elements per int8 scale
 
 
-@functools.cache
-def _kernels():
-    """forge.kernels, imported at the first launch (its import decides compiled or interpreted)."""
-    from forge import kernels
-
-    return kernels
-
-
 def step_row_words() -> int:
     """int32 words in one parameter's step row: h0..h8 as fp32 bits, the seed, then padding."""
-    return _kernels().STEP_ROW
+    from forge.kernels.update_tile import STEP_ROW
+
+    return STEP_ROW
 
 
 def fused_wgrad_update(
@@ -89,7 +82,9 @@ def fused_wgrad_update(
     """One step of `weight` (N, K) from dW = dy^T x, fused into the dW GEMM (dy: (T, N), x: (T, K);
     FP8 operands T-contiguous with `grad_scale`). `config`: a `forge.kernels.KernelConfig` to launch
     under (benchmarks, the tuner); by default the shipped table's choice."""
-    _kernels().wgrad_update(
+    from forge.kernels.wgrad_update import wgrad_update  # loaded at the first launch (see the module)
+
+    wgrad_update(
         weight, slots.states, slots.scales, slots.signed, dy, x, coefficients, seed,
         rule=options.rule, flags=options.flags, state_dtype=options.state_dtype,
         stochastic_rounding=options.stochastic_rounding, int8_group=options.int8_group,
@@ -109,7 +104,9 @@ def elementwise_update(
     grad_scale: torch.Tensor | None = None,
 ) -> None:
     """One step of `param` (any shape, contiguous) from its gradient `grad` (its shape, any float dtype)."""
-    _kernels().elementwise_update(
+    from forge.kernels.elementwise_update import elementwise_update as update
+
+    update(
         param, grad, slots.states, slots.scales, slots.signed, coefficients, seed,
         rule=options.rule, flags=options.flags, state_dtype=options.state_dtype,
         stochastic_rounding=options.stochastic_rounding, int8_group=options.int8_group,
@@ -127,12 +124,16 @@ def wgrad_norm_power_sum(dy: torch.Tensor, x: torch.Tensor, norm_type: float = 2
 
 def quantize(values: torch.Tensor, signed: bool, group: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 codes shaped like `values` and bf16 scales (rows, ceil(cols / group)), as kernels store them."""
-    return _kernels().quant.quantize(values, signed, group)
+    from forge.kernels.quant import quantize as quantize_codes
+
+    return quantize_codes(values, signed, group)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, signed: bool, group: int = 64) -> torch.Tensor:
     """fp32 values from int8 codes and their scales (the inverse of `quantize`, to its rounding)."""
-    return _kernels().quant.dequantize(codes, scales, signed, group)
+    from forge.kernels.quant import dequantize as dequantize_codes
+
+    return dequantize_codes(codes, scales, signed, group)
 
 
 def fp8_cast(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, transposed: bool = False):

@@ -14,6 +14,7 @@ from torch import nn
 
 import forge
 import forge.kernels
+from forge import functional
 from forge import steps as forge_steps
 from forge.kernels import STEP_ROW
 from forge.rules import NUM_COEFFICIENTS
@@ -57,8 +58,8 @@ def _fake_capture(monkeypatch, opt, model, ids):
     """A backward as under torch.cuda.graph: `_capturing` true, the launches recorded, not run."""
     launches = []
     monkeypatch.setattr(forge_steps, "_capturing", lambda p: True)
-    monkeypatch.setattr(forge.kernels, "wgrad_update", lambda *a, **k: launches.append((a, k)))
-    monkeypatch.setattr(forge.kernels, "elementwise_update", lambda *a, **k: launches.append((a, k)))
+    monkeypatch.setattr(functional, "fused_wgrad_update", lambda *a, **k: launches.append((a[4:6], k)))
+    monkeypatch.setattr(functional, "elementwise_update", lambda *a, **k: launches.append((a[3:5], k)))
     _step(model, ids)
     monkeypatch.undo()
     return launches
@@ -73,9 +74,12 @@ def test_a_capture_records_the_parameters_and_a_replay_advances_them(monkeypatch
 
     params = list(model.parameters())
     assert len(launches) == len(params)
-    for args, kwargs in launches:  # every launch reads its row, none carries this step's values
-        assert kwargs["step_values"] is not None
-        assert args[-2:] == ((0.0,) * NUM_COEFFICIENTS, 0)
+    for (
+        coefficients,
+        seed,
+    ), kwargs in launches:  # every launch reads its row, none carries this step's values
+        assert kwargs["step_row"] is not None
+        assert (coefficients, seed) == ((0.0,) * NUM_COEFFICIENTS, 0)
     assert all(opt.state[p]["step"] == 1 for p in params), "a capture must not count a step"
     assert set(opt.steps.captured) == set(params)
 
