@@ -29,12 +29,17 @@ from harness.points import missing
 Record = dict[str, Any]
 
 
+# Folders below results/ whose files are no sweep records: the raw logs and probe outputs of the
+# GPU runs that the docs cite (results/device-logs/<what>-<date>-<commit>.<ext>).
+NOT_RECORDS = ("device-logs",)
+
+
 def expand(
     paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
 ) -> list[Path]:
     """Files behind `paths`: a file as given, a directory as its sorted `*.jsonl` files.
 
-    Below a directory, files under a folder named in `exclude_dirs` are left out, and with
+    Below a directory, files under a folder named in `exclude_dirs` or `NOT_RECORDS` are left out, and with
     `skip_scratch` so are files under a scratch folder (one whose `.gitignore` ignores everything:
     the harness marks `results/smoke/` and `results/adhoc/` so, and they are never committed).
     """
@@ -53,7 +58,7 @@ def expand(
 
 def _wanted(root: Path, file: Path, exclude_dirs: Sequence[str], skip_scratch: bool) -> bool:
     folders = file.relative_to(root).parts[:-1]
-    if set(folders) & set(exclude_dirs):
+    if set(folders) & {*exclude_dirs, *NOT_RECORDS}:
         return False
     if skip_scratch:
         for depth in range(len(folders) + 1):

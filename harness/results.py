@@ -164,11 +164,12 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 
 def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files as given; directories become their *.jsonl files, recursively, in sorted order."""
+    """Files as given; directories become their *.jsonl files, recursively, in sorted order (but
+    the GPU runs' raw logs under a `device-logs` folder, which are no records)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(p.rglob("*.jsonl")))
+            files.extend(f for f in sorted(p.rglob("*.jsonl")) if "device-logs" not in f.relative_to(p).parts)
         elif p.exists():
             files.append(p)
         else:

@@ -14,7 +14,7 @@ of the same bf16 operands (cuBLAS in TF32 mode, whose products of bf16 values ar
 FORGE may be at most twice as far from fp64 as torch.optim on that gradient. On the H200 FORGE
 measured 0.68-0.93x torch's distance for every rule; against cuBLAS's CUDA-core SGEMM of the same
 operands it is 1.5-4x as far for SGD, AdaGrad, RAdam, AdamW and Lion, a property of tensor cores
-that every bf16 GEMM with fp32 accumulation shares (docs/perf-data/gpu-exactness-every-rule-*.json).
+that every bf16 GEMM with fp32 accumulation shares (results/device-logs/gpu-exactness-every-rule-*.json).
 
 Adam-like rules take steps of about lr * sign(g) at first: where a gradient is within the GEMM's
 rounding of zero, either side may flip its sign and move that weight by ~2 lr, which measures the
