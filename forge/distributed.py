@@ -97,9 +97,9 @@ def check_param(name: str, p: torch.Tensor) -> None:
     if p.device_mesh.ndim != 1:
         raise NotImplementedError(
             f"{name} is a DTensor on a {p.device_mesh.ndim}-D device mesh {tuple(p.device_mesh.shape)}. "
-            "FORGE supports tensor/sequence parallelism on a 1-D mesh; a data-parallel mesh dimension "
-            "(HSDP, FSDP2 with TP) needs an all-reduce of the gradient before the update, which FORGE "
-            "never materializes."
+            "FORGE fuses tensor/sequence-parallel shards on a 1-D mesh; a data-parallel mesh dimension "
+            "needs the gradient reduced before the update: shard that dimension with FSDP2's fully_shard "
+            "(FORGE then updates each rank's shard from FSDP2's reduce-scatter, docs/distributed.md)."
         )
     if p.placements[0].is_partial():
         raise NotImplementedError(f"{name} is a Partial DTensor: a parameter must be sharded or replicated")
