@@ -3,6 +3,10 @@
 - `wgrad_update`: the fused weight-gradient GEMM + optimizer update of one nn.Linear weight (the
   Triton kernel and its launcher), which hands Hopper launches to `wgrad_update_ws`, its
   warp-specialized Gluon twin, where `configs` says so.
+- `wgrad_tile`: the main loop both weight-gradient kernels run, one fp32 tile of dW = dy^T x
+  summed over all tokens in registers, and the grouped order of the tiles (which the Gluon twin
+  takes too).
+- `wgrad_norm`: the same tiles reduced to a norm instead of applied (global-norm clipping).
 - `configs`: `KernelConfig`, the launch configs measured offline, and the plan of a launch.
 - `elementwise_update`: the same update for any other parameter, from its gradient.
 - `update_tile`: the tile update both kernels end in; `quant` (int8 states, one scale per 64 or

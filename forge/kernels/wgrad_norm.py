@@ -2,8 +2,9 @@
 
 Global-norm clipping (`forge.clip`) needs every gradient's norm before any parameter is updated.
 This kernel is the fused kernel's main loop with a reducing epilogue: each program accumulates one
-(BLOCK_N, BLOCK_K) tile of dW over all T tokens in fp32 registers, as `wgrad_update` does, then
-reduces it to one number (the sum of |g|^p, or the max of |g| for the infinity norm) and writes
+(BLOCK_N, BLOCK_K) tile of dW over all T tokens in fp32 registers with the code `wgrad_update` runs
+(`forge.kernels.wgrad_tile`, by pointers, so the norm is that of the gradient the update applies),
+then reduces it to one number (the sum of |g|^p, or the max of |g| for the infinity norm) and writes
 that number to its own slot of a partials vector; nothing else is written. The launcher sums the
 partials with torch, in a fixed order, so the norm is the same bits every run (atomics would not be).
 
@@ -17,6 +18,7 @@ import triton.language as tl
 
 from forge.backend import interpreting
 from forge.kernels.launch import DirectLauncher, cdiv, tensor_facts
+from forge.kernels.wgrad_tile import wgrad_tile
 
 NORMS = ("l2", "l1", "inf", "p")  # what a program reduces its tile to (NORM)
 
@@ -34,25 +36,11 @@ def wgrad_norm_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    tiles_k = tl.cdiv(K, BLOCK_K)
+    tiles_k = tl.cdiv(K, BLOCK_K)  # tiles row by row
     n0 = (tile // tiles_k) * BLOCK_N
     k0 = (tile % tiles_k) * BLOCK_K
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    offs_t = tl.arange(0, BLOCK_T)
-    dy_ptrs = dy_ptr + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
-    x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for t0 in range(0, T, BLOCK_T):
-        t_ok = (t0 + offs_t) < T
-        dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
-        x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
-        if UPCAST_DOT:
-            dy = dy.to(tl.float32)
-            x = x.to(tl.float32)
-        acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-        dy_ptrs += BLOCK_T * stride_dy_t
-        x_ptrs += BLOCK_T * stride_x_t
+    acc = wgrad_tile(dy_ptr, x_ptr, T, N, K, n0, k0, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+                     "none", False, False, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
     # Out-of-range rows and columns accumulated zeros: they add nothing to any of the reductions.
     g = tl.abs(acc)
     if NORM == "l2":

@@ -7,7 +7,7 @@ Shapes: T tokens (all leading dims of the input flattened), N output features, K
 A plain backward computes dW = dy^T x (N x K, written to memory), and later the optimizer reads dW,
 W and the states and writes W and the states back. Here one launch does both, tile by tile: each
 program owns one (BLOCK_N, BLOCK_K) tile of W, accumulates its gradient over all T tokens in fp32
-registers (the GEMM's main loop), then loads the matching tiles of W and of the states, applies the
+registers (the GEMM's main loop, `forge.kernels.wgrad_tile`), then loads the matching tiles of W and of the states, applies the
 rule in fp32 (`forge.rules.apply_rule`, through `update_tile`), and stores W and the states. dW
 never exists in memory: the gradient memory of a layer drops from N*K elements to one tile per
 running program, and the optimizer's second pass over memory (read dW, W, states; write W,
@@ -46,6 +46,7 @@ from forge.kernels.update_tile import (
     step_arguments,
     update_tile,
 )
+from forge.kernels.wgrad_tile import tile_origin, wgrad_tile
 
 try:  # Gluon (Triton >= 3.5): the warp-specialized kernel for Hopper
     from forge.kernels import wgrad_update_ws
@@ -97,49 +98,11 @@ def wgrad_update_kernel(
     """One program per (BLOCK_N, BLOCK_K) tile of W: accumulate its gradient over all T, update it."""
     if STEPS_IN_MEMORY:
         h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
-    # Grouped ordering: GROUP_N consecutive tiles share a column of x tiles in L2.
-    tile = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_k = tl.cdiv(K, BLOCK_K)
-    per_group = GROUP_N * tiles_k
-    first_n = (tile // per_group) * GROUP_N
-    group_rows = min(tiles_n - first_n, GROUP_N)
-    pid_n = first_n + (tile % per_group) % group_rows
-    pid_k = (tile % per_group) // group_rows
-    n0 = pid_n * BLOCK_N
-    k0 = pid_k * BLOCK_K
-
-    # Main loop: the gradient tile dW[n, k] = sum_t dy[t, n] x[t, k], in fp32 registers.
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if T_MAJOR:  # dW = dyT xT^T: both operands contiguous along T, the layout FP8 tensor cores read
-        acc = _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n,
-                                 stride_x_t, stride_x_k, TMA, UPCAST_DOT, DOT_PRECISION, FP8_FAST_ACCUM,
-                                 BLOCK_N, BLOCK_K, BLOCK_T)
-    elif TMA == "host":  # out-of-bounds rows and columns read as zeros
-        for t0 in range(0, T, BLOCK_T):
-            dy = dy_src.load([t0, n0])
-            x = x_src.load([t0, k0])
-            if UPCAST_DOT:
-                dy = dy.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_t = tl.arange(0, BLOCK_T)
-        dy_ptrs = dy_src + offs_t.to(tl.int64)[:, None] * stride_dy_t + offs_n[None, :] * stride_dy_n
-        x_ptrs = x_src + offs_t.to(tl.int64)[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
-        for t0 in range(0, T, BLOCK_T):
-            t_ok = (t0 + offs_t) < T
-            dy = tl.load(dy_ptrs, mask=t_ok[:, None] & (offs_n[None, :] < N), other=0.0)
-            x = tl.load(x_ptrs, mask=t_ok[:, None] & (offs_k[None, :] < K), other=0.0)
-            if UPCAST_DOT:
-                dy = dy.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = tl.dot(tl.trans(dy), x, acc, input_precision=DOT_PRECISION)
-            dy_ptrs += BLOCK_T * stride_dy_t
-            x_ptrs += BLOCK_T * stride_x_t
-
+    # The gradient tile dW[n, k] = sum_t dy[t, n] x[t, k] in fp32 registers (the GEMM's main loop),
+    # tiles in grouped order (GROUP_N tiles of N share x's blocks in L2).
+    n0, k0 = tile_origin(tl.program_id(0), N, K, BLOCK_N, BLOCK_K, GROUP_N)
+    acc = wgrad_tile(dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
+                     TMA, T_MAJOR, FP8_FAST_ACCUM, UPCAST_DOT, DOT_PRECISION, BLOCK_N, BLOCK_K, BLOCK_T)
     if GRAD_SCALE:  # fp32 g * c, rounded once, as clip_grad_norm_'s multiply of an fp32 gradient
         acc = acc * tl.load(scale_ptr)
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
@@ -148,51 +111,6 @@ def wgrad_update_kernel(
                       N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
-
-
-@triton.jit
-def _t_major_main_loop(acc, dy_src, x_src, T, N, K, n0, k0, stride_dy_t, stride_dy_n, stride_x_t, stride_x_k,
-                       TMA: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       FAST_ACCUM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_T: tl.constexpr):
-    """The main loop on T-contiguous operands: descriptors of dy^T (N, T) and x^T (K, T) (TMA
-    "host"), or pointers with a unit T stride. Each T tile's products are added into the fp32
-    accumulator (Hopper's FP8 MMA keeps fewer bits in its own), unless FAST_ACCUM."""
-    if TMA == "host":
-        for t0 in range(0, T, BLOCK_T):
-            dy = dy_src.load([n0, t0])
-            x = x_src.load([k0, t0])
-            if UPCAST_DOT:
-                dy = dy.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = _t_major_dot(dy, x, acc, DOT_PRECISION, FAST_ACCUM, BLOCK_T)
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_t = tl.arange(0, BLOCK_T)
-        dy_ptrs = dy_src + offs_n.to(tl.int64)[:, None] * stride_dy_n + offs_t[None, :] * stride_dy_t
-        x_ptrs = x_src + offs_k.to(tl.int64)[:, None] * stride_x_k + offs_t[None, :] * stride_x_t
-        for t0 in range(0, T, BLOCK_T):
-            t_ok = (t0 + offs_t) < T
-            dy = tl.load(dy_ptrs, mask=(offs_n[:, None] < N) & t_ok[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=(offs_k[:, None] < K) & t_ok[None, :], other=0.0)
-            if UPCAST_DOT:
-                dy = dy.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = _t_major_dot(dy, x, acc, DOT_PRECISION, FAST_ACCUM, BLOCK_T)
-            dy_ptrs += BLOCK_T * stride_dy_t
-            x_ptrs += BLOCK_T * stride_x_t
-    return acc
-
-
-@triton.jit
-def _t_major_dot(dy, x, acc, DOT_PRECISION: tl.constexpr, FAST_ACCUM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """acc + dy x^T for (BLOCK_N, BLOCK_T) dy and (BLOCK_K, BLOCK_T) x tiles."""
-    if FAST_ACCUM:
-        acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION)
-    else:
-        acc = tl.dot(dy, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=BLOCK_T)
-    return acc
 
 
 @triton.jit

@@ -52,11 +52,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from forge.kernels.launch import DirectLauncher
 from forge.kernels.update_tile import finish_tile_at, load_step_values, load_tile_at, offsets_of
+from forge.kernels.wgrad_tile import tile_origin
 
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
-GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (as the Triton kernel)
+GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (`wgrad_tile.tile_origin`)
 # Registers per thread of the MMA warps: a 128 x 128 fp32 accumulator takes 128 and the loop a few
 # more; 184 builds without spills (triton 3.6 and 3.9) and leaves 152 to each of 8 epilogue warps
 # (232, the first choice, left them 128, where the exact epilogue with the grouped stochastic
@@ -75,18 +76,6 @@ LOADER_REGS = gl.constexpr(24)
 
 
 @gluon.jit
-def _tile_origin(tile, N, K, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """(n0, k0) of a tile in grouped order: GROUP_N consecutive tiles share x's column in L2."""
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    per_group = GROUP_N * gl.cdiv(K, BLOCK_K)
-    first_n = (tile // per_group) * GROUP_N
-    group_rows = gl.minimum(tiles_n - first_n, GROUP_N)
-    pid_n = first_n + (tile % per_group) % group_rows
-    pid_k = (tile % per_group) // group_rows
-    return pid_n * BLOCK_N, pid_k * BLOCK_K
-
-
-@gluon.jit
 def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """Fill the ring: for every tile of this program, the dy and x tiles of each BLOCK_T tokens."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
@@ -97,7 +86,7 @@ def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, ac
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots filled so far, over all tiles
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, GROUP_N)
         for t0 in range(0, T, BLOCK_T):
             slot = count % STAGES
             mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)  # passes at once on the first lap
@@ -236,7 +225,7 @@ def _epilogue_partition(
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     done = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        n0, k0 = _tile_origin(tile, N, K, BLOCK_N, BLOCK_K)
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, GROUP_N)
         update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, N,
                            w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
                            K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
