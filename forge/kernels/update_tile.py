@@ -2,7 +2,7 @@
 
 Both kernels end here: the fused weight-gradient kernel hands over the tile it accumulated in
 registers, the element-wise kernel one it loaded from the gradient tensor. The tile's weights and
-states are loaded, the rule is applied in fp32 (`forge.rules.apply_rule`), and the weights (bf16
+states are loaded, the rule is applied in fp32 (`forge.kernels.rules.apply_rule`), and the weights (bf16
 with optional stochastic rounding, or fp32) and states (fp32, bf16 or int8) are stored back.
 
 Compensated bf16 weights (KAHAN): beside each bf16 weight a bf16 residual holds what its rounding
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from forge.kernels.quant import decode_state, load_state_raw, store_state
 from forge.kernels.rounding import round_to_bf16_nearest, store_weight, to_float
-from forge.rules import apply_rule
+from forge.kernels.rules import apply_rule
 
 
 @triton.jit

@@ -8,7 +8,7 @@ A plain backward computes dW = dy^T x (N x K, written to memory), and later the 
 W and the states and writes W and the states back. Here one launch does both, tile by tile: each
 program owns one (BLOCK_N, BLOCK_K) tile of W, accumulates its gradient over all T tokens in fp32
 registers (the GEMM's main loop, `forge.kernels.wgrad_tile`), then loads the matching tiles of W and of the states, applies the
-rule in fp32 (`forge.rules.apply_rule`, through `update_tile`), and stores W and the states. dW
+rule in fp32 (`forge.kernels.rules.apply_rule`, through `update_tile`), and stores W and the states. dW
 never exists in memory: the gradient memory of a layer drops from N*K elements to one tile per
 running program, and the optimizer's second pass over memory (read dW, W, states; write W,
 states) shrinks to one read and one write of W and the states, done while the tile's operands are
