@@ -18,6 +18,7 @@ from forge.kernels.launch import DirectLauncher, cdiv, next_power_of_2, tensor_f
 from forge.kernels.quant import GROUP
 from forge.kernels.update_tile import (
     epilogue_constexprs,
+    epilogue_facts,
     load_step_values,
     slot_arguments,
     step_arguments,
@@ -47,8 +48,12 @@ def elementwise_update_kernel(
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of QGROUP
 ):
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     if STEPS_IN_MEMORY:
-        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
+        step = load_step_values(step_ptr)
+    UPDATE: tl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
     r_start = tl.program_id(0) * BLOCK_R
     c_start = tl.program_id(1) * BLOCK_C
     offs_r = r_start + tl.arange(0, BLOCK_R)
@@ -57,10 +62,7 @@ def elementwise_update_kernel(
     g = tl.load(g_ptr + offs, mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0).to(tl.float32)
     if GRAD_SCALE:
         g = g * tl.load(scale_ptr)
-    update_tile(g, r_start, c_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                R, C, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_R, BLOCK_C)
+    update_tile(g, r_start, c_start, params, R, C, NUM_GROUPS, step, UPDATE, BLOCK_R, BLOCK_C)
 
 
 _launch = DirectLauncher(elementwise_update_kernel)
@@ -80,21 +82,10 @@ def as_rows(t: torch.Tensor) -> tuple[int, int]:
 
 
 def elementwise_update(
-    param: torch.Tensor,
-    grad: torch.Tensor,
-    states: tuple,
-    scales: tuple,
-    signed: tuple,
-    coefficients: tuple,
-    seed: int,
-    *,
-    rule: str,
-    flags: dict,
-    state_dtype: str,
-    stochastic_rounding: bool,
-    int8_group: int = 64,
-    step_values: torch.Tensor | None = None,
-    grad_scale: torch.Tensor | None = None,
+    param: torch.Tensor, grad: torch.Tensor, states: tuple, scales: tuple, signed: tuple,
+    coefficients: tuple, seed: int,
+    *, rule: str, flags: dict, state_dtype: str, stochastic_rounding: bool, int8_group: int = 64,
+    step_values: torch.Tensor | None = None, grad_scale: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `param` from `grad`, in place (states and scales too).
@@ -124,7 +115,7 @@ def elementwise_update(
     )
     # Every fact the launch depends on (`forge.kernels.launch`): the block shape and compile-time
     # arguments above follow from these.
-    key = (rows, cols, param.get_device(), tensor_facts(param, *slots, grad), tuple(s is None for s in states),
-           signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding, int8_group, step_values is None,
-           grad_scale is None, residual is None)
+    key = (rows, cols, param.get_device(), tensor_facts(param, *slots, grad),
+           epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, step_values,
+                          grad_scale, residual))
     _launch(key, grid, args, constexprs, dict(num_warps=num_warps(block_c)))

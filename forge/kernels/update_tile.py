@@ -15,6 +15,22 @@ Layout shared by every parameter: a tensor is viewed as (rows, cols) = (numel / 
 (a vector as one row), row-major and contiguous; int8 states have one bf16 scale per QGROUP (64
 or 128) contiguous elements of a row, in a (rows, ceil(cols / QGROUP)) tensor. A tile starts at a
 column that is a multiple of QGROUP and spans whole groups, so its scales are its own.
+
+Every kernel hands the update the same three bundles, which each layer passes on unopened:
+    params  (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr): the parameter, its
+            three state slots, their int8 scales and the weight's bf16 residual (`slot_arguments`:
+            a slot the rule lacks holds the weight's pointer, never dereferenced)
+    step    (h0, ..., h8, seed): this step's rule coefficients (`forge.rules.Rule.coefficients`)
+            and stochastic-rounding seed, from the launch (`step_arguments`) or from device memory
+            (`load_step_values`)
+    UPDATE  the compile-time description of the update, a tuple of constexprs in this order:
+             0 RULE, 1 HAS_MOMENTUM, 2 CENTERED    the rule (`forge.kernels.rules.apply_rule`)
+             3-5 HAS_S1, HAS_S2, HAS_S3            which state slots the rule has
+             6-8 S1_SIGNED, S2_SIGNED, S3_SIGNED   which of them can be negative (int8 codes)
+             9 STATE_DTYPE                         "fp32" | "bf16" | "int8"
+            10 QGROUP                              int8: elements per scale (64 or 128)
+            11 STOCHASTIC_ROUNDING                 bf16 weights rounded stochastically
+            12 KAHAN                               compensated bf16 weights (above)
 """
 
 import triton
@@ -49,35 +65,28 @@ def offsets_of(offs_n, offs_k, groups, N, K, NUM_GROUPS):
 
 
 @triton.jit
-def load_tile(
-    n_start, k_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """What `finish_tile` reads for one tile, as stored (nothing decoded, so a caller can issue
-    these loads early and hold them in few registers): (w, s1, q1, s2, q2, s3, q3), a slot the
-    rule lacks holding w again."""
+def load_tile(n_start, k_start, params, N, K, NUM_GROUPS, UPDATE, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """What `finish_tile` reads for the (BLOCK_N, BLOCK_K) tile at (n_start, k_start), as stored
+    (nothing decoded, so a caller can issue these loads early and hold them in few registers)."""
+    QGROUP: tl.constexpr = UPDATE[10]
     offsets = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
-    return load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                        HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+    return load_tile_at(offsets, params, UPDATE)
 
 
 @triton.jit
 def load_tile_at(
     offsets,  # (offs, mask, scale_offs, scale_mask, rows_cols) of the tile: `tile_offsets` or `offsets_of`
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr, STATE_DTYPE: tl.constexpr,
+    params,  # the parameter's pointers (module docstring)
+    UPDATE,  # the update's compile-time description (module docstring)
 ):
-    """`load_tile` at offsets the caller built."""
-    offs, mask, scale_offs, scale_mask, _ = offsets
+    """`load_tile` at offsets the caller built: (w, s1, q1, s2, q2, s3, q3), a slot the rule lacks
+    holding w again."""
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, _ = params
+    offs, mask, _, _, _ = offsets
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    s1, q1, s2, q2, s3, q3 = w, w, w, w, w, w
-    if HAS_S1:
-        s1, q1 = load_state_raw(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
-    if HAS_S2:
-        s2, q2 = load_state_raw(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
-    if HAS_S3:
-        s3, q3 = load_state_raw(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
+    s1, q1 = _load_slot(s1_ptr, q1_ptr, offsets, w, UPDATE, 0)
+    s2, q2 = _load_slot(s2_ptr, q2_ptr, offsets, w, UPDATE, 1)
+    s3, q3 = _load_slot(s3_ptr, q3_ptr, offsets, w, UPDATE, 2)
     return w, s1, q1, s2, q2, s3, q3
 
 
@@ -86,67 +95,96 @@ def finish_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start, k_start,
     loaded,  # what `load_tile` returned for this tile
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-    N, K, NUM_GROUPS,
-    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
+    params, N, K, NUM_GROUPS, step, UPDATE,  # as `update_tile`
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Decode the loaded tile, apply the rule to the gradient in `acc` in fp32, store W and states."""
+    QGROUP: tl.constexpr = UPDATE[10]
     offsets = tile_offsets(n_start, k_start, N, K, NUM_GROUPS, QGROUP, BLOCK_N, BLOCK_K)
-    finish_tile_at(acc, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                   h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                   RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                   STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_N, BLOCK_K)
+    finish_tile_at(acc, offsets, loaded, params, step, UPDATE, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def finish_tile_at(
     acc, offsets, loaded,  # the gradient tile, `offsets_of` it, and what `load_tile_at` returned
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
+    params, step, UPDATE,  # as `update_tile`
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FAST: tl.constexpr = False,  # GPU only: approximate sqrt and division, the hardware's bf16 rounding and widening
     LAYOUTS: tl.constexpr = False,  # a Gluon caller: int8 states convert between register layouts
 ):
     """`finish_tile` at offsets the caller built."""
-    offs, mask, scale_offs, scale_mask, rows_cols = offsets
+    RULE: tl.constexpr = UPDATE[0]
+    HAS_MOMENTUM: tl.constexpr = UPDATE[1]
+    CENTERED: tl.constexpr = UPDATE[2]
+    STOCHASTIC_ROUNDING: tl.constexpr = UPDATE[11]
+    KAHAN: tl.constexpr = UPDATE[12]
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr = params
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = step
+    offs, mask, _, _, rows_cols = offsets
     w_raw, s1_raw, q1_raw, s2_raw, q2_raw, s3_raw, q3_raw = loaded
     w = to_float(w_raw, FAST)
     if KAHAN:  # the weight's fp32 value, to ~16 bits: its bf16 part plus the bf16 residual
         w = w + to_float(tl.load(r_ptr + offs, mask=mask, other=0.0), FAST)
-    s1 = acc
-    s2 = acc
-    s3 = acc
-    if HAS_S1:
-        s1 = decode_state(s1_raw, q1_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, LAYOUTS, FAST)
-    if HAS_S2:
-        s2 = decode_state(s2_raw, q2_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, LAYOUTS, FAST)
-    if HAS_S3:
-        s3 = decode_state(s3_raw, q3_raw, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, LAYOUTS, FAST)
+    s1 = _decoded_slot(s1_raw, q1_raw, acc, UPDATE, 0, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
+    s2 = _decoded_slot(s2_raw, q2_raw, acc, UPDATE, 1, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
+    s3 = _decoded_slot(s3_raw, q3_raw, acc, UPDATE, 2, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
 
     w, s1, s2, s3 = apply_rule(w, acc, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
 
     # The states first: their tiles are dead before the weight's stochastic rounding needs registers.
-    if HAS_S1:
-        store_state(s1_ptr, q1_ptr, offs, scale_offs, mask, scale_mask, s1, BLOCK_N, BLOCK_K, STATE_DTYPE, S1_SIGNED, QGROUP, FAST, LAYOUTS)
-    if HAS_S2:
-        store_state(s2_ptr, q2_ptr, offs, scale_offs, mask, scale_mask, s2, BLOCK_N, BLOCK_K, STATE_DTYPE, S2_SIGNED, QGROUP, FAST, LAYOUTS)
-    if HAS_S3:
-        store_state(s3_ptr, q3_ptr, offs, scale_offs, mask, scale_mask, s3, BLOCK_N, BLOCK_K, STATE_DTYPE, S3_SIGNED, QGROUP, FAST, LAYOUTS)
+    _store_slot(s1_ptr, q1_ptr, offsets, s1, UPDATE, 0, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
+    _store_slot(s2_ptr, q2_ptr, offsets, s2, UPDATE, 1, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
+    _store_slot(s3_ptr, q3_ptr, offsets, s3, UPDATE, 2, BLOCK_N, BLOCK_K, FAST, LAYOUTS)
     if KAHAN:  # bf16 rounded to nearest, and what that rounding lost, itself rounded to bf16
         high = _nearest_bf16(w, FAST)
         tl.store(w_ptr + offs, high, mask=mask)
         tl.store(r_ptr + offs, _nearest_bf16(w - high.to(tl.float32), FAST), mask=mask)
     else:
         store_weight(w_ptr, offs, mask, w, seed, rows_cols, STOCHASTIC_ROUNDING, FAST)
+
+
+# State slot SLOT (0, 1 or 2) of a tile: UPDATE[3 + SLOT] says whether the rule has it (a slot it
+# lacks is neither read nor written), UPDATE[6 + SLOT] whether it is signed.
+
+
+@triton.jit
+def _load_slot(ptr, scale_ptr, offsets, w, UPDATE, SLOT: tl.constexpr):
+    """A slot's codes and scales as stored, or (w, w) where the rule has no such slot."""
+    HAS: tl.constexpr = UPDATE[3 + SLOT]
+    STATE_DTYPE: tl.constexpr = UPDATE[9]
+    offs, mask, scale_offs, scale_mask, _ = offsets
+    raw, scales = w, w
+    if HAS:
+        raw, scales = load_state_raw(ptr, scale_ptr, offs, scale_offs, mask, scale_mask, STATE_DTYPE)
+    return raw, scales
+
+
+@triton.jit
+def _decoded_slot(raw, scales, acc, UPDATE, SLOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  FAST: tl.constexpr, LAYOUTS: tl.constexpr):
+    """A slot in fp32 from what `_load_slot` returned, or `acc` (unread) where the rule has none."""
+    HAS: tl.constexpr = UPDATE[3 + SLOT]
+    SIGNED: tl.constexpr = UPDATE[6 + SLOT]
+    STATE_DTYPE: tl.constexpr = UPDATE[9]
+    QGROUP: tl.constexpr = UPDATE[10]
+    state = acc
+    if HAS:
+        state = decode_state(raw, scales, BLOCK_N, BLOCK_K, STATE_DTYPE, SIGNED, QGROUP, LAYOUTS, FAST)
+    return state
+
+
+@triton.jit
+def _store_slot(ptr, scale_ptr, offsets, state, UPDATE, SLOT: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, FAST: tl.constexpr, LAYOUTS: tl.constexpr):
+    """Store a slot's new fp32 values in its storage dtype (int8: codes and scales)."""
+    HAS: tl.constexpr = UPDATE[3 + SLOT]
+    SIGNED: tl.constexpr = UPDATE[6 + SLOT]
+    STATE_DTYPE: tl.constexpr = UPDATE[9]
+    QGROUP: tl.constexpr = UPDATE[10]
+    offs, mask, scale_offs, scale_mask, _ = offsets
+    if HAS:
+        store_state(ptr, scale_ptr, offs, scale_offs, mask, scale_mask, state, BLOCK_N, BLOCK_K, STATE_DTYPE, SIGNED,
+                    QGROUP, FAST, LAYOUTS)
 
 
 @triton.jit
@@ -162,7 +200,7 @@ def _nearest_bf16(x, NATIVE: tl.constexpr):
 def load_step_values(step_ptr):
     """This step's coefficients and seed from device memory, for a launch captured in a CUDA graph
     (`ForgeOptimizer(capturable=True)`): an int32 row of STEP_ROW words, h0..h8 as fp32 bits in
-    words 0-8 and the seed in word 9, written before each replay. Returns (h0, ..., h8, seed)."""
+    words 0-8 and the seed in word 9, written before each replay. Returns `step`, (h0, ..., h8, seed)."""
     h0 = tl.load(step_ptr + 0).to(tl.float32, bitcast=True)
     h1 = tl.load(step_ptr + 1).to(tl.float32, bitcast=True)
     h2 = tl.load(step_ptr + 2).to(tl.float32, bitcast=True)
@@ -181,22 +219,15 @@ def update_tile(
     acc,  # (BLOCK_N, BLOCK_K) fp32: the finished gradient tile
     n_start,  # first row of this tile
     k_start,  # first column of this tile, a multiple of QGROUP
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
+    params,  # (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr) of the (N, K) parameter
     N, K, NUM_GROUPS,
-    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
+    step,  # (h0, ..., h8, seed): this step's rule coefficients and stochastic-rounding seed
+    UPDATE,  # the update's compile-time description (module docstring)
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Load W and the states of one tile, apply the rule to the gradient in `acc`, store them."""
-    loaded = load_tile(n_start, k_start, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, BLOCK_N, BLOCK_K)
-    finish_tile(acc, n_start, k_start, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, BLOCK_N, BLOCK_K)
+    loaded = load_tile(n_start, k_start, params, N, K, NUM_GROUPS, UPDATE, BLOCK_N, BLOCK_K)
+    finish_tile(acc, n_start, k_start, loaded, params, N, K, NUM_GROUPS, step, UPDATE, BLOCK_N, BLOCK_K)
 
 
 STEP_ROW = 16  # int32 words per parameter in a capturable optimizer's step rows (64-byte aligned rows)
@@ -219,6 +250,14 @@ def slot_arguments(param, states: tuple, scales: tuple, residual=None) -> list:
     where the rule has no such slot (never dereferenced: its HAS_S* flag is False), and the weight's
     bf16 residual (compensated weights, KAHAN) or `param` again."""
     return [t if t is not None else param for t in (*states, *scales, residual)]
+
+
+def epilogue_facts(states: tuple, signed: tuple, rule: str, flags: dict, state_dtype: str, stochastic_rounding: bool,
+                   int8_group: int, step_values, grad_scale, residual) -> tuple:
+    """What the compiled update depends on besides the tensors' facts (`launch.tensor_facts`): the
+    epilogue's part of a launcher's key (`forge.kernels.launch`), from the launcher's own arguments."""
+    return (tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
+            int8_group, step_values is None, grad_scale is None, residual is None)
 
 
 def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,

@@ -39,6 +39,7 @@ from forge.kernels import configs
 from forge.kernels.configs import KernelConfig
 from forge.kernels.launch import DirectLauncher, tensor_facts
 from forge.kernels.update_tile import (
+    epilogue_facts,
     finish_tile,
     load_step_values,
     load_tile,
@@ -96,8 +97,10 @@ def wgrad_update_kernel(
     OVERLAP_SLICES: tl.constexpr,  # load slice i + 1 before slice i is updated and stored
 ):
     """One program per (BLOCK_N, BLOCK_K) tile of W: accumulate its gradient over all T, update it."""
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     if STEPS_IN_MEMORY:
-        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
+        step = load_step_values(step_ptr)
     # The gradient tile dW[n, k] = sum_t dy[t, n] x[t, k] in fp32 registers (the GEMM's main loop),
     # tiles in grouped order (GROUP_N tiles of N share x's blocks in L2).
     n0, k0 = tile_origin(tl.program_id(0), N, K, BLOCK_N, BLOCK_K, GROUP_N)
@@ -107,10 +110,10 @@ def wgrad_update_kernel(
         acc = acc * tl.load(scale_ptr)
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
-    _update_in_slices(acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                      N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                      RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                      STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, EPILOGUE_SPLIT, OVERLAP_SLICES, BLOCK_N, BLOCK_K)
+    UPDATE: tl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
+    _update_in_slices(acc, n0, k0, params, N, K, NUM_GROUPS, step, UPDATE, EPILOGUE_SPLIT, OVERLAP_SLICES,
+                      BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -126,40 +129,26 @@ def _slices(tile, ROWS: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _update_in_slices(
-    acc, n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
-    SPLIT: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Update the tile in SPLIT (1, 2, 4 or 8) row slices, top first. In slice order a slice's
-    loads wait for the stores of the slice before it, so every slice pays a full memory latency;
-    with OVERLAP each slice's W and states are loaded before the slice above it is updated and
-    stored (a slice's loads do not depend on its gradient): two slices' loads in flight."""
+def _update_in_slices(acc, n0, k0, params, N, K, NUM_GROUPS, step, UPDATE, SPLIT: tl.constexpr,
+                      OVERLAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`update_tile` on the (BLOCK_N, BLOCK_K) tile at (n0, k0) in SPLIT (1, 2, 4 or 8) row slices,
+    top first. In slice order a slice's loads wait for the stores of the slice before it, so every
+    slice pays a full memory latency; with OVERLAP each slice's W and states are loaded before the
+    slice above it is updated and stored (a slice's loads do not depend on its gradient): two
+    slices' loads in flight."""
     ROWS: tl.constexpr = BLOCK_N // SPLIT
     parts = _slices(acc, BLOCK_N, BLOCK_K, SPLIT)
     if OVERLAP:
-        loaded = load_tile(n0, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, N, K, NUM_GROUPS,
-                           HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
+        loaded = load_tile(n0, k0, params, N, K, NUM_GROUPS, UPDATE, ROWS, BLOCK_K)
         for i in tl.static_range(SPLIT):
             if i + 1 < SPLIT:
-                following = load_tile(n0 + (i + 1) * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                      N, K, NUM_GROUPS, HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE, QGROUP, ROWS, BLOCK_K)
-            finish_tile(parts[i], n0 + i * ROWS, k0, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K)
+                following = load_tile(n0 + (i + 1) * ROWS, k0, params, N, K, NUM_GROUPS, UPDATE, ROWS, BLOCK_K)
+            finish_tile(parts[i], n0 + i * ROWS, k0, loaded, params, N, K, NUM_GROUPS, step, UPDATE, ROWS, BLOCK_K)
             if i + 1 < SPLIT:
                 loaded = following
     else:
         for i in tl.static_range(SPLIT):
-            update_tile(parts[i], n0 + i * ROWS, k0, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                        N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                        RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                        STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K)
+            update_tile(parts[i], n0 + i * ROWS, k0, params, N, K, NUM_GROUPS, step, UPDATE, ROWS, BLOCK_K)
 
 
 _plans: dict = {}
@@ -167,23 +156,12 @@ _launch = DirectLauncher(wgrad_update_kernel)
 
 
 def wgrad_update(
-    weight: torch.Tensor,
-    states: tuple,
-    scales: tuple,
-    signed: tuple,
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    coefficients: tuple,
-    seed: int,
-    *,
-    rule: str,
-    flags: dict,
-    state_dtype: str,
-    stochastic_rounding: bool,
-    int8_group: int = 64,
+    weight: torch.Tensor, states: tuple, scales: tuple, signed: tuple,  # the parameter and its optimizer state
+    dy: torch.Tensor, x: torch.Tensor,  # the layer's operands: its gradient is dy^T x
+    coefficients: tuple, seed: int,  # this step's
+    *, rule: str, flags: dict, state_dtype: str, stochastic_rounding: bool, int8_group: int = 64,
     config: KernelConfig | None = None,
-    step_values: torch.Tensor | None = None,
-    grad_scale: torch.Tensor | None = None,
+    step_values: torch.Tensor | None = None, grad_scale: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
 ) -> None:
     """Apply one optimizer step to `weight` (N, K) from the gradient dy^T x, without storing it.
@@ -208,9 +186,9 @@ def wgrad_update(
     K = x.shape[1]
     slots = slot_arguments(weight, states, scales, residual)
     key = (
-        T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x),
-        tuple(s is None for s in states), signed, rule, tuple(flags.items()), state_dtype, stochastic_rounding,
-        int8_group, config, step_values is None, grad_scale is None, residual is None,
+        T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x), config,
+        epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, step_values,
+                       grad_scale, residual),
     )
     plan = _plans.get(key)
     if plan is None:

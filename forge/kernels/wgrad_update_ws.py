@@ -206,19 +206,15 @@ def _hand_over(acc, acc_smem, acc_ready, acc_empty, done):
 @gluon.jit
 def _epilogue_partition(
     acc_smem, acc_ready, acc_empty,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-    N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
-    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
-    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
-    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr, GRAD_SCALE: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr, ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+    params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
+    GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr,
+    ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
 ):
     """The optimizer update of each staged tile (`update_staged_tile`)."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     if STEPS_IN_MEMORY:
-        h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = load_step_values(step_ptr)
+        step = load_step_values(step_ptr)
     grad_scale = 1.0
     if GRAD_SCALE:
         grad_scale = gl.load(scale_ptr)
@@ -226,24 +222,15 @@ def _epilogue_partition(
     done = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, GROUP_N)
-        update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, N,
-                           w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                           K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                           RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                           STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, FAST_EPILOGUE, OVERLAP_SLICES,
-                           grad_scale, GRAD_SCALE)
+        update_staged_tile(acc_smem, acc_ready, acc_empty, done, n0, k0, N, params, K, NUM_GROUPS, step, UPDATE,
+                           ROWS, FAST_EPILOGUE, OVERLAP_SLICES, grad_scale, GRAD_SCALE)
         done += 1
 
 
 @gluon.jit
 def update_staged_tile(
     acc_smem, acc_ready, acc_empty, done, n0, k0, ROW_LIMIT,
-    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-    K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
-    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
-    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr,
+    params, K, NUM_GROUPS, step, UPDATE,  # as `update_tile` takes them
     ROWS: gl.constexpr, FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
     grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
 ):
@@ -254,6 +241,7 @@ def update_staged_tile(
     the tile's first slice before its gradient is ready: they do not depend on it."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    QGROUP: gl.constexpr = UPDATE[10]
     # 8 elements (16 bytes of bf16) per thread along K: full-width loads and stores
     THREADS_K: gl.constexpr = BLOCK_K // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
@@ -262,8 +250,7 @@ def update_staged_tile(
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     if OVERLAP_SLICES:
         offsets = offsets_of(n0 + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
-        loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                              HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+        loaded = load_tile_at(offsets, params, UPDATE)
     mbarrier.wait(acc_ready, done & 1)
     for r in gl.static_range(BLOCK_N // ROWS):
         g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
@@ -274,16 +261,11 @@ def update_staged_tile(
             mbarrier.arrive(acc_empty)
         if not OVERLAP_SLICES:
             offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
-            loaded = load_tile_at(offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                  HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
+            loaded = load_tile_at(offsets, params, UPDATE)
         elif r + 1 < BLOCK_N // ROWS:
             next_offsets = offsets_of(n0 + (r + 1) * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
-            next_loaded = load_tile_at(next_offsets, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr,
-                                       HAS_S1, HAS_S2, HAS_S3, STATE_DTYPE)
-        finish_tile_at(g, offsets, loaded, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                       h0, h1, h2, h3, h4, h5, h6, h7, h8, seed,
-                       RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                       STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, ROWS, BLOCK_K, FAST_EPILOGUE, True)
+            next_loaded = load_tile_at(next_offsets, params, UPDATE)
+        finish_tile_at(g, offsets, loaded, params, step, UPDATE, ROWS, BLOCK_K, FAST_EPILOGUE, True)
         if OVERLAP_SLICES and r + 1 < BLOCK_N // ROWS:
             offsets, loaded = next_offsets, next_loaded
 
@@ -354,13 +336,13 @@ def wgrad_update_ws_kernel(
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
     # FP8 on 64-row tiles with OVERLAP_PROMOTION: one warpgroup holding three tiles
     mma_regs: gl.constexpr = PROMOTING_MMA_REGS if OVERLAP_PROMOTION else (MMA_REGS if MMA_WARPS == 4 else WIDE_MMA_REGS)
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    UPDATE: gl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
+                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
     gl.warp_specialize([
-        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
-                               N, K, NUM_GROUPS, h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
-                               RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                               STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN, GRAD_SCALE, STEPS_IN_MEMORY, ROWS,
-                               FAST_EPILOGUE,
-                               OVERLAP_SLICES)),
+        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr,
+                               UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)),
         (_promoting_mma_partition if OVERLAP_PROMOTION else _mma_partition, workers),
         (_load_partition, workers),
     ], [MMA_WARPS, 1], [mma_regs, LOADER_REGS])
