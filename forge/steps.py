@@ -103,6 +103,8 @@ class Steps:
             from forge.functional import step_row_words
 
             rows = torch.zeros((len(self.index), step_row_words()), dtype=torch.int32, device=device)
+            if rows.is_cuda:  # zeroed (on an update stream, maybe) before any other stream writes a row
+                torch.cuda.synchronize(device)
             self.rows = rows
         return rows[self.index[p]]
 
