@@ -154,7 +154,10 @@ def _status(record: Record | None) -> str:
 COL_MODEL = Col("Model", lambda r: str(r.record.get("model")), "l", measured=False)
 COL_TOKENS = Col("Tokens", lambda r: fmt_int(tokens(r.record)), measured=False)
 COL_SHAPE = Col(
-    "Batch x seq", lambda r: f"{r.record.get('batch_size')} x {r.record.get('seq_len')}", "l", measured=False
+    "Batch x seq",
+    lambda r: f"{_int(r.record.get('batch_size'))} x {_int(r.record.get('seq_len'))}",
+    "l",
+    measured=False,
 )
 COL_METHOD = Col("Method", lambda r: display_name(r.record), "l", measured=False)
 COL_STEP_MODE = Col("Step", lambda r: "graphed" if graphed(r.record) else "eager", "l", measured=False)
@@ -419,7 +422,7 @@ def largest_ok(points: Sequence[Record]) -> tuple[Record | None, Record | None]:
 def _point(record: Record | None) -> str:
     if record is None:
         return NONE
-    return f"{tokens(record)} ({record.get('batch_size')} x {record.get('seq_len')})"
+    return f"{tokens(record)} ({_int(record.get('batch_size'))} x {_int(record.get('seq_len'))})"
 
 
 def largest_fit(records: Sequence[Record]) -> Selection | None:
@@ -472,3 +475,8 @@ def largest_fit(records: Sequence[Record]) -> Selection | None:
     title = "The largest step that fits on one GPU, per method, with and without activation checkpointing"
     table = Table("largest_fit", title, header, rows, align="lllllr", notes=extra + notes.lines())
     return Selection(table, chosen)
+
+
+def _int(value) -> int | None:
+    """A record's count as an int (records loaded through pandas carry floats)."""
+    return None if value is None else int(value)
