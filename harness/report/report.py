@@ -35,6 +35,7 @@ from harness.records import Record, in_scratch, load_records, split_kinds
 from harness.report import plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
+from harness.report.dp_table import dp_table
 from harness.report.fidelity_table import fidelity
 from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
@@ -74,6 +75,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         ),
         *_token_sections(steps, out),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
+        _data_parallel_section(dp_table(steps)),
         _convergence_section(
             convergence(steps),
             [
@@ -214,6 +216,13 @@ def _tensor_parallel_section(grid: Selection | None, capacity: Selection | None,
         section.plots = _per_point_plots("t6", grid.records, out)
     if capacity is not None:
         section.plots += _largest_batch_plots("t6", capacity.records, out)
+    return section
+
+
+def _data_parallel_section(sel: Selection) -> Section:
+    """Every planned data-parallel point, `not measured` until a machine with several GPUs runs it."""
+    section = Section("dp", "Data parallelism: DDP and FSDP2 over two GPUs", _hint("dp_h200"))
+    section.selections = [sel]
     return section
 
 
