@@ -8,6 +8,7 @@ the weight gradient lives only in fp32 registers and is never written to GPU mem
     loss = model(**batch).loss
     loss.backward()          # every parameter is updated here
     forge.detach(model)      # back to plain nn.Linear, weights kept
+    forge.checkpoint.save("ckpt", model, opt, step=k); forge.checkpoint.load("ckpt", model, opt)
 
 Without a CUDA device the same Triton kernels run in Triton's CPU interpreter (slow; for tests).
 
@@ -16,12 +17,13 @@ environment. The kernels load at the first `forge.attach` (or `ForgeOptimizer`),
 `forge.backend` decides whether they run compiled or interpreted.
 """
 
+from forge import checkpoint
 from forge.attach import attach, detach
 from forge.baseline import Lion, torch_optimizer
 from forge.nn import ForgeLinear
 from forge.optim import ForgeOptimizer
 
-__all__ = ["attach", "detach", "ForgeOptimizer", "ForgeLinear", "Lion", "torch_optimizer", "RULES"]
+__all__ = ["attach", "detach", "ForgeOptimizer", "ForgeLinear", "Lion", "torch_optimizer", "RULES", "checkpoint"]
 __version__ = "0.1.0"
 
 
