@@ -23,7 +23,16 @@ from forge.baseline import Lion, torch_optimizer
 from forge.nn import ForgeLinear
 from forge.optim import ForgeOptimizer
 
-__all__ = ["attach", "detach", "ForgeOptimizer", "ForgeLinear", "Lion", "torch_optimizer", "RULES", "checkpoint"]
+__all__ = [
+    "attach",
+    "detach",
+    "ForgeOptimizer",
+    "ForgeLinear",
+    "Lion",
+    "torch_optimizer",
+    "RULES",
+    "checkpoint",
+]
 __version__ = "0.1.0"
 
 
