@@ -13,6 +13,7 @@ done once); the parent compares. What is checked:
 * checkpoints: saved at step 5 and resumed on the same ranks, the run continues bit for bit (DDP
   and FSDP2; fp32, and bf16 weights with stochastic rounding); an FSDP2 checkpoint of 2 ranks loads
   on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
+* FSDP2 over one dimension of a 2 x 2 mesh and the TP plan over the other: FORGE equals torch AdamW;
 * what FORGE refuses under data parallelism, and its messages.
 """
 
@@ -310,6 +311,34 @@ def _two_ranks(rank: int, world: int, tmp) -> dict:
     return out
 
 
+def _fsdp2_with_tensor_parallelism(base) -> dict:
+    """A 2 x 2 mesh: the TP plan over one dimension, fully_shard over the other (FSDP2 + TP), FORGE
+    against torch AdamW on the same layout and batches (one batch per data-parallel rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import forge
+    from harness.run.tensor_parallel import parallelize
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+
+    def build():
+        model = parallelize(copy.deepcopy(base), mesh["tp"])
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        return fully_shard(model, mesh=mesh["dp"])
+
+    ours, ref = build(), build()
+    forge.attach(ours, "adamw", state_dtype="fp32", **ADAMW)
+    batches = _batches(mesh.get_coordinate()[0])
+    return {
+        "losses": _train(ours, batches),
+        "torch_losses": _train(ref, batches, torch.optim.AdamW(ref.parameters(), foreach=False, **ADAMW)),
+        "forge": full(ours),
+        "torch": full(ref),
+    }
+
+
 def _four_ranks(rank: int, world: int, tmp) -> dict:
     base, batches = _base(), _batches(rank)
     return {
@@ -319,6 +348,7 @@ def _four_ranks(rank: int, world: int, tmp) -> dict:
             for kind in ("ddp", "fsdp2")
             for case in FOUR_RANK_CASES
         },
+        "fsdp2_tp": _fsdp2_with_tensor_parallelism(base),
     }
 
 
@@ -367,6 +397,14 @@ def test_every_rule_under_ddp_and_fsdp2_equals_torch_optim_two_ranks(two):
 
 def test_every_checked_rule_equals_torch_optim_four_ranks(four):
     _assert_forge_matches_torch(four, FOUR_RANK_CASES)
+
+
+def test_fsdp2_composes_with_tensor_parallelism(four):
+    run, initial = four[0]["fsdp2_tp"], four[0]["initial"]
+    for name, w in run["forge"].items():
+        # the same layout and collectives on both sides: the update's own arithmetic differs
+        assert_close_to_update(w, run["torch"][name], initial[name], TRANSFORMER_FP32, name)
+    assert run["losses"] == pytest.approx(run["torch_losses"], rel=1e-6)
 
 
 def test_the_reduced_gradient_is_ddps_bit_for_bit(two):
