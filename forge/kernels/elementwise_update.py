@@ -40,20 +40,16 @@ def elementwise_update_kernel(
     seed,  # int32 stochastic-rounding seed
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
     scale_ptr,  # GRAD_SCALE: one fp32 the gradient is multiplied by (the clip coefficient); else unread
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr, QGROUP: tl.constexpr, STOCHASTIC_ROUNDING: tl.constexpr, KAHAN: tl.constexpr,
+    UPDATE: tl.constexpr,  # the update: rule, state slots, storage (`update_tile.epilogue_constexprs`)
     GRAD_SCALE: tl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,  # BLOCK_C a multiple of QGROUP
 ):
+    """One program per (BLOCK_R, BLOCK_C) tile of the parameter: load its gradient, update it."""
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     if STEPS_IN_MEMORY:
         step = load_step_values(step_ptr)
-    UPDATE: tl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
     r_start = tl.program_id(0) * BLOCK_R
     c_start = tl.program_id(1) * BLOCK_C
     offs_r = r_start + tl.arange(0, BLOCK_R)

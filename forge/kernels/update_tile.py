@@ -23,7 +23,8 @@ Every kernel hands the update the same three bundles, which each layer passes on
     step    (h0, ..., h8, seed): this step's rule coefficients (`forge.rules.Rule.coefficients`)
             and stochastic-rounding seed, from the launch (`step_arguments`) or from device memory
             (`load_step_values`)
-    UPDATE  the compile-time description of the update, a tuple of constexprs in this order:
+    UPDATE  the compile-time description of the update (`epilogue_constexprs`), a tuple of
+            constexprs in this order:
              0 RULE, 1 HAS_MOMENTUM, 2 CENTERED    the rule (`forge.kernels.rules.apply_rule`)
              3-5 HAS_S1, HAS_S2, HAS_S3            which state slots the rule has
              6-8 S1_SIGNED, S2_SIGNED, S3_SIGNED   which of them can be negative (int8 codes)
@@ -263,13 +264,14 @@ def epilogue_facts(states: tuple, signed: tuple, rule: str, flags: dict, state_d
 def epilogue_constexprs(states: tuple, signed: tuple, *, rule: str, flags: dict, state_dtype: str,
                         stochastic_rounding: bool, int8_group: int = 64, grad_scale: bool = False,
                         kahan: bool = False) -> dict:
-    """The compile-time arguments shared by the kernels: `update_tile`'s (KAHAN: compensated bf16
-    weights, a residual at `r_ptr`), and GRAD_SCALE (the gradient is multiplied by the value at
-    `scale_ptr` before the rule: `step_arguments`)."""
-    return dict(
-        GRAD_SCALE=grad_scale, KAHAN=kahan,
-        RULE=rule, HAS_MOMENTUM=flags["momentum"], CENTERED=flags["centered"],
-        HAS_S1=states[0] is not None, HAS_S2=states[1] is not None, HAS_S3=states[2] is not None,
-        S1_SIGNED=signed[0], S2_SIGNED=signed[1], S3_SIGNED=signed[2],
-        STATE_DTYPE=state_dtype, QGROUP=int8_group, STOCHASTIC_ROUNDING=stochastic_rounding,
+    """The compile-time arguments every update kernel takes: UPDATE, the update's description (the
+    module docstring gives its order; KAHAN: compensated bf16 weights, a residual at `r_ptr`), and
+    GRAD_SCALE (the gradient is multiplied by the value at `scale_ptr` before the rule:
+    `step_arguments`)."""
+    update = (
+        rule, flags["momentum"], flags["centered"],
+        states[0] is not None, states[1] is not None, states[2] is not None,
+        signed[0], signed[1], signed[2],
+        state_dtype, int8_group, stochastic_rounding, kahan,
     )
+    return dict(UPDATE=update, GRAD_SCALE=grad_scale)

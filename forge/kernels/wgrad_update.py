@@ -7,12 +7,12 @@ Shapes: T tokens (all leading dims of the input flattened), N output features, K
 A plain backward computes dW = dy^T x (N x K, written to memory), and later the optimizer reads dW,
 W and the states and writes W and the states back. Here one launch does both, tile by tile: each
 program owns one (BLOCK_N, BLOCK_K) tile of W, accumulates its gradient over all T tokens in fp32
-registers (the GEMM's main loop, `forge.kernels.wgrad_tile`), then loads the matching tiles of W and of the states, applies the
-rule in fp32 (`forge.kernels.rules.apply_rule`, through `update_tile`), and stores W and the states. dW
-never exists in memory: the gradient memory of a layer drops from N*K elements to one tile per
-running program, and the optimizer's second pass over memory (read dW, W, states; write W,
-states) shrinks to one read and one write of W and the states, done while the tile's operands are
-still on chip.
+registers (the GEMM's main loop, `forge.kernels.wgrad_tile`), then loads the matching tiles of W
+and of the states, applies the rule in fp32 (`forge.kernels.rules.apply_rule`, through
+`update_tile`), and stores W and the states. dW never exists in memory: the gradient memory of a
+layer drops from N*K elements to one tile per running program, and the optimizer's second pass
+over memory (read dW, W, states; write W, states) shrinks to one read and one write of W and the
+states, done while the tile's operands are still on chip.
 
 Cost: the GEMM's 2*T*N*K FLOPs, plus the update's bytes, which for bf16 weights and bf16 states are
 2 + 2*2 bytes read and the same written per element (fp32 states: 2 + 2*4). For T of a few thousand
@@ -77,13 +77,7 @@ def wgrad_update_kernel(
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
     scale_ptr,  # GRAD_SCALE: one fp32 the gradient tile is multiplied by (the clip coefficient); else unread
-    RULE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, CENTERED: tl.constexpr,
-    HAS_S1: tl.constexpr, HAS_S2: tl.constexpr, HAS_S3: tl.constexpr,
-    S1_SIGNED: tl.constexpr, S2_SIGNED: tl.constexpr, S3_SIGNED: tl.constexpr,
-    STATE_DTYPE: tl.constexpr,  # "fp32" | "bf16" | "int8"
-    QGROUP: tl.constexpr,  # int8: elements per scale along K (64 or 128)
-    STOCHASTIC_ROUNDING: tl.constexpr,
-    KAHAN: tl.constexpr,  # bf16 weights with a bf16 residual (compensated, `update_tile.finish_tile_at`)
+    UPDATE: tl.constexpr,  # the update: rule, state slots, storage (`update_tile.epilogue_constexprs`)
     GRAD_SCALE: tl.constexpr,  # scale the finished gradient tile by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: tl.constexpr,  # read the step's scalars from step_ptr (a launch a CUDA graph replays)
     TMA: tl.constexpr,  # "host": dy and x by bulk tensor copies through host-built descriptors; "none": pointers
@@ -110,8 +104,6 @@ def wgrad_update_kernel(
         acc = acc * tl.load(scale_ptr)
     # Epilogue: the optimizer update on the finished tile, in row slices that bound the registers
     # held by W and state tiles; the gradient dies in registers.
-    UPDATE: tl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
     _update_in_slices(acc, n0, k0, params, N, K, NUM_GROUPS, step, UPDATE, EPILOGUE_SPLIT, OVERLAP_SLICES,
                       BLOCK_N, BLOCK_K)
 

@@ -316,10 +316,7 @@ def wgrad_update_ws_kernel(
     seed,  # int32 stochastic-rounding seed for this step and tensor
     step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
     scale_ptr,  # GRAD_SCALE: one fp32 the gradient is multiplied by (the clip coefficient); else unread
-    RULE: gl.constexpr, HAS_MOMENTUM: gl.constexpr, CENTERED: gl.constexpr,
-    HAS_S1: gl.constexpr, HAS_S2: gl.constexpr, HAS_S3: gl.constexpr,
-    S1_SIGNED: gl.constexpr, S2_SIGNED: gl.constexpr, S3_SIGNED: gl.constexpr,
-    STATE_DTYPE: gl.constexpr, QGROUP: gl.constexpr, STOCHASTIC_ROUNDING: gl.constexpr, KAHAN: gl.constexpr,
+    UPDATE: gl.constexpr,  # the update: rule, state slots, storage (`update_tile.epilogue_constexprs`)
     GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
@@ -338,8 +335,6 @@ def wgrad_update_ws_kernel(
     mma_regs: gl.constexpr = PROMOTING_MMA_REGS if OVERLAP_PROMOTION else (MMA_REGS if MMA_WARPS == 4 else WIDE_MMA_REGS)
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
-    UPDATE: gl.constexpr = (RULE, HAS_MOMENTUM, CENTERED, HAS_S1, HAS_S2, HAS_S3, S1_SIGNED, S2_SIGNED, S3_SIGNED,
-                            STATE_DTYPE, QGROUP, STOCHASTIC_ROUNDING, KAHAN)
     gl.warp_specialize([
         (_epilogue_partition, (acc_smem, acc_ready, acc_empty, params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr,
                                UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)),

@@ -278,22 +278,18 @@ def _slots_signature(state_dtype: str) -> dict[str, str]:
 
 
 def _epilogue_constants(state_dtype: str, stochastic_rounding: bool, int8_group: int = 64) -> dict[str, Any]:
-    """AdamW's compile-time arguments of `update_tile` (m signed in slot 1, v in slot 2)."""
-    return dict(
-        RULE="adamw",
-        HAS_MOMENTUM=False,
-        CENTERED=False,
-        HAS_S1=True,
-        HAS_S2=True,
-        HAS_S3=False,
-        S1_SIGNED=True,
-        S2_SIGNED=False,
-        S3_SIGNED=False,
-        STATE_DTYPE=state_dtype,
-        QGROUP=int8_group,
-        STOCHASTIC_ROUNDING=stochastic_rounding,
-        GRAD_SCALE=False,
-        KAHAN=False,
+    """AdamW's compile-time arguments of the update (m signed in slot 1, v in slot 2), as the
+    launchers build them (`forge.kernels.epilogue_constexprs`)."""
+    from forge.kernels import epilogue_constexprs
+
+    return epilogue_constexprs(
+        (True, True, None),
+        (True, False, False),
+        rule="adamw",
+        flags={"momentum": False, "centered": False},
+        state_dtype=state_dtype,
+        stochastic_rounding=stochastic_rounding,
+        int8_group=int8_group,
     )
 
 
