@@ -9,9 +9,11 @@
 - `wgrad_norm`: the same tiles reduced to a norm instead of applied (global-norm clipping).
 - `configs`: `KernelConfig`, the launch configs measured offline, and the plan of a launch.
 - `elementwise_update`: the same update for any other parameter, from its gradient.
-- `update_tile`: the tile update both kernels end in; `rules` (the eight rules on fp32 tiles, whose
-  host half and PyTorch references are `forge.rules`), `quant` (int8 states, one scale per 64 or
-  128 elements) and `rounding` (fp32 -> bf16, stochastic for weights) beneath it.
+- `update_tile`: the tile update every update kernel ends in, and the arguments the launchers
+  build for it (`epilogue_constexprs`, `slot_arguments`, `step_arguments`); `rules` (the eight
+  rules on fp32 tiles, whose host half and PyTorch references are `forge.rules`), `quant` (int8
+  states, one scale per 64 or 128 elements) and `rounding` (fp32 -> bf16, stochastic for weights)
+  beneath it.
 - `launch`: launches of a compiled kernel that skip Triton's per-call dispatch (host time).
 - `fp8_cast`: the FP8 casts of `forge.fp8` (a tensor's maximum, then the cast) in two launches.
 

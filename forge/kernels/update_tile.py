@@ -1,9 +1,10 @@
 """The update of one (rows, cols) tile of a parameter from its finished gradient tile.
 
-Both kernels end here: the fused weight-gradient kernel hands over the tile it accumulated in
-registers, the element-wise kernel one it loaded from the gradient tensor. The tile's weights and
-states are loaded, the rule is applied in fp32 (`forge.kernels.rules.apply_rule`), and the weights (bf16
-with optional stochastic rounding, or fp32) and states (fp32, bf16 or int8) are stored back.
+Every update kernel ends here: the fused weight-gradient kernels (Triton and Gluon) hand over the
+tile they accumulated in registers, the element-wise kernel one it loaded from the gradient tensor.
+The tile's weights and states are loaded, the rule is applied in fp32
+(`forge.kernels.rules.apply_rule`), and the weights (bf16 with optional stochastic rounding, or
+fp32) and states (fp32, bf16 or int8) are stored back.
 
 Compensated bf16 weights (KAHAN): beside each bf16 weight a bf16 residual holds what its rounding
 lost. The update reads the weight as bf16 + residual in fp32 (about 16 significant bits), and
