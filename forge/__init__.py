@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name == "RULES":  # the rules hold Triton code: imported on first use
+    if name == "RULES":  # the rules' registry, imported on first use
         from forge.rules import RULES
 
         return RULES

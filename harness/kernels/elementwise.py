@@ -82,10 +82,11 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     states = tuple(state[s.name] if s else None for s in slots)
     scales = tuple(state.get(s.name + "_absmax") if s else None for s in slots)
     signed = tuple(bool(s and s.signed) for s in slots)
+    storage = opt.state_dtype_of(param)  # int8 is for weights: a vector's states are bf16
     kw = dict(
         rule=opt.rule.name,
         flags=opt.rule.flags(group),
-        state_dtype=state_dtype,
+        state_dtype=storage,
         stochastic_rounding=True,
         int8_group=64,
     )
@@ -108,14 +109,16 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
         signed,
         rule=kw["rule"],
         flags=kw["flags"],
-        state_dtype=state_dtype,
+        state_dtype=storage,
         stochastic_rounding=kw["stochastic_rounding"],
         int8_group=group_size,
     )
 
     tensors = [t for t in (param.detach(), *states, *scales) if t is not None]
     update_bytes = grad.numel() * grad.element_size() + sum(2 * t.numel() * t.element_size() for t in tensors)
-    row = dict(shape_name=name, rows=r, cols=c, state_dtype=state_dtype, update_bytes=update_bytes)
+    row = dict(
+        shape_name=name, rows=r, cols=c, state_dtype=state_dtype, storage=storage, update_bytes=update_bytes
+    )
     row["shipped_ms"] = bench(shipped, return_mode="median")
     for block_r, block_c, warps in blocks:
         br = min(block_r, triton.next_power_of_2(r))
@@ -130,7 +133,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     row["foreach_same_bytes_ms"] = bench(
         lambda: (torch._foreach_mul_(tensors, 1), grad.sum()), return_mode="median"
     )
-    if state_dtype == "bf16" and device == "cuda":
+    if storage == "bf16" and device == "cuda":
         m, v = (torch.randn_like(param) * 1e-3 for _ in range(2))
         v.abs_()
         step = torch.tensor(10.0, device="cuda")

@@ -90,16 +90,16 @@ def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp(monkeypatch):
     under the same autocast. (FORGE accumulates dW from the bf16 operands in fp32 and never rounds
     it to bf16, which torch's autocast backward does.) The fused kernel must get bf16 operands, as
     autocast's linear would: fp32 ones would take the slow exact path and save twice the bytes."""
-    import forge.kernels
+    from forge import functional
 
     operands = set()
-    fused = forge.kernels.wgrad_update
+    fused = functional.fused_wgrad_update
 
-    def spy(weight, states, scales, signed, dy, x, *args, **kwargs):
+    def spy(weight, dy, x, *args, **kwargs):  # the one door to the fused kernel
         operands.add((weight.dtype, dy.dtype, x.dtype))
-        return fused(weight, states, scales, signed, dy, x, *args, **kwargs)
+        return fused(weight, dy, x, *args, **kwargs)
 
-    monkeypatch.setattr(forge.kernels, "wgrad_update", spy)
+    monkeypatch.setattr(functional, "fused_wgrad_update", spy)
     base, teacher = _regression_model(), _regression_model()
     batches = [(x, teacher(x).detach()) for x in (torch.randn(32, 64) for _ in range(12))]
     hp = dict(lr=1e-3, weight_decay=0.01)
