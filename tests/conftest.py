@@ -28,7 +28,9 @@ if not torch.cuda.is_available():
 # worker per core and each file on one worker (--dist loadfile), a long file collected last (the
 # harness's run/ tests come last by name) would leave the other workers idle at the end.
 LONGEST_FIRST = (
+    "tests/forge/test_data_parallel.py",
     "tests/harness/run/test_sweep.py",
+    "tests/forge/test_checkpoint.py",
     "tests/forge/integrations/test_transformers.py",
     "tests/harness/run/test_convergence.py",
     "tests/harness/run/test_config.py",

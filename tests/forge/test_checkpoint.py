@@ -17,7 +17,7 @@ import forge
 import forge.checkpoint as ckpt
 from tests.helpers import tiny_llama
 
-STEPS, SAVED_AT = 15, 5  # saved at step 5, resumed for 10 more
+STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10, resumed from there
 HPARAMS = dict(lr=1e-2, weight_decay=0.1)
 
 

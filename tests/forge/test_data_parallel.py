@@ -29,8 +29,8 @@ from tests.forge.exactness import TRANSFORMER_FP32, assert_close_to_update, near
 from tests.forge.ranks import full, full_states, run_on_ranks
 from tests.helpers import RULE_CASES, tiny_llama
 
-STEPS = 3
-RESUME_STEPS, SAVED_AT = 15, 5
+STEPS = 2  # a first step, and one that reads the states it wrote
+RESUME_STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 FOUR_RANK_CASES = ("adamw", "lion", "sgd-nesterov")
 

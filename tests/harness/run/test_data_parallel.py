@@ -8,16 +8,28 @@ import pytest
 TINY_DP = ["model=tiny-llama", "gpu=cpu", "device=cpu", "seq_len=16", "steps=3", "warmup_steps=1", "gpus=2"]
 
 
-@pytest.mark.parametrize(
-    "method, wrapper",
-    [("forge_bf16_ddp", "ddp"), ("fused_adamw_fsdp2", "fsdp2"), ("forge_int8_fsdp2", "fsdp2")],
-)
-def test_harness_runs_a_data_parallel_point_under_torchrun(method, wrapper, tmp_path):
+@pytest.fixture(scope="module")
+def points(tmp_path_factory) -> dict:
+    """One point of each data-parallel kind under torchrun: FORGE and fused AdamW under DDP (FORGE
+    with small buckets, so that its gradient window is below the whole gradient), FORGE under FSDP2."""
     from harness.run import grid, local
 
-    point = grid.make_point([*TINY_DP, f"method={method}", "method.lr=1e-3", f"results_dir={tmp_path}"])
-    assert point.id.endswith(f"/{wrapper}x2/cpu")
-    record = local.run_isolated(point, git={})
+    tmp = tmp_path_factory.mktemp("dp")
+    records = {}
+    for method in ("forge_bf16_ddp", "fused_adamw_ddp", "forge_int8_fsdp2"):
+        overrides = [*TINY_DP, f"method={method}", "method.lr=1e-3", f"results_dir={tmp}"]
+        overrides += ["+method.options.bucket_cap_mb=0.01"] if method == "forge_bf16_ddp" else []
+        point = grid.make_point(overrides)
+        records[method] = (point.id, local.run_isolated(point, git={}))
+    return records
+
+
+@pytest.mark.parametrize(
+    "method, wrapper", [("forge_bf16_ddp", "ddp"), ("fused_adamw_ddp", "ddp"), ("forge_int8_fsdp2", "fsdp2")]
+)
+def test_harness_runs_a_data_parallel_point_under_torchrun(points, method, wrapper):
+    point_id, record = points[method]
+    assert point_id.endswith(f"/{wrapper}x2/cpu")
     assert record["status"] == "ok", record["error"]
     assert record["world_size"] == 2 and record["ranks_reported"] == 2
     assert record["method_options"]["data_parallel"] == wrapper
@@ -26,17 +38,10 @@ def test_harness_runs_a_data_parallel_point_under_torchrun(method, wrapper, tmp_
     assert record["tokens_per_s"] == pytest.approx(both_ranks)
 
 
-def test_forge_models_a_smaller_gradient_than_fused_adamw_under_ddp(tmp_path):
+def test_forge_models_a_smaller_gradient_than_fused_adamw_under_ddp(points):
     """grads_gib is each method's gradient bytes by design: FORGE's reducer window against DDP's
     buckets (the whole gradient)."""
-    from harness.run import grid, local
-
-    records = {}
-    for method in ("forge_bf16_ddp", "fused_adamw_ddp"):
-        overrides = [*TINY_DP, f"method={method}", "method.lr=1e-3", f"results_dir={tmp_path}"]
-        overrides += ["+method.options.bucket_cap_mb=0.01"] if method.startswith("forge") else []
-        records[method] = local.run_isolated(grid.make_point(overrides), git={})
-    assert records["forge_bf16_ddp"]["grads_gib"] < 0.5 * records["fused_adamw_ddp"]["grads_gib"]
+    assert points["forge_bf16_ddp"][1]["grads_gib"] < 0.5 * points["fused_adamw_ddp"][1]["grads_gib"]
 
 
 def test_a_data_parallel_method_on_one_gpu_is_refused():
