@@ -57,15 +57,10 @@ class DataParallel:
 
     @property
     def world_size(self) -> int:
+        """Ranks of the replicas' group (FSDP2's mesh is its own affair)."""
         import torch.distributed as dist
 
-        return dist.get_world_size(self.group) if self.kind == REPLICAS else _shard_world()
-
-
-def _shard_world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return dist.get_world_size(self.group)
 
 
 # ---------------------------------------------------------------------------------- finding out

@@ -480,15 +480,14 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._check_saved(state_dict, id_to_param)
             for pid, saved_state in state_dict["state"].items():
                 p = id_to_param[pid]
-                self.storage.load(self.state[p], saved_state, self.name_of(p))
+                self.storage.load(self.state[p], saved_state)
         for saved, group in zip(saved_groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params" and (not convert or k in group)})
 
     def _check_saved(self, state_dict: dict, id_to_param: dict) -> None:
         """Refuse a FORGE state dict saved under other options or holding other shapes, whole."""
-        saved_options = state_dict.get("forge")
-        if saved_options is not None and saved_options != self.storage_options():
-            ours = self.storage_options()
+        saved_options, ours = state_dict.get("forge"), self.storage_options()
+        if saved_options is not None and saved_options != ours:
             differ = ", ".join(f"{k}={saved_options.get(k)!r} (here {v!r})" for k, v in ours.items()
                                if saved_options.get(k) != v)  # fmt: skip
             raise ValueError(
@@ -497,11 +496,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             )
         for pid, saved_state in state_dict["state"].items():
             p = id_to_param[pid]
-            for key, value in saved_state.items():
-                current = self.state[p].get(key)
-                if isinstance(current, torch.Tensor) and not _same_layout(value, current):
-                    # raises, saying what differs
-                    StateStorage.load({key: current}, {key: value}, self.name_of(p))
+            StateStorage.check_saved(self.state[p], saved_state, self.name_of(p))
 
     @torch.no_grad()
     def load_master_weights(self, weights: Iterable[torch.Tensor]) -> None:
@@ -530,10 +525,6 @@ class ForgeOptimizer(torch.optim.Optimizer):
             local(p).copy_(master)
             if self.kahan:
                 local(self.state[p]["weight_residual"]).copy_(master - local(p).float())
-
-
-def _same_layout(value, current: torch.Tensor) -> bool:
-    return isinstance(value, torch.Tensor) and value.shape == current.shape and value.dtype == current.dtype
 
 
 def _check_data_parallel_options(

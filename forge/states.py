@@ -113,22 +113,30 @@ class StateStorage:
                 state[key].copy_(value)
 
     @staticmethod
-    def load(state: dict, saved: dict, name: str) -> None:
-        """FORGE's own saved state into p's: each tensor copied in place, in its own dtype and shape."""
+    def check_saved(state: dict, saved: dict, name: str) -> None:
+        """Refuse a saved state whose tensors are not p's own in shape and dtype, saying which."""
+        for key, value in saved.items():
+            current = state.get(key)
+            if not isinstance(current, torch.Tensor):
+                continue
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.shape != current.shape
+                or value.dtype != current.dtype
+            ):
+                raise ValueError(
+                    f"state {key!r} of {name} was saved as {getattr(value, 'dtype', type(value))} "
+                    f"{tuple(getattr(value, 'shape', ()))}, this optimizer holds {current.dtype} "
+                    f"{tuple(current.shape)}: attach with the same rule, options, state_dtype and "
+                    "int8_group as the run that saved it"
+                )
+
+    @staticmethod
+    def load(state: dict, saved: dict) -> None:
+        """FORGE's own saved state (checked by `check_saved`) into p's: tensors copied in place."""
         for key, value in saved.items():
             current = state.get(key)
             if isinstance(current, torch.Tensor):
-                if (
-                    not isinstance(value, torch.Tensor)
-                    or value.shape != current.shape
-                    or value.dtype != current.dtype
-                ):
-                    raise ValueError(
-                        f"state {key!r} of {name} was saved as {getattr(value, 'dtype', type(value))} "
-                        f"{tuple(getattr(value, 'shape', ()))}, this optimizer holds {current.dtype} "
-                        f"{tuple(current.shape)}: attach with the same rule, options, state_dtype and "
-                        "int8_group as the run that saved it"
-                    )
                 current.copy_(value)
             else:
                 state[key] = value
