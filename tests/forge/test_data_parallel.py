@@ -32,7 +32,7 @@ from tests.helpers import RULE_CASES, tiny_llama
 STEPS = 2  # a first step, and one that reads the states it wrote
 RESUME_STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
-FOUR_RANK_CASES = ("adamw", "lion", "sgd-nesterov")
+FOUR_RANK_CASES = ("adamw", "lion")  # with the rest, every rule runs on 2 ranks
 
 
 def _batches(rank: int, n: int = STEPS) -> list[torch.Tensor]:
