@@ -115,3 +115,31 @@ def test_a_graphed_capacity_search_compares_with_the_graphed_fused_adamw():
     }
     assert _reference_capacity(group + ("forge", graphed), best) == "fused graphed"
     assert _reference_capacity(group + ("forge", eager), best) == "fused eager"
+
+
+def test_capture_keeps_the_causal_mask_implicit_and_the_loss_unchanged(monkeypatch):
+    """While a stream captures, an unpadded causal batch gets no mask (SDPA's is_causal, as an
+    eager step gets), and a padded one still gets transformers' mask; the loss is the same."""
+    import torch
+    from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
+
+    from harness.run import graphs, models
+    from harness.run.config import compose_config as compose
+
+    cfg = compose(["model=micro-llama", "device=cpu"])
+    model = models.build(cfg.model, "fp32", "cpu", seed=0)
+    batch = models.random_batch(cfg.model.vocab_size, 2, 16, "cpu", 0)
+    eager = model(input_ids=batch, labels=batch).loss
+
+    mapping = AttentionMaskInterface._global_mapping
+    monkeypatch.setitem(mapping, "sdpa", mapping["sdpa"])  # transformers' own again after the test
+    graphs.keep_causal_masks_implicit()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    plain = dict(batch_size=2, q_length=16, kv_length=16, mask_function=causal_mask_function, device="cpu")
+    assert graphs.implicit_causal_sdpa_mask(**plain) is None
+    padded = torch.ones(2, 16, dtype=torch.bool)
+    padded[0, :3] = False
+    mask = graphs.implicit_causal_sdpa_mask(**plain, attention_mask=padded)
+    assert mask is not None and mask.shape == (2, 1, 16, 16) and not mask[0, 0, 5, :3].any()
+    captured = model(input_ids=batch, labels=batch).loss
+    assert torch.equal(captured, eager)
