@@ -43,15 +43,17 @@ of the warm-up's cache and what the graph keeps (its pool and the tensors alive 
 `torch.cuda.graph` empties the cache before capturing). The harness's forward hook
 (`measure.ForwardEndMemory`) is Python, so it sees the warm-up steps and the capture, never a replay.
 
-Attention under capture. transformers skips the causal mask of an unpadded batch and asks SDPA for
-`is_causal=True`, which dispatches to flash attention with grouped-query heads; but up to at least
-5.17 it refuses that skip while a CUDA stream captures (`masking_utils._ignore_causal_mask_sdpa`
-treats a capture as tracing), so a captured step built a (batch, 1, T, T) mask, repeated each
-key and value head for the query heads (`repeat_kv`) and ran the masked, slower SDPA kernel. Measured
-on Llama-3.1-8B (H200, transformers 5.17): at 4,096 tokens the capture held 1.84 GiB more than an
-eager step, 2.0 GiB of it repeated keys and values (`python -m harness.kernels.graph_peak`). Before
-capturing, `CapturedStep` registers `implicit_causal_sdpa_mask` for SDPA: the same skip as an
-eager step's (no padding, one full causal block, no offset), and transformers' own mask otherwise.
+Attention under capture. For a batch of whole sequences transformers makes no mask and asks
+SDPA for `is_causal=True`, which runs flash attention with grouped-query heads. Before it skips the
+mask, it reads the position ids on the device to see that no batch row packs several sequences
+(`masking_utils.find_packed_sequence_indices`); a capture cannot read the device, so under one
+transformers (5.17 and 5.24 alike) keeps a packed-sequence mask, builds a (batch, 1, T, T) mask,
+repeats each key and value head for its query heads (`repeat_kv`) and runs the masked SDPA
+kernel. Measured on Llama-3.1-8B (H200, transformers 5.17, `python -m harness.kernels.graph_peak`
+method=no_optimizer batch_size=4): the capture's peak was 47.38 GiB against an eager step's 45.53,
+2.0 GiB of it repeated keys and values. The harness's batches are whole sequences, so before
+capturing `CapturedStep` registers `implicit_causal_sdpa_mask` as SDPA's mask: no mask under a
+capture for a batch without padding, offset or sliding window, transformers' own otherwise.
 """
 
 from __future__ import annotations
@@ -65,19 +67,19 @@ WARMUP_STEPS = 3  # eager steps before the capture, as in torch's whole-network 
 
 
 def implicit_causal_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
-    """transformers' SDPA mask, but None (SDPA's own `is_causal`) for an unpadded full causal
-    block while a CUDA stream captures, as transformers answers for an eager step."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    """transformers' SDPA mask, but None (SDPA's own `is_causal`) while a CUDA stream captures a
+    step on whole sequences: no padding mask, one full causal block, no offset, no sliding window.
+    The harness's batches are whole sequences (it passes no padding and packs nothing), which an
+    eager step's transformers confirms by reading the position ids and a capture cannot."""
+    from transformers.masking_utils import sdpa_mask
 
-    plain_causal = (
-        kwargs.get("allow_is_causal_skip", True)
-        and kwargs.get("attention_mask") is None
-        and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+    whole_sequences = (
+        kwargs.get("attention_mask") is None
         and kwargs.get("local_size") is None
         and kwargs.get("q_length") == kwargs.get("kv_length")
         and all(type(kwargs.get(o, 0)) is int and kwargs.get(o, 0) == 0 for o in ("q_offset", "kv_offset"))
     )
-    if plain_causal and torch.cuda.is_current_stream_capturing():
+    if whole_sequences and torch.cuda.is_current_stream_capturing():
         return None
     return sdpa_mask(**kwargs)
 

@@ -118,10 +118,16 @@ def test_a_graphed_capacity_search_compares_with_the_graphed_fused_adamw():
 
 
 def test_capture_keeps_the_causal_mask_implicit_and_the_loss_unchanged(monkeypatch):
-    """While a stream captures, an unpadded causal batch gets no mask (SDPA's is_causal, as an
-    eager step gets), and a padded one still gets transformers' mask; the loss is the same."""
+    """While a stream captures, a batch of whole sequences gets no mask (SDPA's is_causal, as an
+    eager step gets), though transformers could not rule out packing; a padded batch or a sliding
+    window still gets transformers' mask; the loss is the same."""
     import torch
-    from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
+    from transformers.masking_utils import (
+        AttentionMaskInterface,
+        and_masks,
+        causal_mask_function,
+        packed_sequence_mask_function,
+    )
 
     from harness.run import graphs, models
     from harness.run.config import compose_config as compose
@@ -137,6 +143,15 @@ def test_capture_keeps_the_causal_mask_implicit_and_the_loss_unchanged(monkeypat
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     plain = dict(batch_size=2, q_length=16, kv_length=16, mask_function=causal_mask_function, device="cpu")
     assert graphs.implicit_causal_sdpa_mask(**plain) is None
+    # what transformers asks for when it cannot read the position ids: causal within "packed" rows
+    packed = and_masks(
+        causal_mask_function, packed_sequence_mask_function(torch.zeros(2, 16, dtype=torch.long))
+    )
+    assert (
+        graphs.implicit_causal_sdpa_mask(**{**plain, "mask_function": packed, "allow_is_causal_skip": False})
+        is None
+    )
+    assert graphs.implicit_causal_sdpa_mask(**plain, local_size=4) is not None
     padded = torch.ones(2, 16, dtype=torch.bool)
     padded[0, :3] = False
     mask = graphs.implicit_causal_sdpa_mask(**plain, attention_mask=padded)
