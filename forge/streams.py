@@ -12,6 +12,17 @@ and x are ready), the tensors it reads are marked as used by it (`record_stream`
 does not reuse their memory before it is done), and once the backward ends the main stream waits
 for the side stream (a callback queued on the autograd engine), so the next forward reads updated
 weights. Both are CUDA events, so a CUDA-graph capture records the fork and the join too.
+
+One more rule protects what the side stream reads from the main stream's writes, not only from
+reuse. Where a tensor feeds two consumers, as the residual stream does, autograd sums its two
+gradients into the first one's buffer in place when nothing else holds that buffer. `o_proj` and
+`down_proj` get their dy from a residual add, the same tensor as the residual's first gradient,
+so once their backward returns, the main stream could add the norm's gradient into the dy an
+update still reads. The fork therefore keeps its tensors referenced until the side stream is
+past them, and autograd then sums into a new buffer. It keeps the tensors themselves: a
+reference to a view, such as the (T, N) reshape of dy the kernel reads, does not stop the sum.
+Outside a capture the references go once an event recorded after the update has completed
+(checked without waiting, at the next fork) or at the join; inside a capture, at the join.
 """
 
 from __future__ import annotations
@@ -30,12 +41,17 @@ class UpdateStream:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending: dict[torch.device, torch.cuda.Stream] = {}  # main streams still to join
         self._joined_task = -1  # the autograd graph task whose end already has a join queued
+        # tensors an update on a side stream may still read, with the event that marks its end
+        # (None inside a capture: kept until the join)
+        self._in_flight: list[tuple[torch.cuda.Event | None, tuple[torch.Tensor, ...]]] = []
 
     @contextlib.contextmanager
     def fork(self, *reads: torch.Tensor) -> Iterator[None]:
         """Run the body on the side stream of `reads[0]`'s device, after all the main stream's
-        work so far; the tensors in `reads` stay allocated until the side stream is done with them."""
+        work so far; the tensors in `reads` stay allocated, and unwritten by autograd, until the
+        side stream is done with them."""
         device = reads[0].device
+        self._release_finished()
         main = torch.cuda.current_stream(device)
         side = self._streams.get(device)
         if side is None:
@@ -43,8 +59,10 @@ class UpdateStream:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             yield
+            done = None if torch.cuda.is_current_stream_capturing() else side.record_event()
         for t in reads:
             t.record_stream(side)
+        self._in_flight.append((done, tuple(t if t._base is None else t._base for t in reads)))
         self._pending.setdefault(device, main)
         task = torch._C._current_graph_task_id()  # -1 outside a backward: join at once
         if task == -1:
@@ -53,8 +71,15 @@ class UpdateStream:
             self._joined_task = task
             Variable._execution_engine.queue_callback(self._join)
 
+    def _release_finished(self) -> None:
+        """Drop the references of the updates that have completed (in launch order, no waiting)."""
+        while self._in_flight and self._in_flight[0][0] is not None and self._in_flight[0][0].query():
+            self._in_flight.pop(0)
+
     def _join(self) -> None:
-        """End of backward: each main stream waits for the updates launched beside it."""
+        """End of backward: each main stream waits for the updates launched beside it, after which
+        nothing the main stream does can overtake them."""
         for device, main in self._pending.items():
             main.wait_stream(self._streams[device])
         self._pending.clear()
+        self._in_flight.clear()

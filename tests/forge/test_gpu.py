@@ -296,6 +296,54 @@ def test_replayed_cuda_graph_steps_equal_eager_steps(state_dtype, update_stream)
                 assert torch.equal(value, graph_opt.state[b][key]), f"{name}: state {key} differs"
 
 
+class _Residual(nn.Module):
+    """h + W norm(h): the linear's dy is the residual's first gradient, which autograd sums the
+    norm's gradient into, in place where nothing else holds it (as o_proj's and down_proj's are)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.proj(self.norm(h))
+
+
+def test_an_update_stream_lagging_behind_reads_the_dy_it_was_given():
+    """`update_stream=True` with every fused update held back on its stream (a spin of ~50 ms
+    before each): while the main stream runs ahead and sums the norm's gradient into the residual's
+    gradient, which is the dy the update reads, the update still reads the dy it was given. The
+    weights and states equal one-stream FORGE's to the bit after three steps."""
+    import copy
+
+    torch.manual_seed(0)
+    width, vocab = 1024, 512
+    layers = [nn.Embedding(vocab, width), _Residual(width), _Residual(width), nn.Linear(width, vocab)]
+    base = nn.Sequential(*layers).cuda().bfloat16()
+    one_stream, two_streams = copy.deepcopy(base), copy.deepcopy(base)
+    options = dict(lr=1e-3, weight_decay=0.01, seed=3)
+    opt_one = forge.attach(one_stream, "adamw", **options)
+    opt_two = forge.attach(two_streams, "adamw", update_stream=True, **options)
+    fused_step = opt_two.fused_step
+
+    def held_back(*args, **kwargs):
+        torch.cuda._sleep(100_000_000)  # on the update stream: about 50 ms at the H200's clock
+        fused_step(*args, **kwargs)
+
+    opt_two.fused_step = held_back
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    batches = [torch.randint(0, vocab, (4, 256), device="cuda", generator=gen) for _ in range(3)]
+    for model in (one_stream, two_streams):
+        for ids in batches:
+            nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten()).backward()
+    torch.cuda.synchronize()
+    for (name, a), b in zip(one_stream.named_parameters(), two_streams.parameters()):
+        assert torch.equal(a, b), f"{name} differs between one stream and a lagging update stream"
+        for key, value in opt_one.state[a].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, opt_two.state[b][key]), f"{name}: state {key} differs"
+
+
 @pytest.mark.parametrize(
     "rule, hp, state_dtype",
     [
