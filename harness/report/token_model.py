@@ -40,6 +40,10 @@ update, those gradients with little else:
   the fp32 log-softmax (6 V). With activation checkpointing a layer keeps only its input (2 h).
 - l, the loss's backward (`loss_backward_bytes`): the logits' fp32 and bf16 gradients (6 V) on
   top of the activations at the start of the backward.
+- With the loss in chunks (`model.chunked_loss`, harness.run.chunked_loss) no whole fp32 copy of
+  the logits exists: the forward keeps the bf16 logits and a log-sum-exp a token (2 V + 4), the
+  backward adds the logits' bf16 gradient (2 V) and one chunk's fp32 rows (a constant 64 MiB, not
+  counted). The lm_head GEMM is still one call over every token, so 4 V bytes a token remain.
 - gradients: 2 B a parameter for fused AdamW, none for FORGE (its linear layers' gradients never
   exist; the others' live one at a time), none for the floor. The fp32-gradient baseline's
   `main_grad` buffers (4 B) persist through the step, so they add to the activations instead.
@@ -190,10 +194,11 @@ def overhead(method: str, options: Any, arch: Architecture, n_params: float, tok
 # The peak
 
 
-def activation_bytes(arch: Architecture, checkpointing: bool) -> float:
+def activation_bytes(arch: Architecture, checkpointing: bool, chunked_loss: bool = False) -> float:
     """Bytes a token leaves for the backward when the forward returns (see the module's count)."""
     h, q, kv = arch.hidden, arch.q, arch.kv
-    head = 6 * h + 6 * arch.vocab  # the final norm; the bf16 logits and the fp32 log-softmax
+    # the final norm; the bf16 logits and the fp32 log-softmax, or in chunks the log-sum-exp
+    head = 6 * h + (2 * arch.vocab + 4 if chunked_loss else 6 * arch.vocab)
     if checkpointing:
         return arch.layers * 2 * h + head
     layer = 12 * h + 10 * q + 8 * arch.intermediate
@@ -202,9 +207,16 @@ def activation_bytes(arch: Architecture, checkpointing: bool) -> float:
     return arch.layers * layer + head
 
 
-def loss_backward_bytes(arch: Architecture) -> float:
-    """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients."""
-    return 6.0 * arch.vocab
+def loss_backward_bytes(arch: Architecture, chunked_loss: bool = False) -> float:
+    """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients, or
+    in chunks the bf16 one alone."""
+    return (2.0 if chunked_loss else 6.0) * arch.vocab
+
+
+def _per_token(arch: Architecture, checkpointing: bool, options: Any) -> float:
+    """a + l of a point: its checkpointing, and the chunked loss where its options name it."""
+    chunked = bool(options_dict(options).get("chunked_loss"))
+    return activation_bytes(arch, checkpointing, chunked) + loss_backward_bytes(arch, chunked)
 
 
 def peak_gib(
@@ -221,18 +233,19 @@ def peak_gib(
     if fp is None:
         return None
     static = (fp.weights + fp.states) * n_params
-    activations = tokens * (activation_bytes(arch, checkpointing) + loss_backward_bytes(arch))
+    activations = tokens * _per_token(arch, checkpointing, options)
     gradients = fp.grads * n_params
     if method in PERSISTENT_GRADIENTS:
         return (static + gradients + activations) / GIB
     return (static + max(activations, gradients)) / GIB
 
 
-def saving_ends_tokens(arch: Architecture, n_params: float, checkpointing: bool) -> float:
+def saving_ends_tokens(
+    arch: Architecture, n_params: float, checkpointing: bool, chunked_loss: bool = False
+) -> float:
     """Tokens from which the activations set fused AdamW's peak as they set FORGE's (bf16 weights
     and gradients, the same states): FORGE's saving is zero from here on."""
-    per_token = activation_bytes(arch, checkpointing) + loss_backward_bytes(arch)
-    return 2.0 * n_params / per_token
+    return 2.0 * n_params / _per_token(arch, checkpointing, {"chunked_loss": chunked_loss})
 
 
 def largest_tokens(
@@ -256,5 +269,4 @@ def largest_tokens(
         static, gradients = static + gradients, 0.0
     if static + gradients > capacity:
         return 0
-    per_token = activation_bytes(arch, checkpointing) + loss_backward_bytes(arch)
-    return int((capacity - static) // per_token)
+    return int((capacity - static) // _per_token(arch, checkpointing, options))

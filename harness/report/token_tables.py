@@ -341,7 +341,8 @@ def _saving_cell(row: Row) -> str:
 def _predicted_saving(record: Record, records: Sequence[Record]) -> str:
     if record.get("method") == BASELINE:
         return NONE
-    baseline = dict(record, method=BASELINE, method_options={})
+    loss = {k: v for k, v in options_dict(record.get("method_options")).items() if k == "chunked_loss"}
+    baseline = dict(record, method=BASELINE, method_options=loss)  # the same loss, fused AdamW's update
     mine, base = _predicted_peak(record, records), _predicted_peak(baseline, records)
     return NONE if mine is None or base is None else fmt_gib(base - mine)
 

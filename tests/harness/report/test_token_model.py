@@ -93,6 +93,20 @@ def test_forges_saving_is_the_gradient_then_shrinks_then_ends(llama, checkpointi
     assert tm.peak_gib("fused_adamw", {}, llama, n, 0, checkpointing) == pytest.approx(8 * n / tm.GIB)
 
 
+def test_the_chunked_loss_keeps_the_bf16_logits_and_their_gradient_alone(llama):
+    """In chunks the loss keeps no fp32 copy of the logits: a token leaves 4 V + 4 bytes of the
+    loss where the whole loss leaves 12 V, with the layers' part unchanged; the saving ends later."""
+    v, n = llama.vocab, LLAMA_PARAMS
+    for checkpointing in (False, True):
+        whole = tm.activation_bytes(llama, checkpointing) + tm.loss_backward_bytes(llama)
+        chunked = tm.activation_bytes(llama, checkpointing, True) + tm.loss_backward_bytes(llama, True)
+        assert whole - chunked == 12 * v - (4 * v + 4)
+        assert tm.saving_ends_tokens(llama, n, checkpointing, True) == pytest.approx(2 * n / chunked)
+        options = {"state_dtype": "bf16", "chunked_loss": True}
+        forge = tm.peak_gib("forge", options, llama, n, 4096, checkpointing)
+        assert forge == pytest.approx((2 + 4) * n / tm.GIB + 4096 * chunked / tm.GIB)
+
+
 def test_persistent_fp32_gradients_add_to_the_activations(llama):
     n, tokens = LLAMA_PARAMS, 1024
     acts = tokens * (tm.activation_bytes(llama, False) + tm.loss_backward_bytes(llama))
