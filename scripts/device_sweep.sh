@@ -18,6 +18,9 @@
 #   profile OVERRIDES    where one point's step time goes (`python -m harness.kernels.profile`; JSON
 #                        to $OUT), e.g. 'profile method=forge_bf16 model=llama3.1-8b seq_len=2048';
 #                        with gpus=N (N > 1) under torchrun, one process per GPU
+#   graph-peak OVERRIDES why one point's graphed peak differs from its eager one
+#                        (`python -m harness.kernels.graph_peak`; JSON to $OUT), e.g.
+#                        'graph-peak method=no_optimizer model=llama3.1-8b batch_size=4'
 #   launch               the host cost of a FORGE layer, layer by layer (harness.kernels.launch_breakdown
 #                        on Llama-3.1-8B's k_proj and Qwen3-0.6B's q_proj; JSON to $OUT)
 #   elementwise          the element-wise update at other block shapes (harness.kernels.elementwise)
@@ -94,6 +97,12 @@ for step in "$@"; do
       # shellcheck disable=SC2086  # one option or name per word
       timeout -k 10 "$left" python3 -m harness kernels --tune $rest >>"$log" 2>&1 || rc=$?
       tail -n +"$start" "$log" | tail -n 25
+      continue
+      ;;
+    graph-peak)
+      # shellcheck disable=SC2086  # one override per word
+      OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.graph_peak $rest >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | grep -E '"(point|peak_gib|phase|site|difference_gib)"' | head -n 16
       continue
       ;;
     profile)
