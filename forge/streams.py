@@ -19,8 +19,9 @@ gradients into the first one's buffer in place when nothing else holds that buff
 `down_proj` get their dy from a residual add, the same tensor as the residual's first gradient,
 so once their backward returns, the main stream could add the norm's gradient into the dy an
 update still reads. The fork therefore keeps its tensors referenced until the side stream is
-past them, and autograd then sums into a new buffer. It keeps the tensors themselves: a
-reference to a view, such as the (T, N) reshape of dy the kernel reads, does not stop the sum.
+past them, and autograd then sums into a new buffer. It keeps the tensors a view was taken
+of too: a reference to a view, such as the (T, N) reshape of dy the kernel reads, does not stop
+the sum.
 Outside a capture the references go once an event recorded after the update has completed
 (checked without waiting, at the next fork) or at the join; inside a capture, at the join.
 """
@@ -62,7 +63,8 @@ class UpdateStream:
             done = None if torch.cuda.is_current_stream_capturing() else side.record_event()
         for t in reads:
             t.record_stream(side)
-        self._in_flight.append((done, tuple(t if t._base is None else t._base for t in reads)))
+        bases = tuple(t._base for t in reads if t._base is not None)  # a view does not stop the sum
+        self._in_flight.append((done, reads + bases))
         self._pending.setdefault(device, main)
         task = torch._C._current_graph_task_id()  # -1 outside a backward: join at once
         if task == -1:
