@@ -93,6 +93,10 @@ EXTRA_FIELDS = (
     "peak_pools_phase",  # where that peak fell: "forward", "backward", "after backward"
     "peak_pools_alloc_gib",  # the allocator's own peak over that step (the pools' total, rounded up)
     "peak_tflops",  # the per-GPU peak used for mfu
+    # the mask the model's SDPA attention got: "is_causal" (none: SDPA's causal flag, for the harness's
+    # whole-sequence batches, harness.run.models); absent from records made before the harness set it,
+    # whose captured and compiled steps ran with transformers' full causal mask
+    "attention_mask",
     "notes",  # list of remarks the method or runner made (fallbacks, caveats)
     "config",  # the full resolved config of the point (its `launcher` aside)
     "launcher",  # how the point was started: "local", "slurm", or submitit's "local"/"debug" executors

@@ -31,6 +31,7 @@ from harness.report import expectations as ex
 from harness.report import token_model as tm
 from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_ratio
 from harness.report.tables import (
+    COL_METHOD,
     STATUS_LABELS,
     Col,
     Notes,
@@ -159,7 +160,6 @@ COL_SHAPE = Col(
     "l",
     measured=False,
 )
-COL_METHOD = Col("Method", lambda r: display_name(r.record), "l", measured=False)
 COL_STEP_MODE = Col("Step", lambda r: "graphed" if graphed(r.record) else "eager", "l", measured=False)
 COL_AC = Col(
     "Act. ckpt", lambda r: "on" if r.record.get("activation_checkpointing") else "off", "l", measured=False

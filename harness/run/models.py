@@ -48,6 +48,9 @@ def hf_config(cfg: ModelConfig) -> PretrainedConfig:
     return cls(**kwargs)
 
 
+ATTENTION_MASK = "is_causal"  # what records say of the mask (results.py's `attention_mask`)
+
+
 def whole_sequence_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
     """transformers' SDPA mask, but None (SDPA's `is_causal`) for a batch of whole sequences: no
     padding mask, one full causal block, no offset, no sliding window.

@@ -88,6 +88,7 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
         steps=cfg.steps,
         warmup_steps=cfg.warmup_steps,
         dtype=config_mod.weight_dtype(cfg),
+        attention_mask=models.ATTENTION_MASK,
         notes=[],
         config=point_config(cfg),
     )

@@ -73,3 +73,10 @@ def test_the_model_builds_no_mask_under_capture_or_compile_and_its_loss_is_uncha
     torch._dynamo.reset()
     torch.compile(model)(input_ids=batch, labels=batch)
     assert made[-1] is not None and made[-1].shape == (2, 1, 16, 16)
+
+
+def test_records_say_how_attention_was_masked():
+    from harness.run import runner
+
+    cfg = compose_config(["model=micro-llama", "device=cpu", "method=forge_bf16"])
+    assert runner.base_record(cfg, "p", "cpu")["attention_mask"] == models.ATTENTION_MASK == "is_causal"
