@@ -83,6 +83,7 @@ def graphs_sweep() -> list[dict]:
                 method_label=f"{label}_graph",
                 method_options=options,
                 step_time_ms_median=ms / 2 if label == "fused_adamw" else ms / 4,
+                attention_mask="is_causal",  # a current record: no masked-attention footnote
             )
         )
     return out
