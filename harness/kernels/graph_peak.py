@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from harness.run import models, runner
+from harness.run import methods, models, runner
 from harness.run.config import compose_config
 from harness.run.graphs import WARMUP_STEPS, CapturedStep
 from harness.run.grid import point_id
@@ -165,6 +165,12 @@ def top_sites(report: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     cfg = compose_config(argv)
+    if not methods.get(cfg.method.name).graph_capturable:
+        print(
+            f"graph_peak: {cfg.method.name}'s step cannot be captured in a CUDA graph; pick a method with a "
+            "*_graph config (python -m harness list)"
+        )
+        return 2
     device = runner.resolve_device(cfg.device)
     if device != "cuda":
         print("graph_peak: needs CUDA: it reads the CUDA allocator's history and captures a CUDA graph")

@@ -66,22 +66,14 @@ def test_compare_orders_sites_by_the_graphed_minus_eager_difference():
     assert rows[1]["difference_gib"] * 2**30 == -1 * MIB
 
 
-def test_refuses_on_a_cpu_with_why():
+def _graph_peak(*overrides: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.kernels.graph_peak",
-            "method=no_optimizer",
-            "model=micro-llama",
-            "device=cpu",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 2
-    assert "needs CUDA" in done.stdout
+    command = [sys.executable, "-m", "harness.kernels.graph_peak", *overrides]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_refuses_a_method_that_cannot_be_captured_and_a_cpu_with_why():
+    done = _graph_peak("method=lomo", "model=micro-llama", "device=cpu")
+    assert done.returncode == 2 and "cannot be captured in a CUDA graph" in done.stdout
+    done = _graph_peak("method=no_optimizer", "model=micro-llama", "device=cpu")
+    assert done.returncode == 2 and "needs CUDA" in done.stdout
