@@ -19,10 +19,9 @@ gradients into the first one's buffer in place when nothing else holds that buff
 `down_proj` get their dy from a residual add, the same tensor as the residual's first gradient,
 so once their backward returns, the main stream could add the norm's gradient into the dy an
 update still reads. The fork therefore keeps its tensors referenced until the side stream is
-past them, and autograd then sums into a new buffer. It keeps the tensors a view was taken
-of too: a reference to a view, such as the (T, N) reshape of dy the kernel reads, does not stop
-the sum.
-Outside a capture the references go once an event recorded after the update has completed
+past them, and autograd then sums into a new buffer. It keeps the tensors a view was taken of
+too: a reference to a view, such as the (T, N) reshape of dy the kernel reads, does not stop the
+sum. Outside a capture the references go once an event recorded after the update has completed
 (checked without waiting, at the next fork) or at the join; inside a capture, at the join.
 """
 
