@@ -208,3 +208,29 @@ def test_without_their_sweeps_there_are_no_such_sections():
     steps, _ = split_kinds(load_records([FIXTURES]))
     assert overhead_vs_tokens(steps) is None and peak_vs_tokens(steps) is None and largest_fit(steps) is None
     assert report._token_sections(steps, Path("unused")) == []
+
+
+def test_chunked_loss_rows_compare_with_the_chunked_fused_adamw_and_its_own_prediction():
+    """A point with `model.chunked_loss` is a row of its own, "(chunked loss)": its saving is over
+    fused AdamW with the same loss, and its prediction counts the loss in chunks (4 V + 4 bytes a
+    token where the whole loss keeps 12 V)."""
+    sweep = "peak_vs_tokens_h200"
+
+    def chunked(record):
+        record["method_options"] = {**record["method_options"], "chunked_loss": True}
+        record["point"] += "/chunked"
+        return record
+
+    records = [
+        _record(sweep, "fused_adamw", 4, 480.0, 60.0, ac=True),
+        _record(sweep, "forge_bf16", 4, 490.0, 51.9, ac=True),
+        chunked(_record(sweep, "fused_adamw", 4, 470.0, 59.9, ac=True)),
+        chunked(_record(sweep, "forge_bf16", 4, 480.0, 48.0, ac=True)),
+    ]
+    sel = peak_vs_tokens(records)
+    header = sel.table.header
+    rows = {(r[1], r[2], r[4]): r for r in sel.table.rows}
+    plain, chunk = rows[("on", "4096", "forge_bf16")], rows[("on", "4096", "forge_bf16 (chunked loss)")]
+    saving, predicted = header.index("Saving vs fused AdamW GiB"), header.index("Predicted saving GiB")
+    assert (plain[saving], plain[predicted]) == ("8.1", "8.0")  # 60.0 - 51.9; 2 P - 4096 (a + l)
+    assert (chunk[saving], chunk[predicted]) == ("11.9", "11.9")  # 59.9 - 48.0; the loss in chunks
