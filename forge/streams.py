@@ -28,6 +28,7 @@ sum. Outside a capture the references go once an event recorded after the update
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Iterator
 
 import torch
@@ -43,7 +44,7 @@ class UpdateStream:
         self._joined_task = -1  # the autograd graph task whose end already has a join queued
         # tensors an update on a side stream may still read, with the event that marks its end
         # (None inside a capture: kept until the join)
-        self._in_flight: list[tuple[torch.cuda.Event | None, tuple[torch.Tensor, ...]]] = []
+        self._in_flight: deque[tuple[torch.cuda.Event | None, tuple[torch.Tensor, ...]]] = deque()
 
     @contextlib.contextmanager
     def fork(self, *reads: torch.Tensor) -> Iterator[None]:
@@ -75,7 +76,7 @@ class UpdateStream:
     def _release_finished(self) -> None:
         """Drop the references of the updates that have completed (in launch order, no waiting)."""
         while self._in_flight and self._in_flight[0][0] is not None and self._in_flight[0][0].query():
-            self._in_flight.pop(0)
+            self._in_flight.popleft()
 
     def _join(self) -> None:
         """End of backward: each main stream waits for the updates launched beside it, after which

@@ -37,7 +37,7 @@ from harness.run import methods, models, runner
 from harness.run.config import compose_config
 from harness.run.graphs import WARMUP_STEPS, CapturedStep
 from harness.run.grid import point_id
-from harness.run.peak_pools import GIB, blocks, find_peak
+from harness.run.peak_pools import GIB, blocks, find_peak, mark_indices
 
 TOP_SITES = 15
 OWN_FRAMES = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
@@ -64,8 +64,8 @@ def peak_by_site(snapshot: dict[str, Any], phases: Sequence[str], device: int) -
     segments = [s for s in snapshot.get("segments", ()) if s.get("device", device) == device]
     found = blocks(trace, segments)
     index, total = find_peak(found, len(trace))
-    ends = [i for i, entry in enumerate(trace) if entry.get("action") == "snapshot"]
-    phase = next((p for p, end in zip(phases, ends) if index < end), "after the marks")
+    ends = mark_indices(trace, phases)
+    phase = next((p for p in phases if p in ends and index < ends[p]), "after the marks")
     sites: dict[str, int] = {}
     for block in found:
         if block.alive_at(index):
@@ -74,17 +74,22 @@ def peak_by_site(snapshot: dict[str, Any], phases: Sequence[str], device: int) -
     return {"peak_gib": total / GIB, "phase": phase if index >= 0 else "before", "sites": sites}
 
 
-def recorded(run: Callable[[Callable[[], None]], list[str]]) -> tuple[dict[str, Any], list[str]]:
-    """Run `run(mark)` with the allocator's history on (Python stacks kept); returns the final
-    snapshot and the phases `run` named, one per mark."""
+def recorded(run: Callable[[Callable[[], None]], list[str]]) -> dict[str, Any]:
+    """Run `run(mark)` with the allocator's history on (Python stacks kept), `run` naming the
+    phases its marks close; returns the history's peak by site (`peak_by_site`) beside the
+    allocator's own peak over the run."""
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python")
     try:
         phases = run(lambda: torch.cuda.memory._snapshot())
         torch.cuda.synchronize()
-        return torch.cuda.memory._snapshot(), phases
+        snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    report = peak_by_site(snapshot, phases, torch.cuda.current_device())
+    report["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    return report
 
 
 class MarkedCapture(CapturedStep):
@@ -107,7 +112,6 @@ class MarkedCapture(CapturedStep):
 def measure_eager(cfg: Any, batch: torch.Tensor) -> dict[str, Any]:
     cfg.method.cuda_graph = False
     _, method = runner.build_method(cfg, "cuda")
-    torch.cuda.reset_peak_memory_stats()
 
     def run(mark: Callable[[], None]) -> list[str]:
         for _ in range(WARMUP_STEPS + 1):
@@ -116,16 +120,12 @@ def measure_eager(cfg: Any, batch: torch.Tensor) -> dict[str, Any]:
             mark()
         return [f"eager step {i + 1}" for i in range(WARMUP_STEPS + 1)]
 
-    snapshot, phases = recorded(run)
-    report = peak_by_site(snapshot, phases, torch.cuda.current_device())
-    report["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
-    return report
+    return recorded(run)
 
 
 def measure_graphed(cfg: Any, batch: torch.Tensor) -> dict[str, Any]:
     cfg.method.cuda_graph = True
     _, method = runner.build_method(cfg, "cuda")
-    torch.cuda.reset_peak_memory_stats()
 
     def run(mark: Callable[[], None]) -> list[str]:
         method.captured = MarkedCapture(mark, method.eager_step, method.params(), batch, method.before_replay)
@@ -133,9 +133,7 @@ def measure_graphed(cfg: Any, batch: torch.Tensor) -> dict[str, Any]:
         mark()
         return [f"warm-up step {i + 1}" for i in range(WARMUP_STEPS)] + ["capture"]
 
-    snapshot, phases = recorded(run)
-    report = peak_by_site(snapshot, phases, torch.cuda.current_device())
-    report["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    report = recorded(run)
     method.captured.replay(batch)  # the graph replays (what was measured is what a point runs)
     torch.cuda.synchronize()
     return report

@@ -213,10 +213,14 @@ def loss_backward_bytes(arch: Architecture, chunked_loss: bool = False) -> float
     return (2.0 if chunked_loss else 6.0) * arch.vocab
 
 
-def _per_token(arch: Architecture, checkpointing: bool, options: Any) -> float:
-    """a + l of a point: its checkpointing, and the chunked loss where its options name it."""
-    chunked = bool(options_dict(options).get("chunked_loss"))
-    return activation_bytes(arch, checkpointing, chunked) + loss_backward_bytes(arch, chunked)
+def _per_token(arch: Architecture, checkpointing: bool, chunked_loss: bool) -> float:
+    """a + l: what a token holds at the start of the backward."""
+    return activation_bytes(arch, checkpointing, chunked_loss) + loss_backward_bytes(arch, chunked_loss)
+
+
+def _chunked_loss(options: Any) -> bool:
+    """Whether a point's options name the loss in chunks (`model.chunked_loss`)."""
+    return bool(options_dict(options).get("chunked_loss"))
 
 
 def peak_gib(
@@ -233,7 +237,7 @@ def peak_gib(
     if fp is None:
         return None
     static = (fp.weights + fp.states) * n_params
-    activations = tokens * _per_token(arch, checkpointing, options)
+    activations = tokens * _per_token(arch, checkpointing, _chunked_loss(options))
     gradients = fp.grads * n_params
     if method in PERSISTENT_GRADIENTS:
         return (static + gradients + activations) / GIB
@@ -245,7 +249,7 @@ def saving_ends_tokens(
 ) -> float:
     """Tokens from which the activations set fused AdamW's peak as they set FORGE's (bf16 weights
     and gradients, the same states): FORGE's saving is zero from here on."""
-    return 2.0 * n_params / _per_token(arch, checkpointing, {"chunked_loss": chunked_loss})
+    return 2.0 * n_params / _per_token(arch, checkpointing, chunked_loss)
 
 
 def largest_tokens(
@@ -269,4 +273,4 @@ def largest_tokens(
         static, gradients = static + gradients, 0.0
     if static + gradients > capacity:
         return 0
-    return int((capacity - static) // _per_token(arch, checkpointing, options))
+    return int((capacity - static) // _per_token(arch, checkpointing, _chunked_loss(options)))

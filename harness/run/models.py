@@ -64,11 +64,12 @@ def whole_sequence_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
     passes no position ids and no mask, so its batches are whole sequences in every mode."""
     from transformers.masking_utils import sdpa_mask
 
+    offsets = (kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0))  # a tensor (static cache): not 0
     whole_sequences = (
         kwargs.get("attention_mask") is None
         and kwargs.get("local_size") is None
         and kwargs.get("q_length") == kwargs.get("kv_length")
-        and all(type(kwargs.get(o, 0)) is int and kwargs.get(o, 0) == 0 for o in ("q_offset", "kv_offset"))
+        and all(type(offset) is int and offset == 0 for offset in offsets)
     )
     return None if whole_sequences else sdpa_mask(**kwargs)
 
