@@ -91,20 +91,23 @@ def _placeholder(like: Record, shape: tuple[int, int, int, bool]) -> Record:
 def grid(records: Sequence[Record]) -> list[Record]:
     """Every (model, GPU, shape, method label) the records span: each record, or a placeholder
     where a label has no record at a shape its group has, sorted by model size, GPU, checkpointing,
-    tokens, then graphed steps first and methods in their order."""
+    tokens, then graphed steps first and methods in their order. A label gets placeholders only
+    on the checkpointing side it was measured on (a loss run in chunks with checkpointing alone
+    adds no rows to the runs without)."""
     groups: dict[tuple, list[Record]] = {}
     for record in records:
         groups.setdefault(group_of(record), []).append(record)
     out = []
     for members in groups.values():
         shapes = sorted({_shape(r) for r in members})
-        labels: dict[str, Record] = {}
+        labels: dict[tuple[bool, str], Record] = {}
         for record in sorted(members, key=_label_order):
-            labels.setdefault(display_name(record), record)
+            labels.setdefault((_shape(record)[3], display_name(record)), record)
         have = {(_shape(r), display_name(r)): r for r in members}
         for shape in shapes:
-            for label, like in labels.items():
-                out.append(have.get((shape, label)) or _placeholder(like, shape))
+            for (checkpointing, label), like in labels.items():
+                if checkpointing == shape[3]:
+                    out.append(have.get((shape, label)) or _placeholder(like, shape))
     size = lambda r: max(float(m.get("n_params") or 0) for m in records if m.get("model") == r.get("model"))
     key = lambda r: (size(r), group_of(r), _shape(r)[3], _shape(r)[0], _label_order(r))
     return sorted(out, key=key)

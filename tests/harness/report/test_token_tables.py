@@ -234,3 +234,20 @@ def test_chunked_loss_rows_compare_with_the_chunked_fused_adamw_and_its_own_pred
     saving, predicted = header.index("Saving vs fused AdamW GiB"), header.index("Predicted saving GiB")
     assert (plain[saving], plain[predicted]) == ("8.1", "8.0")  # 60.0 - 51.9; 2 P - 4096 (a + l)
     assert (chunk[saving], chunk[predicted]) == ("11.9", "11.9")  # 59.9 - 48.0; the loss in chunks
+
+
+def test_a_method_measured_with_checkpointing_alone_adds_no_rows_without_it():
+    """A label gets "not measured" rows only on the checkpointing side it ran on: the loss in
+    chunks, run with checkpointing alone, leaves the rows without checkpointing as they were."""
+    sweep = "peak_vs_tokens_h200"
+    records = [
+        _record(sweep, "fused_adamw", 1, 150.0, 59.9),
+        _record(sweep, "fused_adamw", 1, 180.0, 59.9, ac=True),
+        _record(sweep, "fused_adamw", 4, 480.0, 60.0, ac=True),
+    ]
+    chunked = _record(sweep, "fused_adamw", 1, 170.0, 59.9, ac=True)
+    chunked["method_options"] = {**chunked["method_options"], "chunked_loss": True}
+    records.append(chunked)
+    rows = [(r[1], r[2], r[4], r[5]) for r in peak_vs_tokens(records).table.rows]
+    assert [r for r in rows if r[0] == "off"] == [("off", "1024", "fused_adamw", "59.9")]
+    assert ("on", "4096", "fused_adamw (chunked loss)", "not measured") in rows
