@@ -28,9 +28,10 @@ Traffic at the copy rate is a lower bound: an update whose epilogue is bound by 
 
 The peak. At the peak a method holds its weights and optimizer states (`footprint`), and either
 the activations at the start of the backward or, for a method that keeps every gradient until its
-update, those gradients with little else:
+update, those gradients with little else, or, late in its backward, nearly all of them beside the
+first decoder layer's activations:
 
-    peak = (weights + states) P + max(T (a + l), gradients P)
+    peak = (weights + states) P + max(T (a + l), gradients P, gradients (P - E) + T a_layer)
 
 - a, the activations a token leaves for the backward (`activation_bytes`), counted from what
   transformers' Llama and Qwen3 decoder layers keep: per layer two RMSNorms (their fp32 input and
@@ -44,15 +45,21 @@ update, those gradients with little else:
   the logits exists: the forward keeps the bf16 logits and a log-sum-exp a token (2 V + 4), the
   backward adds the logits' bf16 gradient (2 V) and one chunk's fp32 rows (a constant 64 MiB, not
   counted). The lm_head GEMM is still one call over every token, so 4 V bytes a token remain.
+- E, the embedding's parameters, whose gradient comes last (none when tied to lm_head, whose
+  gradient comes first); a_layer, one decoder layer's activations a token (`layer_bytes`): kept
+  by the first layer without checkpointing, recomputed for its backward with it. Where
+  T a_layer > gradients E (from about 5,100 tokens on Llama-3.1-8B) and the activations at the
+  start of the backward are smaller, this term sets the peak.
 - gradients: 2 B a parameter for fused AdamW, none for FORGE (its linear layers' gradients never
   exist; the others' live one at a time), none for the floor. The fp32-gradient baseline's
   `main_grad` buffers (4 B) persist through the step, so they add to the activations instead.
 
 So FORGE's saving over fused AdamW with the same states is the gradient's full 2 B a parameter
-when the activations are small, shrinks by one token's a + l for each token, and is zero from
-`saving_ends_tokens` = 2 P / (a + l) tokens on, where the activations set both peaks. Activation
-checkpointing divides a by about 7 on Llama-3.1-8B, and moves that point out by as much. The
-largest step that fits (`largest_tokens`) is where the peak meets the card's memory.
+when the activations are small, shrinks by one token's a + l for each token (by a + l - a_layer
+once the first layer's backward sets fused AdamW's peak), and is zero from `saving_ends_tokens`
+= max(2 P / (a + l), 2 (P - E) / (a + l - a_layer)) tokens on, where the activations set both
+peaks. Activation checkpointing divides a by about 7 on Llama-3.1-8B, and moves that point out by
+more. The largest step that fits (`largest_tokens`) is where the peak meets the card's memory.
 """
 
 from __future__ import annotations
@@ -201,10 +208,29 @@ def activation_bytes(arch: Architecture, checkpointing: bool, chunked_loss: bool
     head = 6 * h + (2 * arch.vocab + 4 if chunked_loss else 6 * arch.vocab)
     if checkpointing:
         return arch.layers * 2 * h + head
+    return arch.layers * layer_bytes(arch) + head
+
+
+def layer_bytes(arch: Architecture) -> float:
+    """Bytes a token leaves in one decoder layer for its backward: what each layer keeps without
+    checkpointing, and what the layer being recomputed holds with it."""
+    h, q, kv = arch.hidden, arch.q, arch.kv
     layer = 12 * h + 10 * q + 8 * arch.intermediate
     if arch.family == "qwen3":
         layer += 6 * (q + kv)  # the q and k RMSNorms
-    return arch.layers * layer + head
+    return layer
+
+
+def embedding_params(arch: Architecture) -> int:
+    """Parameters whose gradient a backward forms last: the input embedding's, unless tied to
+    lm_head (whose gradient comes first)."""
+    return 0 if arch.tied else arch.vocab * arch.hidden
+
+
+def late_backward_bytes(arch: Architecture, n_params: float, grad_bytes: float, tokens: int) -> float:
+    """What a method that keeps its gradients holds in the first decoder layer's backward: every
+    gradient but the embedding's, beside that layer's activations."""
+    return grad_bytes * (n_params - embedding_params(arch)) + tokens * layer_bytes(arch)
 
 
 def loss_backward_bytes(arch: Architecture, chunked_loss: bool = False) -> float:
@@ -241,15 +267,22 @@ def peak_gib(
     gradients = fp.grads * n_params
     if method in PERSISTENT_GRADIENTS:
         return (static + gradients + activations) / GIB
-    return (static + max(activations, gradients)) / GIB
+    if not gradients:
+        return (static + activations) / GIB
+    late = late_backward_bytes(arch, n_params, fp.grads, tokens)
+    return (static + max(activations, gradients, late)) / GIB
 
 
 def saving_ends_tokens(
     arch: Architecture, n_params: float, checkpointing: bool, chunked_loss: bool = False
 ) -> float:
     """Tokens from which the activations set fused AdamW's peak as they set FORGE's (bf16 weights
-    and gradients, the same states): FORGE's saving is zero from here on."""
-    return 2.0 * n_params / _per_token(arch, checkpointing, chunked_loss)
+    and gradients, the same states): FORGE's saving is zero from here on (inf if never)."""
+    per_token, layer = _per_token(arch, checkpointing, chunked_loss), layer_bytes(arch)
+    if per_token <= layer:
+        return float("inf")
+    late = 2.0 * (n_params - embedding_params(arch)) / (per_token - layer)
+    return max(2.0 * n_params / per_token, late)
 
 
 def largest_tokens(
@@ -273,4 +306,8 @@ def largest_tokens(
         static, gradients = static + gradients, 0.0
     if static + gradients > capacity:
         return 0
-    return int((capacity - static) // _per_token(arch, checkpointing, _chunked_loss(options)))
+    largest = (capacity - static) // _per_token(arch, checkpointing, _chunked_loss(options))
+    if gradients:  # and the first layer's backward, beside nearly every gradient
+        kept = late_backward_bytes(arch, n_params, fp.grads, 0)
+        largest = min(largest, (capacity - static - kept) // layer_bytes(arch))
+    return int(largest)
