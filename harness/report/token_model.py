@@ -203,7 +203,7 @@ def overhead(method: str, options: Any, arch: Architecture, n_params: float, tok
 
 def activation_bytes(arch: Architecture, checkpointing: bool, chunked_loss: bool = False) -> float:
     """Bytes a token leaves for the backward when the forward returns (see the module's count)."""
-    h, q, kv = arch.hidden, arch.q, arch.kv
+    h = arch.hidden
     # the final norm; the bf16 logits and the fp32 log-softmax, or in chunks the log-sum-exp
     head = 6 * h + (2 * arch.vocab + 4 if chunked_loss else 6 * arch.vocab)
     if checkpointing:
