@@ -9,6 +9,7 @@ the weight gradient lives only in fp32 registers and is never written to GPU mem
     loss.backward()          # every parameter is updated here
     forge.detach(model)      # back to plain nn.Linear, weights kept
     forge.checkpoint.save("ckpt", model, opt, step=k); forge.checkpoint.load("ckpt", model, opt)
+    loss = forge.head.linear_cross_entropy(h, model.lm_head, targets)   # no logits ever whole
 
 Without a CUDA device the same Triton kernels run in Triton's CPU interpreter (slow; for tests).
 
@@ -17,7 +18,7 @@ environment. The kernels load at the first `forge.attach` (or `ForgeOptimizer`),
 `forge.backend` decides whether they run compiled or interpreted.
 """
 
-from forge import checkpoint
+from forge import checkpoint, head
 from forge.attach import attach, detach
 from forge.baseline import Lion, torch_optimizer
 from forge.nn import ForgeLinear
@@ -32,6 +33,7 @@ __all__ = [
     "torch_optimizer",
     "RULES",
     "checkpoint",
+    "head",
 ]
 __version__ = "0.1.0"
 

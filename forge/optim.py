@@ -67,7 +67,7 @@ from forge.backend import interpreting
 from forge.data_parallel import REPLICAS, SHARDS, DataParallel, GradientReducer
 from forge.distributed import check_param, check_sharded_param, is_dtensor, local, local_grad
 from forge.states import INT8_GROUPS, STATE_DTYPES, StateStorage
-from forge.steps import Steps
+from forge.steps import Steps, for_row_block
 from forge.streams import UpdateStream
 from forge.wiring import HookWiring
 
@@ -352,6 +352,59 @@ class ForgeOptimizer(torch.optim.Optimizer):
             target, dy, x, slots, coefficients, seed, self.options_of(weight),
             step_row=row, grad_scale=grad_scale, config=config,
         )  # fmt: skip
+
+    def row_block_updater(self, weight: torch.Tensor):
+        """For a weight whose gradient comes a block of rows at a time (`forge.head`: lm_head a chunk
+        of the vocabulary at a time): counts one step of `weight` now and returns
+        `update(block, start, dy, x)`, which applies that step to rows start : start + dy.shape[1]
+        from dy^T x inside their dW GEMM (dy: (T, rows), x: (T, K)). Each block is its own launch,
+        its own stochastic-rounding seed (`forge.steps.for_row_block`); on the update stream where
+        the optimizer has one. Refused, before anything is counted, with clipping (the global norm
+        needs every gradient first), under data parallelism (the gradient is reduced whole) and for
+        a sharded weight (`check_row_blocks`)."""
+        self.check_row_blocks(weight)
+        coefficients, seed, row = self._begin_update(weight)
+        target, slots, options = local(weight), self.slots_of(weight), self.options_of(weight)
+
+        def update(block: int, start: int, dy: torch.Tensor, x: torch.Tensor) -> None:
+            rows = slice(start, start + dy.shape[1])
+            block_slots = functional.Slots(
+                tuple(None if s is None else s[rows] for s in slots.states),
+                tuple(None if s is None else s[rows] for s in slots.scales),
+                slots.signed,
+                None if slots.residual is None else slots.residual[rows],
+            )
+            block_seed, block_row = for_row_block(seed, row, block)
+            launch = lambda: functional.fused_wgrad_update(
+                target[rows], dy, x, block_slots, coefficients, block_seed, options, step_row=block_row
+            )
+            if self._update_stream is not None and dy.is_cuda:
+                with self._update_stream.fork(dy, x):
+                    launch()
+            else:
+                launch()
+
+        return update
+
+    def check_row_blocks(self, weight: torch.Tensor) -> None:
+        """Refuses what `row_block_updater` cannot do for `weight`, saying what to do instead."""
+        if self._clip is not None:
+            raise ValueError(
+                "FORGE: a weight updated a block of rows at a time (forge.head) cannot be clipped by the "
+                "global norm, which needs every gradient before any update. Drop max_grad_norm, or compute "
+                "the loss from the logits (the head as an ordinary ForgeLinear)."
+            )
+        if self._reducer is not None:
+            raise ValueError(
+                "FORGE: under data parallelism a weight's gradient is reduced whole before its update, "
+                "so forge.head cannot update lm_head a block of rows at a time: compute the loss from the "
+                "logits (the head as an ordinary ForgeLinear)."
+            )
+        if is_dtensor(weight):
+            raise ValueError(
+                "FORGE: forge.head takes a whole lm_head weight, not a sharded (DTensor) one: leave "
+                "lm_head out of the tensor-parallel plan, or compute the loss from the logits."
+            )
 
     @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:

@@ -150,3 +150,20 @@ def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tenso
     values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
     values[:, n] = torch.tensor(seeds, dtype=torch.int32)
     return values.pin_memory() if torch.cuda.is_available() else values
+
+
+def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int, torch.Tensor | None]:
+    """(seed, step row) of one block of a parameter's rows that its own launch updates
+    (`ForgeOptimizer.row_block_updater`). A kernel keys its stochastic-rounding bits by an element's
+    row within the launch, so blocks after the first mix their index into the seed, alike on the
+    host and, in a copy of the row, on the device (a captured launch reads its seed there)."""
+    if block == 0:
+        return seed, row
+    salt = (block * 0x9E3779B1) & 0x7FFFFFFF
+    if row is None:
+        return seed ^ salt, None
+    from forge.rules import NUM_COEFFICIENTS  # the seed's word follows the coefficients
+
+    mixed = row.clone()
+    mixed[NUM_COEFFICIENTS : NUM_COEFFICIENTS + 1].bitwise_xor_(salt)
+    return seed ^ salt, mixed

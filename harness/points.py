@@ -120,12 +120,23 @@ def method_label(method: str, options: Any = None) -> str:
 
 def display_name(record: Mapping[str, Any]) -> str:
     """How tables and plots name a record's method: its conf label ('forge_int8') when recorded,
-    marked when the point used the chunked loss (`model.chunked_loss`)."""
+    marked when the point computed its loss in chunks (`loss_mode`)."""
     label = record.get("method_label")
     if missing(label) or not label:
         return method_label(str(record.get("method")), record.get("method_options"))
-    chunked = options_dict(record.get("method_options")).get("chunked_loss")
-    return f"{label} (chunked loss)" if chunked else str(label)
+    loss = loss_mode(record)
+    return f"{label} ({LOSS_NAMES[loss]})" if loss else str(label)
+
+
+LOSS_NAMES = {"chunked_loss": "chunked loss", "chunked_head": "chunked head"}
+
+
+def loss_mode(record: Mapping[str, Any]) -> str | None:
+    """How a point computed its loss beside transformers' own: "chunked_loss" (in chunks of tokens,
+    `model.chunked_loss`), "chunked_head" (lm_head with it, in chunks of the vocabulary,
+    `model.chunked_head`), or None."""
+    options = options_dict(record.get("method_options"))
+    return next((mode for mode in LOSS_NAMES if options.get(mode)), None)
 
 
 def _short(value: Any) -> str:
@@ -220,17 +231,17 @@ def autocast(record: Mapping[str, Any]) -> Any:
     return options_dict(record.get("method_options")).get("autocast")
 
 
-def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, bool, Any, Any]:
+def step_mode(record: Mapping[str, Any]) -> tuple[Any, bool, bool, str | None, Any, Any]:
     """How the step ran, beyond the method's own update: (autocast dtype or None, graphed, compiled,
-    chunked loss, max_grad_norm or None, FP8 recipe or None). A point is compared with the fused
-    AdamW whose step ran the same way: a clipped FORGE step with fused AdamW after clip_grad_norm_,
-    an FP8 one with fused AdamW over torchao's FP8 linears of the same recipe."""
+    the loss's chunks (`loss_mode`), max_grad_norm or None, FP8 recipe or None). A point is compared
+    with the fused AdamW whose step ran the same way: a clipped FORGE step with fused AdamW after
+    clip_grad_norm_, an FP8 one with fused AdamW over torchao's FP8 linears of the same recipe."""
     options = options_dict(record.get("method_options"))
     return (
         autocast(record),
         graphed(record),
         bool(options.get("compile")),
-        bool(options.get("chunked_loss")),
+        loss_mode(record),
         options.get("max_grad_norm"),
         options.get("fp8"),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from harness.points import latest_by_key, options_dict
+from harness.points import latest_by_key, loss_mode
 from harness.records import Record
 from harness.report import paper
 from harness.report.markup import NONE, Table
@@ -38,7 +38,7 @@ def _points(records: Sequence[Record], sweep: str, chunked: bool = False) -> dic
         if r.get("sweep") == sweep
         and r.get("batch_size") == 1
         and r.get("seq_len") == 1024
-        and bool(options_dict(r.get("method_options")).get("chunked_loss")) == chunked
+        and loss_mode(r) == ("chunked_loss" if chunked else None)
     ]
     return {(str(r.get("model")), str(r.get("method_label"))): r for r in latest_by_key(chosen).values()}
 

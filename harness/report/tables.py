@@ -30,9 +30,9 @@ from harness.points import (
     display_name,
     graphed,
     latest_by_key,
+    loss_mode,
     method_rank,
     missing,
-    options_dict,
     options_key,
     reference_index,
     reference_key,
@@ -292,11 +292,12 @@ def _rows(records: Sequence[Record], all_records: Sequence[Record], notes: Notes
 
 def _plain_point(record: Record) -> bool:
     """One GPU, neither capped nor checkpointed nor a convergence run, transformers' own loss (a
-    chunked-loss point is compared in the paper comparison, beside its twin)."""
+    chunked-loss point is compared in the paper comparison, beside its twin; a chunked-head one in
+    the token tables)."""
     return (
         record.get("memory_cap_gib") is None
         and not record.get("activation_checkpointing")
-        and not options_dict(record.get("method_options")).get("chunked_loss")
+        and loss_mode(record) is None
         and not is_convergence(record)
         and gpus(record) <= 1
     )

@@ -45,6 +45,9 @@ first decoder layer's activations:
   the logits exists: the forward keeps the bf16 logits and a log-sum-exp a token (2 V + 4), the
   backward adds the logits' bf16 gradient (2 V) and one chunk's fp32 rows (a constant 64 MiB, not
   counted). The lm_head GEMM is still one call over every token, so 4 V bytes a token remain.
+- With lm_head in the loss, a chunk of the vocabulary at a time (`model.chunked_head`,
+  `forge.head`) no logits are whole: the forward keeps a log-sum-exp a token (4), the backward
+  adds the hidden state's fp32 gradient (4 h).
 - E, the embedding's parameters, whose gradient comes last (none when tied to lm_head, whose
   gradient comes first); a_layer, one decoder layer's activations a token (`layer_bytes`): kept
   by the first layer without checkpointing, recomputed for its backward with it. Where
@@ -68,7 +71,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.points import options_dict
+from harness.points import loss_mode, options_dict
 from harness.report import expectations as ex
 
 GIB = ex.GIB
@@ -201,11 +204,13 @@ def overhead(method: str, options: Any, arch: Architecture, n_params: float, tok
 # The peak
 
 
-def activation_bytes(arch: Architecture, checkpointing: bool, chunked_loss: bool = False) -> float:
-    """Bytes a token leaves for the backward when the forward returns (see the module's count)."""
+def activation_bytes(arch: Architecture, checkpointing: bool, loss: str | None = None) -> float:
+    """Bytes a token leaves for the backward when the forward returns (see the module's count);
+    `loss`: the loss's chunks, as `harness.points.loss_mode` names them (None: transformers' loss)."""
     h = arch.hidden
-    # the final norm; the bf16 logits and the fp32 log-softmax, or in chunks the log-sum-exp
-    head = 6 * h + (2 * arch.vocab + 4 if chunked_loss else 6 * arch.vocab)
+    # the final norm; the bf16 logits and the fp32 log-softmax, in chunks of tokens the bf16 logits
+    # and the log-sum-exp, in chunks of the vocabulary the log-sum-exp alone
+    head = 6 * h + {None: 6 * arch.vocab, "chunked_loss": 2 * arch.vocab + 4, "chunked_head": 4}[loss]
     if checkpointing:
         return arch.layers * 2 * h + head
     return arch.layers * layer_bytes(arch) + head
@@ -233,20 +238,21 @@ def late_backward_bytes(arch: Architecture, n_params: float, grad_bytes: float, 
     return grad_bytes * (n_params - embedding_params(arch)) + tokens * layer_bytes(arch)
 
 
-def loss_backward_bytes(arch: Architecture, chunked_loss: bool = False) -> float:
-    """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients, or
-    in chunks the bf16 one alone."""
-    return (2.0 if chunked_loss else 6.0) * arch.vocab
+def loss_backward_bytes(arch: Architecture, loss: str | None = None) -> float:
+    """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients; in
+    chunks of tokens the bf16 one alone; in chunks of the vocabulary the hidden state's fp32
+    gradient, summed over the chunks (one chunk's logits at a time: a constant, not counted)."""
+    return {None: 6.0 * arch.vocab, "chunked_loss": 2.0 * arch.vocab, "chunked_head": 4.0 * arch.hidden}[loss]
 
 
-def _per_token(arch: Architecture, checkpointing: bool, chunked_loss: bool) -> float:
+def _per_token(arch: Architecture, checkpointing: bool, loss: str | None) -> float:
     """a + l: what a token holds at the start of the backward."""
-    return activation_bytes(arch, checkpointing, chunked_loss) + loss_backward_bytes(arch, chunked_loss)
+    return activation_bytes(arch, checkpointing, loss) + loss_backward_bytes(arch, loss)
 
 
-def _chunked_loss(options: Any) -> bool:
-    """Whether a point's options name the loss in chunks (`model.chunked_loss`)."""
-    return bool(options_dict(options).get("chunked_loss"))
+def _loss(options: Any) -> str | None:
+    """The loss's chunks a point's options name (`harness.points.loss_mode`), or None."""
+    return loss_mode({"method_options": options})
 
 
 def peak_gib(
@@ -263,7 +269,7 @@ def peak_gib(
     if fp is None:
         return None
     static = (fp.weights + fp.states) * n_params
-    activations = tokens * _per_token(arch, checkpointing, _chunked_loss(options))
+    activations = tokens * _per_token(arch, checkpointing, _loss(options))
     gradients = fp.grads * n_params
     if method in PERSISTENT_GRADIENTS:
         return (static + gradients + activations) / GIB
@@ -274,11 +280,11 @@ def peak_gib(
 
 
 def saving_ends_tokens(
-    arch: Architecture, n_params: float, checkpointing: bool, chunked_loss: bool = False
+    arch: Architecture, n_params: float, checkpointing: bool, loss: str | None = None
 ) -> float:
     """Tokens from which the activations set fused AdamW's peak as they set FORGE's (bf16 weights
     and gradients, the same states): FORGE's saving is zero from here on (inf if never)."""
-    per_token, layer = _per_token(arch, checkpointing, chunked_loss), layer_bytes(arch)
+    per_token, layer = _per_token(arch, checkpointing, loss), layer_bytes(arch)
     if per_token <= layer:
         return float("inf")
     late = 2.0 * (n_params - embedding_params(arch)) / (per_token - layer)
@@ -306,7 +312,7 @@ def largest_tokens(
         static, gradients = static + gradients, 0.0
     if static + gradients > capacity:
         return 0
-    largest = (capacity - static) // _per_token(arch, checkpointing, _chunked_loss(options))
+    largest = (capacity - static) // _per_token(arch, checkpointing, _loss(options))
     if gradients:  # and the first layer's backward, beside nearly every gradient
         kept = late_backward_bytes(arch, n_params, fp.grads, 0)
         largest = min(largest, (capacity - static - kept) // layer_bytes(arch))

@@ -25,7 +25,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.points import display_name, graphed, latest_by_key, method_rank, options_dict, step_mode
+from harness.points import (
+    LOSS_NAMES,
+    display_name,
+    graphed,
+    latest_by_key,
+    method_rank,
+    options_dict,
+    step_mode,
+)
 from harness.records import Record, is_convergence
 from harness.report import expectations as ex
 from harness.report import token_model as tm
@@ -344,7 +352,7 @@ def _saving_cell(row: Row) -> str:
 def _predicted_saving(record: Record, records: Sequence[Record]) -> str:
     if record.get("method") == BASELINE:
         return NONE
-    loss = {k: v for k, v in options_dict(record.get("method_options")).items() if k == "chunked_loss"}
+    loss = {k: v for k, v in options_dict(record.get("method_options")).items() if k in LOSS_NAMES}
     baseline = dict(record, method=BASELINE, method_options=loss)  # the same loss, fused AdamW's update
     mine, base = _predicted_peak(record, records), _predicted_peak(baseline, records)
     return NONE if mine is None or base is None else fmt_gib(base - mine)

@@ -1,4 +1,5 @@
-"""The causal-LM cross-entropy in chunks of tokens, so the logits are never whole in fp32.
+"""The causal-LM cross-entropy in chunks: of tokens (the logits never whole in fp32), or of the
+vocabulary with lm_head inside it (the logits never whole at all).
 
 transformers' causal-LM loss (`ForCausalLMLoss`) upcasts the whole logits tensor to fp32, and
 cross-entropy's log-softmax keeps another fp32 copy for the backward, which makes two more: for
@@ -14,9 +15,17 @@ one call, so every method updates the lm_head weight its own way: FORGE fuses th
 module's dW GEMM, which needs the whole gradient of the logits at once, and the fp32-gradient
 baseline writes its main_grad there. A fused linear cross-entropy (Liger-Kernel's
 `LigerFusedLinearCrossEntropyLoss`, which runs under Triton's CPU interpreter too) computes dW inside
-its own forward, from the weight it is handed: FORGE's lm_head would never be updated.
+its own forward, from the weight it is handed: FORGE's lm_head would never be updated. The
+vocabulary in chunks below is FORGE's own fused linear cross-entropy, which updates it.
 
     install(model)            # model.loss_function = causal_lm_loss: every forward with labels uses it
+
+The vocabulary in chunks (`model.chunked_head`): FORGE's lm_head can take its gradient a chunk of
+the vocabulary at a time, so `install_head` moves lm_head into the loss (`forge.head`): neither the
+logits nor their gradient are ever whole, in any dtype, and every method gets the same loss (FORGE
+updates the head chunk by chunk, the others get its gradient).
+
+    install_head(model)       # lm_head passes the hidden states through; the loss applies its weight
 
 Under a CUDA graph: the chunks are fixed slices and nothing reads a value back to the host (the count
 of tokens stays on the device), so a captured step replays it.
@@ -28,6 +37,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from forge.head import CHUNK_ELEMENTS as HEAD_CHUNK_ELEMENTS
+from forge.head import linear_cross_entropy
 
 CHUNK_ELEMENTS = 2**24  # fp32 elements of one chunk: 64 MiB
 
@@ -77,12 +89,22 @@ def causal_lm_loss(
     **kwargs,
 ) -> torch.Tensor:
     """transformers' `ForCausalLMLoss` (same arguments, same value), computed in chunks."""
-    if shift_labels is None:  # tokens < n predict n; the last position predicts nothing
-        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     logits = logits.reshape(-1, vocab_size)
-    targets = shift_labels.reshape(-1).to(logits.device)
+    targets = _targets(labels, shift_labels, ignore_index).to(logits.device)
     rows = chunk_rows(vocab_size, chunk_elements)
     total = ChunkedCrossEntropy.apply(logits, targets, ignore_index, rows)
+    return _mean(total, targets, num_items_in_batch, ignore_index)
+
+
+def _targets(labels: torch.Tensor, shift_labels: torch.Tensor | None, ignore_index: int) -> torch.Tensor:
+    """Each position's target, flat: the next token (tokens < n predict n; the last predicts nothing)."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def _mean(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch, ignore_index: int) -> torch.Tensor:
+    """The summed loss over the targets counted, or over `num_items_in_batch`, as transformers divides."""
     if num_items_in_batch is None:
         return total / (targets != ignore_index).sum()
     if torch.is_tensor(num_items_in_batch):
@@ -95,6 +117,46 @@ def install(model: torch.nn.Module, chunk_elements: int = CHUNK_ELEMENTS) -> Non
     model.loss_function = functools.partial(causal_lm_loss, chunk_elements=chunk_elements)
 
 
+# ---------------------------------------------------------------------- the vocabulary in chunks
+
+
+def causal_lm_head_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    *,
+    head: torch.nn.Module,
+    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
+    **kwargs,
+) -> torch.Tensor:
+    """transformers' `ForCausalLMLoss` with lm_head inside it: `logits` are the hidden states the
+    head passed through (`install_head`), and `forge.head.linear_cross_entropy` applies `head`
+    a chunk of the vocabulary at a time."""
+    targets = _targets(labels, shift_labels, ignore_index).to(logits.device)
+    total = linear_cross_entropy(
+        logits, head, targets, ignore_index=ignore_index, chunk_elements=chunk_elements
+    )
+    return _mean(total, targets, num_items_in_batch, ignore_index)
+
+
+def _hidden_through(hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head's forward under `install_head`: the hidden states, for the loss to apply the head."""
+    return hidden
+
+
+def install_head(model: torch.nn.Module, chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> None:
+    """Make a transformers causal LM apply lm_head inside its loss, a chunk of the vocabulary at a
+    time: the head's forward passes the hidden states through (so `output.logits` holds them, not
+    logits) and the loss applies the head's weight (FORGE's update fused chunk by chunk where FORGE
+    trains it; its gradient otherwise)."""
+    head = model.get_output_embeddings()
+    head.forward = _hidden_through  # this module only: the class, and a FORGE class swap, keep theirs
+    model.loss_function = functools.partial(causal_lm_head_loss, head=head, chunk_elements=chunk_elements)
+
+
 def memory_note(vocab_size: int, tokens: int) -> str:
     """What a point's notes say about the chunked loss's memory."""
     rows = chunk_rows(vocab_size)
@@ -103,4 +165,17 @@ def memory_note(vocab_size: int, tokens: int) -> str:
     return (
         f"model.chunked_loss: cross-entropy in chunks of {rows} tokens ({chunk_gib:.3f} GiB of fp32 "
         f"logits each) instead of transformers' whole fp32 copies ({whole_gib:.3f} GiB each)"
+    )
+
+
+def head_note(vocab_size: int, tokens: int) -> str:
+    """What a point's notes say about the loss over vocabulary chunks."""
+    from forge.head import chunk_rows as head_rows
+
+    rows = head_rows(tokens, vocab_size)
+    chunks = -(-vocab_size // rows)
+    return (
+        f"model.chunked_head: lm_head and the loss in {chunks} chunks of {rows} vocabulary rows "
+        f"({tokens * rows * 4 / 2**30:.3f} GiB of fp32 logits each), the logits never whole "
+        f"({tokens * vocab_size * 2 / 2**30:.3f} GiB each in bf16 otherwise)"
     )

@@ -63,6 +63,9 @@ class ModelConfig:
     # true: the causal-LM loss in chunks of tokens, never the whole logits in fp32
     # (harness.run.chunked_loss); the same for every method
     chunked_loss: bool = False
+    # true: lm_head and the loss a chunk of the vocabulary at a time (forge.head through
+    # harness.run.chunked_loss.install_head): neither the logits nor their gradient ever whole
+    chunked_head: bool = False
 
 
 @dataclass
@@ -447,6 +450,34 @@ def validate(cfg: DictConfig) -> None:
             + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
         )
     _validate_data_parallel(cfg)
+    _validate_chunked_head(cfg)
+
+
+CHUNKED_HEAD_REFUSED = ("fused_adamw_fp32grad", "adamw_in_backward_fp32grad")  # main_grad from lm_head's GEMM
+
+
+def _validate_chunked_head(cfg: DictConfig) -> None:
+    """What `model.chunked_head` does not run with, refused before anything is built."""
+    if not cfg.model.chunked_head:
+        return
+    if cfg.model.chunked_loss:
+        raise ConfigError(
+            "model.chunked_head=true already computes the loss in chunks (of the vocabulary); "
+            "set model.chunked_loss=false, or pick one of the two"
+        )
+    refused = None
+    if cfg.gpus > 1:
+        refused = f"gpus={cfg.gpus} (lm_head is applied whole on one process)"
+    elif cfg.method.compile:
+        refused = "method.compile=true (the head's loss runs eagerly)"
+    elif cfg.method.options.get("max_grad_norm") is not None:
+        refused = "method.options.max_grad_norm (clipping needs every gradient before any update)"
+    elif cfg.method.name in CHUNKED_HEAD_REFUSED:
+        refused = f"method {cfg.method.label!r} (its main_grad comes from lm_head's own dW GEMM)"
+    if refused:
+        raise ConfigError(
+            f"model.chunked_head=true does not run with {refused}; set model.chunked_head=false"
+        )
 
 
 def _validate_data_parallel(cfg: DictConfig) -> None:

@@ -35,6 +35,7 @@ def point_id(cfg: DictConfig) -> str:
     """A stable id from what defines the point (the resume key)."""
     ac = "/ac" if cfg.activation_checkpointing else ""
     ac += "/chunked" if cfg.model.chunked_loss else ""  # another loss: another point, not a resume
+    ac += "/chunked-head" if cfg.model.chunked_head else ""
     wrapper = cfg.method.options.get("data_parallel")  # DDP or FSDP2 (e.g. /fsdp2x2), else the TP plan
     tp = "" if cfg.gpus <= 1 else f"/{wrapper}x{cfg.gpus}" if wrapper else f"/tp{cfg.gpus}"
     seed = f"/seed{cfg.seed}" if cfg.seed else ""  # the default seed 0 keeps the ids of old results

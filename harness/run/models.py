@@ -8,7 +8,7 @@ instead. Attention is SDPA, with no mask: the harness's batches are whole sequen
 nothing packed), for which SDPA's own causal flag runs flash attention on grouped-query heads
 (`whole_sequence_sdpa_mask`). Activation checkpointing uses transformers' non-reentrant checkpoint
 around each decoder layer. `chunked_loss: true` swaps transformers' loss for the chunked one of
-`harness.run.chunked_loss`.
+`harness.run.chunked_loss`; `chunked_head: true` moves lm_head into a loss over vocabulary chunks.
 
 Batches are random token ids, the same batch every step: a benchmark measures speed and memory,
 and a fixed batch makes "the loss fell" a reliable check that the method trained at all.
@@ -108,6 +108,8 @@ def build(
         enable_activation_checkpointing(model)
     if cfg.chunked_loss:
         chunked_loss.install(model)
+    if cfg.chunked_head:
+        chunked_loss.install_head(model)
     model.config.use_cache = False
     if tensor_parallel:
         _shard_if_distributed(model, device)

@@ -101,6 +101,9 @@ def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
     r["chunked_loss"] = bool(cfg.model.chunked_loss)
     if cfg.model.chunked_loss:  # another loss, so another configuration: recorded only when on
         r["method_options"]["chunked_loss"] = True
+    if cfg.model.chunked_head:  # likewise: lm_head and the loss over vocabulary chunks
+        r["chunked_head"] = True
+        r["method_options"]["chunked_head"] = True
     if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
         r["method_options"]["weights"] = r["dtype"]
         r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
@@ -209,6 +212,8 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
     }
     if cfg.model.chunked_loss:
         out["notes"].append(chunked_loss.memory_note(cfg.model.vocab_size, cfg.batch_size * cfg.seq_len))
+    if cfg.model.chunked_head:
+        out["notes"].append(chunked_loss.head_note(cfg.model.vocab_size, cfg.batch_size * cfg.seq_len))
     out.update(measure.time_stats(out["step_times_ms"]))
     out.update(
         measure.breakdown(

@@ -449,3 +449,34 @@ def test_clipped_fp32_steps_match_torch_on_gpu():
     assert norms_f == pytest.approx(norms_t, rel=1e-5) and min(norms_t) > 0.05
     for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), model.parameters()):
         assert_close_to_update(pa, pb, p0, FUSED_FP32, name, ambiguous[pb])
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("update_stream", [False, True], ids=["one_stream", "update_stream"])
+def test_the_head_in_chunks_of_the_vocabulary_steps_as_the_whole_head(state_dtype, update_stream):
+    """forge.head on the GPU: lm_head updated a block of rows at a time (the fused kernel on row
+    slices of the weight and its states, 8 blocks of 128 rows and one of 104) equals lm_head updated
+    whole, to the summation order of the logits' softmax (fp32 weights; with int8 states a value on a
+    rounding boundary may take the other code, an lr-sized step of one element)."""
+    from forge.head import linear_cross_entropy
+
+    torch.manual_seed(0)
+    T, K, V = 512, 256, 1000
+    heads = [nn.Linear(K, V, bias=False, device="cuda") for _ in range(2)]
+    heads[1].load_state_dict(heads[0].state_dict())
+    opts = [
+        forge.attach(
+            h, "adamw", lr=1e-3, weight_decay=0.01, state_dtype=state_dtype, update_stream=update_stream
+        )
+        for h in heads
+    ]
+    for _ in range(3):
+        x = torch.randn(T, K, device="cuda")
+        targets = torch.randint(0, V, (T,), device="cuda")
+        nn.functional.cross_entropy(heads[0](x), targets, reduction="sum").backward()
+        linear_cross_entropy(x, heads[1], targets, chunk_elements=T * 128).backward()
+    torch.cuda.synchronize()
+    whole, chunked = heads[0].weight.detach(), heads[1].weight.detach()
+    tolerance = 1e-5 if state_dtype == "fp32" else 1e-3
+    assert float((chunked - whole).norm() / whole.norm()) < tolerance
+    assert opts[1].state[heads[1].weight]["step"] == 3

@@ -117,10 +117,12 @@ def test_the_chunked_loss_keeps_the_bf16_logits_and_their_gradient_alone(llama):
     v, n = llama.vocab, LLAMA_PARAMS
     for checkpointing in (False, True):
         whole = tm.activation_bytes(llama, checkpointing) + tm.loss_backward_bytes(llama)
-        chunked = tm.activation_bytes(llama, checkpointing, True) + tm.loss_backward_bytes(llama, True)
+        chunked = tm.activation_bytes(llama, checkpointing, "chunked_loss") + tm.loss_backward_bytes(
+            llama, "chunked_loss"
+        )
         assert whole - chunked == 12 * v - (4 * v + 4)
         late = 2 * (n - v * llama.hidden) / (chunked - tm.layer_bytes(llama))
-        ends = tm.saving_ends_tokens(llama, n, checkpointing, True)
+        ends = tm.saving_ends_tokens(llama, n, checkpointing, "chunked_loss")
         assert ends == pytest.approx(max(2 * n / chunked, late))
         options = {"state_dtype": "bf16", "chunked_loss": True}
         forge = tm.peak_gib("forge", options, llama, n, 4096, checkpointing)
@@ -152,3 +154,15 @@ def test_the_models_use_the_expectations_ceilings():
     assert (tm.ex.H200_MATMUL_FLOPS, tm.ex.H200_COPY_BYTES_PER_S) == (ex.H200_MATMUL_FLOPS, 4.27e12)
     assert tm.Architecture.from_config({"hidden_size": 8}) is None
     assert tm.architecture({"config": None}) is None
+
+
+def test_the_chunked_head_keeps_no_logits(llama):
+    """lm_head in the loss a chunk of the vocabulary at a time: a log-sum-exp a token for the
+    backward, then the hidden state's fp32 gradient; no V term."""
+    h, n = llama.hidden, LLAMA_PARAMS
+    whole = tm.activation_bytes(llama, True) + tm.loss_backward_bytes(llama)
+    head = tm.activation_bytes(llama, True, "chunked_head") + tm.loss_backward_bytes(llama, "chunked_head")
+    assert whole - head == 12 * llama.vocab - (4 + 4 * h)
+    options = {"state_dtype": "bf16", "chunked_head": True}
+    forge = tm.peak_gib("forge", options, llama, n, 16384, True)
+    assert forge == pytest.approx((2 + 4) * n / tm.GIB + 16384 * head / tm.GIB)

@@ -1,0 +1,152 @@
+"""lm_head and its cross-entropy a chunk of the vocabulary at a time: the logits are never whole.
+
+A causal LM's loss needs logits = h W^T, (T, V), and their gradient. Even computed a chunk of tokens
+at a time, both are whole at the start of the backward in bf16: 4 V bytes a token, 0.49 GiB per 1,024
+tokens for Llama-3.1-8B's 128,256-word vocabulary. That is what FORGE's peak holds beyond the weights,
+states and checkpoints, and the memory saving over a stored gradient shrinks by it. FORGE's lm_head
+cannot take its gradient a chunk of tokens at a time, since each weight row's update needs its sum
+over every token; it can take it a chunk of the vocabulary (of W's rows) at a time:
+
+    loss = linear_cross_entropy(h, model.lm_head, targets)   # summed over the targets not ignored
+
+- forward: for each chunk of W's rows, that chunk's logits h W_c^T, folded into each token's running
+  log-sum-exp (fp32), and the target's logit picked where the chunk holds it. Kept for the backward:
+  h, the targets and the log-sum-exp (4 bytes a token).
+- backward: for each chunk again, its logits, their softmax less the one-hot target (dlogits_c, in
+  h's dtype), dh += dlogits_c W_c from the chunk's rows before their update, then those rows' step:
+  FORGE's fused kernel updates W_c from dlogits_c^T h in its dW GEMM, one step counted for the whole
+  weight (`ForgeOptimizer.row_block_updater`). A head that FORGE does not train gets its gradient
+  rows written instead, so every optimizer can use the same loss.
+
+What it costs: the logits GEMM once more in the backward (three lm_head GEMMs where a plain head runs
+two, plus the dW one), and one chunk's fp32 logits (`chunk_elements`, 64 MiB by default) at a time.
+What stays: h and its fp32 gradient, (4 + 4 h) bytes a token beside h itself. Chunks hold
+`chunk_elements // T` rows (a multiple of 128 where that many), so a long step walks more, smaller
+chunks.
+
+Refused, with what to do instead: global-norm clipping (the norm needs every gradient before any
+update), data parallelism (FORGE reduces each gradient whole before its update), a sharded (DTensor)
+lm_head, a bias, and torch.compile's tracing of FORGE's ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from forge.distributed import local
+
+CHUNK_ELEMENTS = 2**24  # fp32 logits of one chunk: 64 MiB
+
+
+def chunk_rows(tokens: int, vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
+    """Rows of W a chunk holds: chunk_elements // tokens, a multiple of 128 where that many
+    (aligned row blocks for the kernels), at least 1, at most the vocabulary."""
+    rows = max(1, chunk_elements // max(tokens, 1))
+    if rows >= 128:
+        rows -= rows % 128
+    return min(rows, vocab)
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """sum over tokens of cross_entropy(hidden @ head.weight^T, targets), a chunk of the vocabulary at
+    a time (see the module). hidden: (..., K); targets: hidden's leading shape, `ignore_index` where a
+    token counts for nothing. Returns a 0-dim fp32 tensor; divide it by the count of targets for the
+    mean. When FORGE trains `head` (`forge.attach` made it a ForgeLinear), the backward updates its
+    weight chunk by chunk; otherwise the weight gets its gradient."""
+    weight = head.weight
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(
+            "forge.head.linear_cross_entropy takes a head without a bias (a causal LM's lm_head)"
+        )
+    optimizer = getattr(head, "_forge_optimizer", None) if torch.is_grad_enabled() else None
+    if optimizer is not None:
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                "forge.head.linear_cross_entropy runs eagerly: call it outside the compiled region "
+                "(torch.compiler.disable) or compute the loss from the logits under torch.compile"
+            )
+        optimizer.check_row_blocks(weight)  # refused now, before the forward's work
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    targets = targets.reshape(-1).to(flat.device)
+    if targets.shape[0] != flat.shape[0]:
+        raise ValueError(f"{targets.shape[0]} targets for {flat.shape[0]} tokens: give one target a token")
+    rows = chunk_rows(flat.shape[0], weight.shape[0], chunk_elements)
+    return _HeadCrossEntropy.apply(flat, weight, targets, ignore_index, rows, optimizer)
+
+
+def _operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight in the activations' dtype (an fp32 weight under autocast), its local tensor."""
+    w = local(weight)
+    return w if w.dtype == dtype else w.to(dtype)
+
+
+def _chunks(vocab: int, rows: int):
+    """(index, slice) of each chunk of rows."""
+    for index, start in enumerate(range(0, vocab, rows)):
+        yield index, slice(start, min(start + rows, vocab))
+
+
+class _HeadCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of hidden @ weight^T against targets, the vocabulary in chunks of `rows`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index: int, rows: int, optimizer):
+        w = _operand(weight, hidden.dtype)
+        valid = targets != ignore_index
+        safe = torch.where(valid, targets, 0)
+        lse = torch.full((hidden.shape[0],), float("-inf"), dtype=torch.float32, device=hidden.device)
+        picked = torch.zeros_like(lse)
+        for _, chunk in _chunks(w.shape[0], rows):
+            logits = (hidden @ w[chunk].t()).float()
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+            inside = (safe >= chunk.start) & (safe < chunk.stop)
+            column = (safe - chunk.start).clamp(0, logits.shape[1] - 1)
+            picked += torch.where(inside, logits.gather(1, column[:, None]).squeeze(1), 0.0)
+        ctx.save_for_backward(hidden, safe, valid, lse)
+        ctx.weight, ctx.rows, ctx.optimizer = weight, rows, optimizer
+        ctx.version = optimizer.version(weight) if optimizer is not None else None
+        return ((lse - picked) * valid).sum()
+
+    @staticmethod
+    def backward(ctx, grad_sum):
+        hidden, safe, valid, lse = ctx.saved_tensors
+        weight, optimizer = ctx.weight, ctx.optimizer
+        if optimizer is not None and optimizer.version(weight) != ctx.version:
+            raise RuntimeError(
+                "FORGE: lm_head was already updated since this forward pass (a second backward through "
+                "the same graph would apply the step twice): one backward per forward"
+            )
+        w = _operand(weight, hidden.dtype)
+        scale = valid * grad_sum.float()  # 0 for ignored tokens
+        dh = (
+            torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+            if ctx.needs_input_grad[0]
+            else None
+        )
+        update = grad = None
+        if optimizer is not None:
+            update = optimizer.row_block_updater(weight)  # counts the step: after the version check
+        elif ctx.needs_input_grad[1]:
+            grad = torch.empty(w.shape, dtype=weight.dtype, device=w.device)
+        for index, chunk in _chunks(w.shape[0], ctx.rows):
+            w_chunk = w[chunk]
+            probs = torch.exp((hidden @ w_chunk.t()).float() - lse[:, None])  # the chunk's softmax
+            inside = ((safe >= chunk.start) & (safe < chunk.stop)).float()
+            column = (safe - chunk.start).clamp(0, probs.shape[1] - 1)
+            probs.scatter_add_(1, column[:, None], -inside[:, None])  # less the one-hot target
+            dlogits = probs.mul_(scale[:, None]).to(hidden.dtype)
+            if dh is not None:
+                dh += (dlogits @ w_chunk).float()  # the rows before their update
+            if update is not None:
+                update(index, chunk.start, dlogits, hidden)
+            elif grad is not None:
+                grad[chunk] = (dlogits.t() @ hidden).to(grad.dtype)
+        dx = None if dh is None else dh.to(hidden.dtype)
+        return dx, grad, None, None, None, None
