@@ -8,6 +8,7 @@ cannot take its gradient a chunk of tokens at a time, since each weight row's up
 over every token; it can take it a chunk of the vocabulary (of W's rows) at a time:
 
     loss = linear_cross_entropy(h, model.lm_head, targets)   # summed over the targets not ignored
+    install(model)     # a transformers causal LM: model(input_ids, labels=...).loss goes through it
 
 - forward: for each chunk of W's rows, that chunk's logits h W_c^T, folded into each token's running
   log-sum-exp (fp32), and the target's logit picked where the chunk holds it. Kept for the backward:
@@ -18,11 +19,16 @@ over every token; it can take it a chunk of the vocabulary (of W's rows) at a ti
   weight (`ForgeOptimizer.row_block_updater`). A head that FORGE does not train gets its gradient
   rows written instead, so every optimizer can use the same loss.
 
-What it costs: the logits GEMM once more in the backward (three lm_head GEMMs where a plain head runs
-two, plus the dW one), and one chunk's fp32 logits (`chunk_elements`, 64 MiB by default) at a time.
+What it costs: the logits GEMM once more, in the backward (four lm_head GEMMs a step where a plain
+head runs three), and one chunk's fp32 logits (`chunk_elements`, 64 MiB by default) at a time.
 What stays: h and its fp32 gradient, (4 + 4 h) bytes a token beside h itself. Chunks hold
 `chunk_elements // T` rows (a multiple of 128 where that many), so a long step walks more, smaller
 chunks.
+
+`install(model)` puts it inside a transformers causal LM (Llama, Qwen3, any `*ForCausalLM` whose
+forward applies `lm_head` and then `self.loss_function`): lm_head's forward passes the hidden states
+through, so the loss gets them as its "logits" (and `output.logits` holds them), and the model's
+loss function applies the head with transformers' shift, ignore_index and mean.
 
 Refused, with what to do instead: global-norm clipping (the norm needs every gradient before any
 update), data parallelism (FORGE reduces each gradient whole before its update), a sharded (DTensor)
@@ -31,7 +37,10 @@ lm_head, a bias, and torch.compile's tracing of FORGE's ops.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 
 from forge.distributed import local
 
@@ -79,6 +88,59 @@ def linear_cross_entropy(
         raise ValueError(f"{targets.shape[0]} targets for {flat.shape[0]} tokens: give one target a token")
     rows = chunk_rows(flat.shape[0], weight.shape[0], chunk_elements)
     return _HeadCrossEntropy.apply(flat, weight, targets, ignore_index, rows, optimizer)
+
+
+def causal_lm_targets(labels: torch.Tensor, shift_labels=None, ignore_index: int = -100) -> torch.Tensor:
+    """Each position's target, flat, as transformers' causal-LM loss shifts them: the next token
+    (positions < n predict n; the last predicts nothing), or `shift_labels` where given."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def causal_lm_mean(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch, ignore_index: int = -100):
+    """A summed loss over the targets counted, or over `num_items_in_batch`, as transformers divides."""
+    if num_items_in_batch is None:
+        return total / (targets != ignore_index).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    shift_labels=None,
+    *,
+    head: torch.nn.Module,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    **kwargs,
+) -> torch.Tensor:
+    """transformers' `ForCausalLMLoss` (same arguments, same value) with `head` applied inside it:
+    `logits` are the hidden states the head passed through (`install`)."""
+    targets = causal_lm_targets(labels, shift_labels, ignore_index).to(logits.device)
+    total = linear_cross_entropy(
+        logits, head, targets, ignore_index=ignore_index, chunk_elements=chunk_elements
+    )
+    return causal_lm_mean(total, targets, num_items_in_batch, ignore_index)
+
+
+def _passed_through(hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head's forward under `install`: the hidden states, for the loss to apply the head."""
+    return hidden
+
+
+def install(model: torch.nn.Module, chunk_elements: int = CHUNK_ELEMENTS) -> None:
+    """Apply a transformers causal LM's lm_head inside its loss, a chunk of the vocabulary at a time
+    (see the module); before or after `forge.attach`, whose class swap keeps this module's forward."""
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError("forge.head.install needs a causal LM with an output embedding (lm_head)")
+    head.forward = _passed_through  # this module only: its class keeps its own forward
+    model.loss_function = functools.partial(causal_lm_loss, head=head, chunk_elements=chunk_elements)
 
 
 def _operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

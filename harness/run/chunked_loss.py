@@ -21,11 +21,9 @@ vocabulary in chunks below is FORGE's own fused linear cross-entropy, which upda
     install(model)            # model.loss_function = causal_lm_loss: every forward with labels uses it
 
 The vocabulary in chunks (`model.chunked_head`): FORGE's lm_head can take its gradient a chunk of
-the vocabulary at a time, so `install_head` moves lm_head into the loss (`forge.head`): neither the
-logits nor their gradient are ever whole, in any dtype, and every method gets the same loss (FORGE
-updates the head chunk by chunk, the others get its gradient).
-
-    install_head(model)       # lm_head passes the hidden states through; the loss applies its weight
+the vocabulary at a time, so `forge.head.install` moves lm_head into the loss: neither the logits
+nor their gradient are ever whole, in any dtype, and every method gets the same loss (FORGE updates
+the head chunk by chunk, the others get its gradient). `head_note` says so in a point's notes.
 
 Under a CUDA graph: the chunks are fixed slices and nothing reads a value back to the host (the count
 of tokens stays on the device), so a captured step replays it.
@@ -36,10 +34,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
-from forge.head import CHUNK_ELEMENTS as HEAD_CHUNK_ELEMENTS
-from forge.head import linear_cross_entropy
+from forge.head import causal_lm_mean, causal_lm_targets
 
 CHUNK_ELEMENTS = 2**24  # fp32 elements of one chunk: 64 MiB
 
@@ -90,71 +86,15 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """transformers' `ForCausalLMLoss` (same arguments, same value), computed in chunks."""
     logits = logits.reshape(-1, vocab_size)
-    targets = _targets(labels, shift_labels, ignore_index).to(logits.device)
+    targets = causal_lm_targets(labels, shift_labels, ignore_index).to(logits.device)
     rows = chunk_rows(vocab_size, chunk_elements)
     total = ChunkedCrossEntropy.apply(logits, targets, ignore_index, rows)
-    return _mean(total, targets, num_items_in_batch, ignore_index)
-
-
-def _targets(labels: torch.Tensor, shift_labels: torch.Tensor | None, ignore_index: int) -> torch.Tensor:
-    """Each position's target, flat: the next token (tokens < n predict n; the last predicts nothing)."""
-    if shift_labels is None:
-        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    return shift_labels.reshape(-1)
-
-
-def _mean(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch, ignore_index: int) -> torch.Tensor:
-    """The summed loss over the targets counted, or over `num_items_in_batch`, as transformers divides."""
-    if num_items_in_batch is None:
-        return total / (targets != ignore_index).sum()
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    return causal_lm_mean(total, targets, num_items_in_batch, ignore_index)
 
 
 def install(model: torch.nn.Module, chunk_elements: int = CHUNK_ELEMENTS) -> None:
     """Make a transformers causal LM compute its loss with `causal_lm_loss`."""
     model.loss_function = functools.partial(causal_lm_loss, chunk_elements=chunk_elements)
-
-
-# ---------------------------------------------------------------------- the vocabulary in chunks
-
-
-def causal_lm_head_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    vocab_size: int,
-    num_items_in_batch: torch.Tensor | int | None = None,
-    ignore_index: int = -100,
-    shift_labels: torch.Tensor | None = None,
-    *,
-    head: torch.nn.Module,
-    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
-    **kwargs,
-) -> torch.Tensor:
-    """transformers' `ForCausalLMLoss` with lm_head inside it: `logits` are the hidden states the
-    head passed through (`install_head`), and `forge.head.linear_cross_entropy` applies `head`
-    a chunk of the vocabulary at a time."""
-    targets = _targets(labels, shift_labels, ignore_index).to(logits.device)
-    total = linear_cross_entropy(
-        logits, head, targets, ignore_index=ignore_index, chunk_elements=chunk_elements
-    )
-    return _mean(total, targets, num_items_in_batch, ignore_index)
-
-
-def _hidden_through(hidden: torch.Tensor) -> torch.Tensor:
-    """lm_head's forward under `install_head`: the hidden states, for the loss to apply the head."""
-    return hidden
-
-
-def install_head(model: torch.nn.Module, chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> None:
-    """Make a transformers causal LM apply lm_head inside its loss, a chunk of the vocabulary at a
-    time: the head's forward passes the hidden states through (so `output.logits` holds them, not
-    logits) and the loss applies the head's weight (FORGE's update fused chunk by chunk where FORGE
-    trains it; its gradient otherwise)."""
-    head = model.get_output_embeddings()
-    head.forward = _hidden_through  # this module only: the class, and a FORGE class swap, keep theirs
-    model.loss_function = functools.partial(causal_lm_head_loss, head=head, chunk_elements=chunk_elements)
 
 
 def memory_note(vocab_size: int, tokens: int) -> str:

@@ -63,8 +63,8 @@ class ModelConfig:
     # true: the causal-LM loss in chunks of tokens, never the whole logits in fp32
     # (harness.run.chunked_loss); the same for every method
     chunked_loss: bool = False
-    # true: lm_head and the loss a chunk of the vocabulary at a time (forge.head through
-    # harness.run.chunked_loss.install_head): neither the logits nor their gradient ever whole
+    # true: lm_head and the loss a chunk of the vocabulary at a time (forge.head.install):
+    # neither the logits nor their gradient ever whole
     chunked_head: bool = False
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
 
+from forge import head as forge_head
 from harness.run import chunked_loss
 from harness.run.config import ModelConfig
 
@@ -109,7 +110,7 @@ def build(
     if cfg.chunked_loss:
         chunked_loss.install(model)
     if cfg.chunked_head:
-        chunked_loss.install_head(model)
+        forge_head.install(model)
     model.config.use_cache = False
     if tensor_parallel:
         _shard_if_distributed(model, device)

@@ -6,6 +6,7 @@ updating it chunk by chunk."""
 import pytest
 import torch
 
+from forge import head as forge_head
 from harness.points import display_name
 from harness.run import chunked_loss, grid, models, runner
 from harness.run.config import compose_config
@@ -18,9 +19,7 @@ def _loss_and_grads(chunked, labels: torch.Tensor) -> tuple[torch.Tensor, dict[s
     cfg = compose_config(MICRO)
     model = models.build(cfg.model, "fp32", "cpu", seed=0)
     if chunked == "head":
-        chunked_loss.install_head(
-            model, chunk_elements=16 * 48
-        )  # 16 tokens: 7 chunks of 48 rows, the last 32
+        forge_head.install(model, chunk_elements=16 * 48)  # 16 tokens: 7 chunks of 48 rows, the last 32
     elif chunked:
         chunked_loss.install(model, chunk_elements=3 * cfg.model.vocab_size)  # 3 tokens: 6 chunks of 16
     ids = torch.randint(0, cfg.model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
