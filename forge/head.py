@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from forge.distributed import local
+from forge.nn import autocast_input
 
 CHUNK_ELEMENTS = 2**24  # fp32 logits of one chunk: 64 MiB
 
@@ -82,7 +83,7 @@ def linear_cross_entropy(
                 "(torch.compiler.disable) or compute the loss from the logits under torch.compile"
             )
         optimizer.check_row_blocks(weight)  # refused now, before the forward's work
-    flat = hidden.reshape(-1, hidden.shape[-1])
+    flat = autocast_input(hidden).reshape(-1, hidden.shape[-1])  # in bf16 under autocast, as a linear
     targets = targets.reshape(-1).to(flat.device)
     if targets.shape[0] != flat.shape[0]:
         raise ValueError(f"{targets.shape[0]} targets for {flat.shape[0]} tokens: give one target a token")
@@ -143,10 +144,11 @@ def install(model: torch.nn.Module, chunk_elements: int = CHUNK_ELEMENTS) -> Non
     model.loss_function = functools.partial(causal_lm_loss, head=head, chunk_elements=chunk_elements)
 
 
-def _operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The weight in the activations' dtype (an fp32 weight under autocast), its local tensor."""
-    w = local(weight)
-    return w if w.dtype == dtype else w.to(dtype)
+def _rows(w: torch.Tensor, chunk: slice, dtype: torch.dtype) -> torch.Tensor:
+    """A chunk of the weight's rows in the activations' dtype (an fp32 weight under autocast), cast
+    a chunk at a time: a whole cast copy of lm_head would be as large as the logits it avoids."""
+    rows = w[chunk]
+    return rows if rows.dtype == dtype else rows.to(dtype)
 
 
 def _chunks(vocab: int, rows: int):
@@ -160,13 +162,13 @@ class _HeadCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, ignore_index: int, rows: int, optimizer):
-        w = _operand(weight, hidden.dtype)
+        w = local(weight)
         valid = targets != ignore_index
         safe = torch.where(valid, targets, 0)
         lse = torch.full((hidden.shape[0],), float("-inf"), dtype=torch.float32, device=hidden.device)
         picked = torch.zeros_like(lse)
         for _, chunk in _chunks(w.shape[0], rows):
-            logits = (hidden @ w[chunk].t()).float()
+            logits = (hidden @ _rows(w, chunk, hidden.dtype).t()).float()
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
             inside = (safe >= chunk.start) & (safe < chunk.stop)
             column = (safe - chunk.start).clamp(0, logits.shape[1] - 1)
@@ -185,7 +187,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 "FORGE: lm_head was already updated since this forward pass (a second backward through "
                 "the same graph would apply the step twice): one backward per forward"
             )
-        w = _operand(weight, hidden.dtype)
+        w = local(weight)
         scale = valid * grad_sum.float()  # 0 for ignored tokens
         dh = (
             torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
@@ -198,7 +200,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
         elif ctx.needs_input_grad[1]:
             grad = torch.empty(w.shape, dtype=weight.dtype, device=w.device)
         for index, chunk in _chunks(w.shape[0], ctx.rows):
-            w_chunk = w[chunk]
+            w_chunk = _rows(w, chunk, hidden.dtype)
             probs = torch.exp((hidden @ w_chunk.t()).float() - lse[:, None])  # the chunk's softmax
             inside = ((safe >= chunk.start) & (safe < chunk.stop)).float()
             column = (safe - chunk.start).clamp(0, probs.shape[1] - 1)

@@ -200,8 +200,8 @@ class ForgeLinear(nn.Linear):
         if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
             from forge.ops import forge_linear_op
 
-            return forge_linear_op(self, _autocast_input(x))
-        return forge_linear(_autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
+            return forge_linear_op(self, autocast_input(x))
+        return forge_linear(autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
 
 
 def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -245,7 +245,7 @@ def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y if bias is None else y + bias  # a replicated bias: added once, by DTensor's rules
 
 
-def _autocast_input(x: torch.Tensor) -> torch.Tensor:
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
     """Under torch.autocast, x in the autocast dtype, as autocast's own linear casts it: the forward
     saves that copy, so the backward hands the fused kernel bf16 operands (tensor cores, fp32
     accumulation) and keeps half the activation bytes; the weight stays the fp32 Parameter."""

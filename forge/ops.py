@@ -126,7 +126,7 @@ def linear(
     x: Tensor, weight: Tensor, bias: Tensor | None, states: list[Tensor], handle: int, index: int
 ) -> Tensor:
     """y = x W^T + b. The states, handle and index are for the backward."""
-    if weight.dtype != x.dtype:  # autocast: x comes cast (`forge.nn._autocast_input`), W is cast here
+    if weight.dtype != x.dtype:  # autocast: x comes cast (`forge.nn.autocast_input`), W is cast here
         weight = weight.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
     return F.linear(x, weight, bias)

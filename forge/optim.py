@@ -379,7 +379,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 target[rows], dy, x, block_slots, coefficients, block_seed, options, step_row=block_row
             )
             if self._update_stream is not None and dy.is_cuda:
-                with self._update_stream.fork(dy, x):
+                reads = (dy, x) if block_row is None else (dy, x, block_row)  # a block's row: a copy
+                with self._update_stream.fork(*reads):
                     launch()
             else:
                 launch()

@@ -66,6 +66,26 @@ def test_the_loss_and_its_gradients_equal_cross_entropy_of_the_whole_logits():
     assert relative_error(head.weight.grad, w64.grad) < 1e-6
 
 
+def test_an_fp32_head_under_bf16_activations_is_cast_a_chunk_at_a_time():
+    """Autocast's mixed precision: bf16 hidden states, an fp32 weight; the GEMMs run in bf16 and the
+    weight's gradient comes back in fp32, as autocast's own linear gives them."""
+    torch.manual_seed(5)
+    head = nn.Linear(K, V, bias=False)
+    x, targets = _batch(6)
+    h = x.to(torch.bfloat16).requires_grad_()
+    linear_cross_entropy(h, head, targets, chunk_elements=CHUNK).backward()
+    h64, w64 = h.detach().double().requires_grad_(), head.weight.detach().bfloat16().double().requires_grad_()
+    F.cross_entropy(h64 @ w64.t(), targets, ignore_index=-100, reduction="sum").backward()
+    assert h.grad.dtype == torch.bfloat16 and head.weight.grad.dtype == torch.float32
+    assert relative_error(h.grad, h64.grad) < 2e-2  # bf16 logits, bf16 gradients
+    assert relative_error(head.weight.grad, w64.grad) < 2e-2
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 hidden states are cast as a linear casts them
+        loss = linear_cross_entropy(x.clone().requires_grad_(), head, targets, chunk_elements=CHUNK)
+    assert loss.item() == pytest.approx(
+        float(F.cross_entropy(h64 @ w64.t(), targets, reduction="sum")), rel=1e-2
+    )
+
+
 def test_leading_dimensions_are_tokens():
     head = nn.Linear(K, V, bias=False)
     x, targets = _batch(2)

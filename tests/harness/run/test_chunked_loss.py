@@ -79,7 +79,9 @@ def test_every_method_updates_the_lm_head_the_same_with_the_chunked_loss(method)
     torch.testing.assert_close(chunked - before, plain - before, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["fused_adamw", "adamw_in_backward", "forge_fp32", "forge_lion_fp32"])
+@pytest.mark.parametrize(
+    "method", ["fused_adamw", "adamw_in_backward", "forge_fp32", "forge_lion_fp32", "forge_amp"]
+)
 def test_every_method_updates_the_lm_head_the_same_with_the_head_in_the_loss(method):
     """FORGE updates lm_head chunk by chunk (one step of the whole weight); the others get its gradient."""
     before, plain = _lm_head_after_steps(method, False)
