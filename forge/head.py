@@ -151,6 +151,13 @@ def _rows(w: torch.Tensor, chunk: slice, dtype: torch.dtype) -> torch.Tensor:
     return rows if rows.dtype == dtype else rows.to(dtype)
 
 
+def _target_in(safe: torch.Tensor, chunk: slice, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whether each token's target is in `chunk`, its column there, clamped into the chunk's
+    `width` where it is not)."""
+    inside = (safe >= chunk.start) & (safe < chunk.stop)
+    return inside, (safe - chunk.start).clamp(0, width - 1)
+
+
 def _chunks(vocab: int, rows: int):
     """(index, slice) of each chunk of rows."""
     for index, start in enumerate(range(0, vocab, rows)):
@@ -170,8 +177,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
         for _, chunk in _chunks(w.shape[0], rows):
             logits = (hidden @ _rows(w, chunk, hidden.dtype).t()).float()
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
-            inside = (safe >= chunk.start) & (safe < chunk.stop)
-            column = (safe - chunk.start).clamp(0, logits.shape[1] - 1)
+            inside, column = _target_in(safe, chunk, logits.shape[1])
             picked += torch.where(inside, logits.gather(1, column[:, None]).squeeze(1), 0.0)
         ctx.save_for_backward(hidden, safe, valid, lse)
         ctx.weight, ctx.rows, ctx.optimizer = weight, rows, optimizer
@@ -202,9 +208,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
         for index, chunk in _chunks(w.shape[0], ctx.rows):
             w_chunk = _rows(w, chunk, hidden.dtype)
             probs = torch.exp((hidden @ w_chunk.t()).float() - lse[:, None])  # the chunk's softmax
-            inside = ((safe >= chunk.start) & (safe < chunk.stop)).float()
-            column = (safe - chunk.start).clamp(0, probs.shape[1] - 1)
-            probs.scatter_add_(1, column[:, None], -inside[:, None])  # less the one-hot target
+            inside, column = _target_in(safe, chunk, probs.shape[1])
+            probs.scatter_add_(1, column[:, None], -inside.float()[:, None])  # less the one-hot target
             dlogits = probs.mul_(scale[:, None]).to(hidden.dtype)
             if dh is not None:
                 dh += (dlogits @ w_chunk).float()  # the rows before their update

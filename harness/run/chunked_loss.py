@@ -36,6 +36,7 @@ import functools
 import torch
 
 from forge.head import causal_lm_mean, causal_lm_targets
+from forge.head import chunk_rows as head_rows
 
 CHUNK_ELEMENTS = 2**24  # fp32 elements of one chunk: 64 MiB
 
@@ -110,8 +111,6 @@ def memory_note(vocab_size: int, tokens: int) -> str:
 
 def head_note(vocab_size: int, tokens: int) -> str:
     """What a point's notes say about the loss over vocabulary chunks."""
-    from forge.head import chunk_rows as head_rows
-
     rows = head_rows(tokens, vocab_size)
     chunks = -(-vocab_size // rows)
     return (
