@@ -27,11 +27,14 @@ Traffic at the copy rate is a lower bound: an update whose epilogue is bound by 
 ~2.7 TB/s) sits above its line.
 
 The peak. At the peak a method holds its weights and optimizer states (`footprint`), and either
-the activations at the start of the backward or, for a method that keeps every gradient until its
+the activations at the start of the backward (with checkpointing, or the last layer's
+recomputation where that holds more), or, for a method that keeps every gradient until its
 update, those gradients with little else, or, late in its backward, nearly all of them beside the
-first decoder layer's activations:
+first decoder layer's activations, or, for a method that keeps none, the embedding's gradient at
+the backward's end:
 
-    peak = (weights + states) P + max(T (a + l), gradients P, gradients (P - E) + T a_layer)
+    peak = (weights + states) P + max(T (a + l), T r, gradients P, gradients (P - E) + T a_layer)
+    peak = (weights + states) P + max(T (a + l), T r, 2 V h)                  (no gradients kept)
 
 - a, the activations a token leaves for the backward (`activation_bytes`), counted from what
   transformers' Llama and Qwen3 decoder layers keep: per layer two RMSNorms (their fp32 input and
@@ -53,15 +56,23 @@ first decoder layer's activations:
   by the first layer without checkpointing, recomputed for its backward with it. Where
   T a_layer > gradients E (from about 5,100 tokens on Llama-3.1-8B) and the activations at the
   start of the backward are smaller, this term sets the peak.
+- r, with checkpointing only, what the last layer's recomputation holds (`recompute_bytes`):
+  every layer's checkpointed input beside that layer's activations (L 2 h + a_layer). It sets the
+  peak where the loss leaves little at the start of the backward (lm_head in chunks).
+- 2 V h, the embedding's bf16 gradient (`embedding_gradient_bytes`): formed whole at the end of
+  the backward even where no gradient is kept (FORGE updates the embedding element-wise from it;
+  the floor drops it), so it bounds the peak of a method without gradients from below: 0.98 GiB
+  on Llama-3.1-8B, 6.5% of the gradient FORGE removes.
 - gradients: 2 B a parameter for fused AdamW, none for FORGE (its linear layers' gradients never
   exist; the others' live one at a time), none for the floor. The fp32-gradient baseline's
   `main_grad` buffers (4 B) persist through the step, so they add to the activations instead.
 
-So FORGE's saving over fused AdamW with the same states is the gradient's full 2 B a parameter
-when the activations are small, shrinks by one token's a + l for each token (by a + l - a_layer
-once the first layer's backward sets fused AdamW's peak), and is zero from `saving_ends_tokens`
-= max(2 P / (a + l), 2 (P - E) / (a + l - a_layer)) tokens on, where the activations set both
-peaks. Activation checkpointing divides a by about 7 on Llama-3.1-8B, and moves that point out by
+So FORGE's saving over fused AdamW with the same states is the gradient's 2 B a parameter less
+the embedding's gradient it still forms when the activations are small, shrinks by s = max(a + l,
+r) bytes for each token (by s - a_layer once the first layer's backward sets fused AdamW's peak),
+and is zero from `saving_ends_tokens` = max(2 P / s, 2 (P - E) / (s - a_layer)) tokens on, where
+the activations set both peaks. Activation checkpointing divides a by about 7 on Llama-3.1-8B, and
+moves that point out by
 more. The largest step that fits (`largest_tokens`) is where the peak meets the card's memory.
 """
 
@@ -238,6 +249,18 @@ def late_backward_bytes(arch: Architecture, n_params: float, grad_bytes: float, 
     return grad_bytes * (n_params - embedding_params(arch)) + tokens * layer_bytes(arch)
 
 
+def recompute_bytes(arch: Architecture) -> float:
+    """Bytes a token holds while checkpointing recomputes the last decoder layer for its backward:
+    every layer's checkpointed input beside that layer's activations."""
+    return arch.layers * 2 * arch.hidden + layer_bytes(arch)
+
+
+def embedding_gradient_bytes(arch: Architecture) -> float:
+    """The embedding's bf16 gradient, formed whole at the end of the backward: what a method that
+    keeps no gradients still holds there (FORGE updates the embedding element-wise from it)."""
+    return 2.0 * arch.vocab * arch.hidden
+
+
 def loss_backward_bytes(arch: Architecture, loss: str | None = None) -> float:
     """Bytes a token adds at the start of the backward: the logits' fp32 and bf16 gradients; in
     chunks of tokens the bf16 one alone; in chunks of the vocabulary the hidden state's fp32
@@ -246,8 +269,10 @@ def loss_backward_bytes(arch: Architecture, loss: str | None = None) -> float:
 
 
 def _per_token(arch: Architecture, checkpointing: bool, loss: str | None) -> float:
-    """a + l: what a token holds at the start of the backward."""
-    return activation_bytes(arch, checkpointing, loss) + loss_backward_bytes(arch, loss)
+    """What a token holds at the backward's fullest moment: a + l at its start, or, with
+    checkpointing, the last layer's recomputation where that holds more (lm_head in chunks)."""
+    start = activation_bytes(arch, checkpointing, loss) + loss_backward_bytes(arch, loss)
+    return max(start, recompute_bytes(arch)) if checkpointing else start
 
 
 def _loss(options: Any) -> str | None:
@@ -274,7 +299,7 @@ def peak_gib(
     if method in PERSISTENT_GRADIENTS:
         return (static + gradients + activations) / GIB
     if not gradients:
-        return (static + activations) / GIB
+        return (static + max(activations, embedding_gradient_bytes(arch))) / GIB
     late = late_backward_bytes(arch, n_params, fp.grads, tokens)
     return (static + max(activations, gradients, late)) / GIB
 
@@ -310,7 +335,8 @@ def largest_tokens(
     gradients = fp.grads * n_params
     if method in PERSISTENT_GRADIENTS:
         static, gradients = static + gradients, 0.0
-    if static + gradients > capacity:
+    transient = 0.0 if fp.grads else embedding_gradient_bytes(arch)  # as in peak_gib
+    if static + max(gradients, transient) > capacity:
         return 0
     largest = (capacity - static) // _per_token(arch, checkpointing, _loss(options))
     if gradients:  # and the first layer's backward, beside nearly every gradient
