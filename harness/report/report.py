@@ -152,6 +152,8 @@ def _per_point_plots(anchor: str, records: Sequence[Record], out: Path) -> list[
 def _scaling_plots(records: Sequence[Record], out: Path) -> list[Path]:
     paths = []
     for (batch, seq), members in _group(records, lambda r: (r.get("batch_size"), r.get("seq_len"))).items():
+        if len({r.get("model") for r in members}) < 2:
+            continue  # one size is no curve over sizes
         name = f"t2_memory_vs_size_b{int(batch or 0)}_s{int(seq or 0)}.png"
         title = f"Peak memory vs model size (batch {int(batch or 0)}, seq {int(seq or 0)})"
         paths.append(plots.memory_vs_size(members, title, out / "plots" / name))
