@@ -223,7 +223,7 @@ def activation_bytes(arch: Architecture, checkpointing: bool, loss: str | None =
     # and the log-sum-exp, in chunks of the vocabulary the log-sum-exp alone
     head = 6 * h + {None: 6 * arch.vocab, "chunked_loss": 2 * arch.vocab + 4, "chunked_head": 4}[loss]
     if checkpointing:
-        return arch.layers * 2 * h + head
+        return checkpoint_bytes(arch) + head
     return arch.layers * layer_bytes(arch) + head
 
 
@@ -249,10 +249,15 @@ def late_backward_bytes(arch: Architecture, n_params: float, grad_bytes: float, 
     return grad_bytes * (n_params - embedding_params(arch)) + tokens * layer_bytes(arch)
 
 
+def checkpoint_bytes(arch: Architecture) -> float:
+    """Bytes a token keeps in every layer's checkpointed input (2 h a layer)."""
+    return arch.layers * 2 * arch.hidden
+
+
 def recompute_bytes(arch: Architecture) -> float:
     """Bytes a token holds while checkpointing recomputes the last decoder layer for its backward:
     every layer's checkpointed input beside that layer's activations."""
-    return arch.layers * 2 * arch.hidden + layer_bytes(arch)
+    return checkpoint_bytes(arch) + layer_bytes(arch)
 
 
 def embedding_gradient_bytes(arch: Architecture) -> float:
