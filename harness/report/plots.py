@@ -398,6 +398,34 @@ def overhead_vs_tokens(
 
 
 @styled
+def overhead_vs_size(series: dict[tuple, list[Any]], path: Path) -> Path:
+    """Per (tokens per step, GPU): each graphed method's step over the graphed floor against the
+    model's parameters, measured (solid) and predicted (dashed where none of the update hides,
+    dotted where all that fits under the dW GEMM does)."""
+    groups = list(series)
+    fig, axes = _figure(5.5 * len(groups), 4.2, 1, len(groups))
+    colors = _colors([s.label for key in groups for s in series[key]])
+    for col, key in enumerate(groups):
+        ax = axes[0][col]
+        measured = [v for s in series[key] for _, v, _ in s.points if v is not None]
+        predicted = [h for s in series[key] for _, _, h in s.predicted]
+        top = max(measured + predicted + [1.0]) * 1.05
+        _draw_series(ax, series[key], colors, top)
+        ax.set_ylim(top=top * 1.02)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        sizes = sorted({n for s in series[key] for n, _, _ in s.points})
+        ax.set_xticks(sizes, [f"{n / 1e9:.1f}" for n in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("parameters, billions")
+        ax.set_ylabel("step time / no-optimizer step (graphed)")
+        ax.set_title(f"{key[0]:,} tokens a step, {key[1]}", fontsize=9)
+        _legend(ax)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+@styled
 def peak_vs_tokens(
     series: dict[tuple, dict[bool, list[Any]]], capacity: dict[tuple, float | None], path: Path
 ) -> Path:

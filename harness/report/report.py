@@ -171,6 +171,9 @@ def _token_sections(steps: Sequence[Record], out: Path) -> list[Section]:
         section.preamble = preambles.token_overhead_preamble(overhead.records)
         series, times = token_tables.overhead_series(steps), token_tables.analytic_times(steps)
         section.plots = [plots.overhead_vs_tokens(series, times, out / "plots" / "overhead_vs_tokens.png")]
+        by_size = token_tables.overhead_by_size(steps)
+        if by_size:
+            section.plots.append(plots.overhead_vs_size(by_size, out / "plots" / "overhead_vs_size.png"))
         sections.append(section)
     peak = token_tables.peak_vs_tokens(steps)
     if peak is not None:

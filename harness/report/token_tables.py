@@ -278,6 +278,32 @@ def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
     return {key: list(series.values()) for key, series in out.items()}
 
 
+def overhead_by_size(records: Sequence[Record]) -> dict[tuple, list[Series]]:
+    """(tokens, GPU) -> each graphed method's step over the graphed floor (measured and predicted)
+    against the model's parameters: the model-size axis of the same sweep, at each token count
+    that two or more models were measured at (one size is no curve)."""
+    out: dict[tuple, dict[str, Series]] = {}
+    for (model, gpu), lines in overhead_series(records).items():
+        n = _n_params({"model": model}, sweep_records(records, SCALING_SWEEP))
+        if n is None:
+            continue
+        for line in lines:
+            for t, value, status in line.points:
+                series = out.setdefault((t, gpu), {}).setdefault(line.label, Series(line.label, True))
+                series.points.append((n, value, status))
+            for t, low, high in line.predicted:
+                out[(t, gpu)][line.label].predicted.append((n, low, high))
+    sized = {}
+    for key, by_label in out.items():
+        if len({n for s in by_label.values() for n, _, _ in s.points}) < 2:
+            continue
+        for s in by_label.values():
+            s.points.sort(key=lambda p: p[0])
+            s.predicted.sort()
+        sized[key] = list(by_label.values())
+    return dict(sorted(sized.items()))
+
+
 Times = tuple[list[tuple[int, float]], dict[str, float]]  # [(T, dW GEMM ms)], {label: update ms}
 
 

@@ -18,6 +18,7 @@ from harness.run.config import CONF_DIR
 from tests.harness import FIXTURES
 
 LLAMA = yaml.safe_load((CONF_DIR / "model" / "llama3.1-8b.yaml").read_text())
+QWEN_SMALL = yaml.safe_load((CONF_DIR / "model" / "qwen3-0.6b.yaml").read_text())
 N = 8_030_261_248
 
 
@@ -155,6 +156,29 @@ def test_the_largest_step_that_fits_comes_from_the_records():
     unbounded = rows[("on", "fused_adamw")][3]
     assert unbounded.startswith("16384 (16 x 1024) [") and "lower bound" in table.notes[-1]
     assert rows[("on", "forge_bf16")][3].startswith("1024 (1 x 1024)")
+
+
+def _smaller_model(record: dict, ms_scale: float) -> dict:
+    """`record` as if measured on Qwen3-0.6B, its step `ms_scale` times as long."""
+    small = dict(
+        record, model="qwen3-0.6b", n_params=596_049_920, point=record["point"].replace("llama3.1-8b", "q")
+    )
+    small["config"] = dict(record["config"], model=QWEN_SMALL)
+    if small.get("step_time_ms_median") is not None:
+        small["step_time_ms_median"] = record["step_time_ms_median"] * ms_scale
+    return small
+
+
+def test_the_model_size_axis_draws_each_token_count_two_models_share():
+    llama = _scaling_records()
+    small = [_smaller_model(r, 0.1) for r in llama if r["batch_size"] == 1]  # batch 1 only
+    by_size = token_tables.overhead_by_size(llama + small)
+    assert list(by_size) == [(1024, "NVIDIA H200")]  # 2,048 tokens: one model, no curve
+    forge = {s.label: s for s in by_size[(1024, "NVIDIA H200")]}["forge_bf16_graph"]
+    assert [n for n, _, _ in forge.points] == [596_049_920, N]  # smallest first
+    assert [round(v, 6) for _, v, _ in forge.points] == [1.2, 1.2]
+    assert len(forge.predicted) == 2 and all(1 <= low <= high for _, low, high in forge.predicted)
+    assert token_tables.overhead_by_size(llama) == {}
 
 
 def test_the_largest_fit_is_below_the_smallest_oom():
