@@ -354,6 +354,18 @@ def _draw_series(ax: Any, series: Sequence[Any], colors: dict[str, str], top: fl
             )
 
 
+def _draw_over_floor(ax: Any, lines: Sequence[Any], colors: dict[str, str]) -> None:
+    """One panel of steps over the floor: the series, room above the highest measured or predicted
+    ratio for the failures' labels, and the floor as a line at 1."""
+    measured = [v for s in lines for _, v, _ in s.points if v is not None]
+    predicted = [h for s in lines for _, _, h in s.predicted]
+    top = max(measured + predicted + [1.0]) * 1.05
+    _draw_series(ax, lines, colors, top)
+    ax.set_ylim(top=top * 1.02)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("step time / no-optimizer step (graphed)")
+
+
 @styled
 def overhead_vs_tokens(
     series: dict[tuple, list[Any]],
@@ -369,15 +381,8 @@ def overhead_vs_tokens(
     colors = _colors([s.label for key in groups for s in series[key]])
     for row, key in enumerate(groups):
         left, right = axes[row][0], axes[row][1]
-        ticks = [t for s in series[key] for t, _, _ in s.points]
-        measured = [v for s in series[key] for _, v, _ in s.points if v is not None]
-        predicted = [h for s in series[key] for _, _, h in s.predicted]
-        top = max(measured + predicted + [1.0]) * 1.05
-        _draw_series(left, series[key], colors, top)
-        left.set_ylim(top=top * 1.02)
-        left.axhline(1.0, color="black", linewidth=0.8)
-        _tokens_axis(left, ticks)
-        left.set_ylabel("step time / no-optimizer step (graphed)")
+        _draw_over_floor(left, series[key], colors)
+        _tokens_axis(left, [t for s in series[key] for t, _, _ in s.points])
         left.set_title(f"{key[0]}, {key[1]}: measured (solid) and predicted (dashed, dotted)", fontsize=9)
         _legend(left)
         gemm, updates = times.get(key, ([], {}))
@@ -407,18 +412,12 @@ def overhead_vs_size(series: dict[tuple, list[Any]], path: Path) -> Path:
     colors = _colors([s.label for key in groups for s in series[key]])
     for col, key in enumerate(groups):
         ax = axes[0][col]
-        measured = [v for s in series[key] for _, v, _ in s.points if v is not None]
-        predicted = [h for s in series[key] for _, _, h in s.predicted]
-        top = max(measured + predicted + [1.0]) * 1.05
-        _draw_series(ax, series[key], colors, top)
-        ax.set_ylim(top=top * 1.02)
-        ax.axhline(1.0, color="black", linewidth=0.8)
+        _draw_over_floor(ax, series[key], colors)
         ax.set_xscale("log")
         sizes = sorted({n for s in series[key] for n, _, _ in s.points})
         ax.set_xticks(sizes, [f"{n / 1e9:.1f}" for n in sizes])
         ax.minorticks_off()
         ax.set_xlabel("parameters, billions")
-        ax.set_ylabel("step time / no-optimizer step (graphed)")
         ax.set_title(f"{key[0]:,} tokens a step, {key[1]}", fontsize=9)
         _legend(ax)
     fig.tight_layout()
