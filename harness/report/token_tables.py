@@ -16,7 +16,8 @@ Three tables, each beside the prediction of `harness.report.token_model`:
 Rows span every (tokens, method) the sweep has a record of: a combination without a record reads
 `not measured` in every measured cell (the sweep left it out, or it did not run), a failed point
 its status; no figure is ever filled in. The series the plots draw come from the same rows
-(`overhead_series`, `peak_series`). Without records of a sweep its table is not built.
+(`overhead_series`, the same against model size `overhead_by_size`, `peak_series`). Without
+records of a sweep its table is not built.
 """
 
 from __future__ import annotations
@@ -282,9 +283,10 @@ def overhead_by_size(records: Sequence[Record]) -> dict[tuple, list[Series]]:
     """(tokens, GPU) -> each graphed method's step over the graphed floor (measured and predicted)
     against the model's parameters: the model-size axis of the same sweep, at each token count
     that two or more models were measured at (one size is no curve)."""
+    chosen = sweep_records(records, SCALING_SWEEP)
     out: dict[tuple, dict[str, Series]] = {}
     for (model, gpu), lines in overhead_series(records).items():
-        n = _n_params({"model": model}, sweep_records(records, SCALING_SWEEP))
+        n = _n_params({"model": model}, chosen)
         if n is None:
             continue
         for line in lines:
