@@ -72,8 +72,8 @@ the embedding's gradient it still forms when the activations are small, shrinks 
 r) bytes for each token (by s - a_layer once the first layer's backward sets fused AdamW's peak),
 and is zero from `saving_ends_tokens` = max(2 P / s, 2 (P - E) / (s - a_layer)) tokens on, where
 the activations set both peaks. Activation checkpointing divides a by about 7 on Llama-3.1-8B, and
-moves that point out by
-more. The largest step that fits (`largest_tokens`) is where the peak meets the card's memory.
+moves that point out by more. The largest step that fits (`largest_tokens`) is where the peak
+meets the card's memory.
 """
 
 from __future__ import annotations
