@@ -216,7 +216,19 @@ def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path)
 
 # The shapes (N, K) the tuner times candidates on: Llama-3.1-8B's gate, q and k, and Qwen3-14B's k
 # (320 tiles of 128 x 128: 2.4 per multiprocessor, its worst points in the kernel table).
-TUNE_POINTS = {"gate": (14336, 4096), "q": (4096, 4096), "k": (1024, 4096), "qwen_k": (1024, 5120)}
+TUNE_POINTS = {
+    "gate": (14336, 4096),
+    "q": (4096, 4096),
+    "k": (1024, 4096),
+    "qwen_k": (1024, 5120),
+    # Qwen3-0.6B (hidden 1,024): 64, 128 and 192 tiles of 128 x 128, fewer than or about one per
+    # multiprocessor
+    "small_k": (1024, 1024),
+    "small_q": (2048, 1024),
+    "small_gate": (3072, 1024),
+    "small_down": (1024, 3072),
+}
+TUNE_TOKENS = (1024, 2048, 8192, 16384)
 TUNE_DEFAULT_POINTS = ("gate", "q", "k")
 
 
@@ -226,19 +238,36 @@ def tune(
     groups: list[str] | None = None,
     state_dtypes=("bf16", "int8"),
     points=TUNE_DEFAULT_POINTS,
+    tokens=TUNE_TOKENS,
 ) -> None:
     """Time candidate launch configs of the fused kernel (AdamW; bf16 and int8 states unless asked)
     offline: the named groups of `harness.kernels.build.candidate_groups` (default all; the shipped
-    configs always, as the reference) on the named `TUNE_POINTS`."""
+    configs always, as the reference) on the named `TUNE_POINTS` at `tokens`, each point beside
+    cuBLAS's weight-gradient GEMM alone (variant "cublas_gemm")."""
+    from triton.testing import do_bench
+
     from forge.kernels import KernelConfig
     from harness.kernels.build import candidates as candidate_fields
 
     candidates = [KernelConfig(**fields) for fields in candidate_fields(groups)]
     shapes = [(name, *TUNE_POINTS[name]) for name in points]
-    tokens = (1024, 2048, 8192, 16384)
-    for (name, N, K), T, state_dtype in itertools.product(shapes, tokens, state_dtypes):
+    for (name, N, K), T in itertools.product(shapes, tokens):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+        gemm_ms = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+        results.append(
+            out,
+            _record(meta, variant="cublas_gemm", shape_name=name, T=T, N=N, K=K, time_ms=gemm_ms,
+                    status="ok", tflops=2 * T * N * K / gemm_ms / 1e9),
+        )
+        print(f"tune {name:5s} T={T:5d} cublas_gemm -> {gemm_ms}", flush=True)
+        _tune_point(out, meta, name, T, N, K, dy, x, candidates, state_dtypes)
+
+
+def _tune_point(out: Path, meta: dict, name: str, T: int, N: int, K: int, dy, x, candidates, state_dtypes) -> None:
+    """One point's records: every candidate config with each state dtype (a config that does not
+    compile or fit is recorded as an error)."""
+    for state_dtype in state_dtypes:
         for cfg in candidates:
             try:
                 ms = time_forge(dy, x, N, K, "adamw", state_dtype, config=cfg)
@@ -272,6 +301,7 @@ EXAMPLES = """examples (on a CUDA GPU):
   python -m harness kernels --quick                            # Llama q, gate, down at T = 2048, 8192
   python -m harness kernels --models qwen3-14b --tokens 1024 4096
   python -m harness kernels --tune --groups pointers --state-dtypes bf16
+  python -m harness kernels --tune --groups small_grid --points small_k small_q --tokens 1024 4096
   python -m harness kernels --regress --output ci-results/kernels_h200.jsonl
   python -m harness kernels --regress --output slow.jsonl --debug-slowdown 6%
   python -m harness kernels --clip-norms --models llama3.1-8b --tokens 1024 4096 --output clip_norms.jsonl
@@ -318,7 +348,12 @@ def main(argv: list[str]) -> int:
         help="with --tune: the shapes to time the candidates on",
     )
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument(
+        "--tokens",
+        nargs="*",
+        type=int,
+        help=f"tokens per step T (default {' '.join(map(str, TOKENS))}; with --tune {' '.join(map(str, TUNE_TOKENS))})",
+    )
     parser.add_argument(
         "--regress",
         action="store_true",
@@ -379,13 +414,13 @@ def main(argv: list[str]) -> int:
         from harness.kernels import clip_norms, fp8
 
         shapes = {f"{m}/{k}": v for m in args.models for k, v in linear_shapes(MODELS[m]).items()}
-        (fp8 if args.fp8 else clip_norms).run(args.output, meta, shapes, args.tokens)
+        (fp8 if args.fp8 else clip_norms).run(args.output, meta, shapes, args.tokens or list(TOKENS))
         print(f"results: {args.output}")
         return 0
     if args.tune:
         name = "-".join(args.groups or ["all"])
         out = Path(args.out or "results/tuning") / f"tuning-{name}-{stamp}.jsonl"
-        tune(out, meta, args.groups, args.state_dtypes, args.points)
+        tune(out, meta, args.groups, args.state_dtypes, args.points, tuple(args.tokens or TUNE_TOKENS))
         print(f"results: {out} (python -m harness.kernels.tuning {out})")
         return 0
     ceilings = measure_ceilings()
@@ -397,7 +432,7 @@ def main(argv: list[str]) -> int:
     variants = list(itertools.product(("adamw", "lion", "sgd"), STATE_DTYPES))
     for model in args.models:
         shapes = linear_shapes(MODELS[model])
-        tokens = args.tokens
+        tokens = args.tokens or list(TOKENS)
         if args.quick:
             shapes = {k: v for k, v in shapes.items() if k in ("q", "gate", "down")}
             tokens = [2048, 8192]

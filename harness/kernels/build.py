@@ -129,6 +129,14 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(warp_specialized_base, block_k=block_k, fast_epilogue=True, overlap_slices=True)
             for block_k in (128, 64)
         ],
+        # Grids under one tile per multiprocessor (Qwen3-0.6B's 1,024-wide layers: k and v 64 tiles
+        # of 128 x 128, q and o 128, gate, up and down 192): 64-row tiles double the programs, 64 x
+        # 64 ones quadruple them, each summing the same tokens (the warp-specialized kernel builds
+        # 64-row tiles for FP8 operands only).
+        "small_grid": [
+            dict(base, block_n=64, block_k=128, maxnreg=128, overlap_slices=True),
+            dict(base, block_n=64, block_k=64, maxnreg=128),
+        ],
     }
 
 

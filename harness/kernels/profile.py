@@ -22,6 +22,10 @@ profiles PROFILE_STEPS steps (default 3) with torch.profiler and prints, and wri
   the same GEMM across methods;
 - the autograd nodes with the most host time (ForgeLinearFunctionBackward shows what each FORGE
   launch costs the host);
+- kernels_by_launch: the device kernels grouped by (name, grid, block) from the profiler's trace,
+  the 40 with the most device time: calls a step, device ms a step and the mean launch in us.
+  Under a CUDA graph no host op stands over a kernel, so this is how the same kernel on layers of
+  different shapes (a fused kernel's grid is its tiles) is told apart in a graphed step;
 - mm_kernels: per matmul call site kind, its input shapes and strides, the kernels it launched
   (by name) and their device time: which cuBLAS kernel each GEMM got, comparable across methods
   (the per-shape table above can misattribute kernels between ops; this one follows each op's
@@ -41,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,6 +110,38 @@ def _mm_kernels(events, steps: int, top: int = 30) -> list[dict]:
     return sorted(rows, key=lambda r: r["device_ms"], reverse=True)[:top]
 
 
+def kernels_by_launch(trace: dict, steps: int, top: int = 40) -> list[dict]:
+    """Device kernels of a chrome trace (`torch.profiler`'s export) grouped by (name, grid, block):
+    calls and device ms a step and the mean duration in us, the `top` by device time."""
+    groups: dict[tuple, list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") != "kernel" or "dur" not in e:
+            continue
+        args = e.get("args", {})
+        key = (e.get("name", "")[:120], tuple(args.get("grid", ())), tuple(args.get("block", ())))
+        groups.setdefault(key, []).append(float(e["dur"]))
+    rows = [
+        {
+            "name": name,
+            "grid": list(grid),
+            "block": list(block),
+            "calls": len(us) / steps,
+            "device_ms": sum(us) / 1000 / steps,
+            "mean_us": sum(us) / len(us),
+        }
+        for (name, grid, block), us in groups.items()
+    ]
+    return sorted(rows, key=lambda r: r["device_ms"], reverse=True)[:top]
+
+
+def _trace(prof) -> dict:
+    """The profile as a chrome trace (the only place its kernels' grids are kept)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
+
+
 def main(argv: list[str]) -> int:
     warmup = int(os.environ.get("PROFILE_WARMUP", 3))
     steps = int(os.environ.get("PROFILE_STEPS", 3))
@@ -148,6 +185,7 @@ def main(argv: list[str]) -> int:
     matmuls = sorted(matmuls, key=lambda k: k.device_time_total, reverse=True)[:20]
 
     mm_kernels = _mm_kernels(events, steps)
+    by_launch = kernels_by_launch(_trace(prof), steps) if device == "cuda" else []
 
     step = sum(step_ms) / len(step_ms)
     busy = busy_ms(intervals) / steps if intervals else None
@@ -178,6 +216,7 @@ def main(argv: list[str]) -> int:
             {"name": k.key, "calls": k.count / steps, "host_ms": k.cpu_time_total / 1000 / steps}
             for k in by_host
         ],
+        "kernels_by_launch": by_launch,
         "mm_kernels": mm_kernels,
         "clocks": clocks.summary() if device == "cuda" else None,
     }

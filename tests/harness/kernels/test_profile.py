@@ -48,6 +48,7 @@ def test_profile_dry_run_on_cpu(tmp_path):
     assert "[[" in report["matmuls_by_shape"][0]["shapes"]  # input shapes recorded
     assert report["mm_kernels"] and all(m["calls"] > 0 for m in report["mm_kernels"])
     assert report["clocks"] is None  # no GPU: no NVML clocks
+    assert report["kernels_by_launch"] == []  # no device kernels on a CPU
     assert report["fused_busy_ms"] is None and report["fused_overlap_ms"] is None
 
 
@@ -61,6 +62,27 @@ def test_overlap_counts_the_time_two_sets_of_kernels_run_at_once():
 def test_the_fused_kernels_are_told_apart_by_name():
     assert profile.is_fused("_wgrad_update_kernel") and profile.is_fused("wgrad_update_ws_kernel")
     assert not profile.is_fused("_elementwise_update_kernel") and not profile.is_fused("sm90_xmma_gemm")
+
+
+def test_kernels_are_grouped_by_name_and_grid_from_the_trace():
+    """The same kernel on two grids (a fused kernel on layers of two shapes) stays two rows; host
+    events and kernels without a duration are left out; times are per step."""
+    def kernel(name, grid, dur):
+        return {"cat": "kernel", "name": name, "dur": dur, "args": {"grid": grid, "block": [256, 1, 1]}}
+
+    trace = {
+        "traceEvents": [
+            kernel("wgrad_update_kernel", [64, 1, 1], 30.0),
+            kernel("wgrad_update_kernel", [64, 1, 1], 34.0),
+            kernel("wgrad_update_kernel", [192, 1, 1], 50.0),
+            {"cat": "cpu_op", "name": "aten::mm", "dur": 99.0, "args": {}},
+            {"cat": "kernel", "name": "no_duration", "args": {}},
+        ]
+    }
+    rows = profile.kernels_by_launch(trace, steps=2)
+    assert [(r["grid"], r["calls"]) for r in rows] == [([64, 1, 1], 1.0), ([192, 1, 1], 0.5)]
+    assert rows[0]["device_ms"] == pytest.approx(0.032) and rows[0]["mean_us"] == pytest.approx(32.0)
+    assert rows[1]["block"] == [256, 1, 1]
 
 
 def _profile(kernels: dict, busy: float, steps: list, mhz: float) -> dict:
