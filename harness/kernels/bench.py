@@ -244,8 +244,6 @@ def tune(
     offline: the named groups of `harness.kernels.build.candidate_groups` (default all; the shipped
     configs always, as the reference) on the named `TUNE_POINTS` at `tokens`, each point beside
     cuBLAS's weight-gradient GEMM alone (variant "cublas_gemm")."""
-    from triton.testing import do_bench
-
     from forge.kernels import KernelConfig
     from harness.kernels.build import candidates as candidate_fields
 
@@ -254,7 +252,7 @@ def tune(
     for (name, N, K), T in itertools.product(shapes, tokens):
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
-        gemm_ms = do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+        gemm_ms = _time_gemm(dy, x)
         results.append(
             out,
             _record(meta, variant="cublas_gemm", shape_name=name, T=T, N=N, K=K, time_ms=gemm_ms,
@@ -264,7 +262,14 @@ def tune(
         _tune_point(out, meta, name, T, N, K, dy, x, candidates, state_dtypes)
 
 
-def _tune_point(out: Path, meta: dict, name: str, T: int, N: int, K: int, dy, x, candidates, state_dtypes) -> None:
+def _time_gemm(dy: torch.Tensor, x: torch.Tensor) -> float:
+    """cuBLAS's dW = dy^T x alone, median ms."""
+    from triton.testing import do_bench
+
+    return do_bench(lambda: torch.mm(dy.t(), x), return_mode="median")
+
+
+def _tune_point(out: Path, meta: dict, name: str, T: int, N: int, K: int, dy, x, candidates, state_dtypes):
     """One point's records: every candidate config with each state dtype (a config that does not
     compile or fit is recorded as an error)."""
     for state_dtype in state_dtypes:
@@ -352,7 +357,8 @@ def main(argv: list[str]) -> int:
         "--tokens",
         nargs="*",
         type=int,
-        help=f"tokens per step T (default {' '.join(map(str, TOKENS))}; with --tune {' '.join(map(str, TUNE_TOKENS))})",
+        help=f"tokens per step T (default {' '.join(map(str, TOKENS))}; "
+        f"with --tune {' '.join(map(str, TUNE_TOKENS))})",
     )
     parser.add_argument(
         "--regress",
