@@ -16,12 +16,18 @@ just before its kernel (warm-up steps run the kernels a graph will replay); insi
 records p and returns zeros, and `prepare_replay` then does the host's part for every captured
 parameter before each replay: one more step each, their rows uploaded in one copy. Replays are
 bit-identical to eager steps: the same host arithmetic, the same fp32 values.
+
+That host part runs before every replay, while the GPU waits for it, so it is done in bulk: a
+rule without per-parameter host state gives every parameter of one group at one step the same
+coefficients, computed once; the seeds of all captured parameters are one numpy expression (the
+same 32-bit arithmetic as `seed_for`); the rows are filled in a pinned buffer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from forge.backend import interpreting
@@ -69,10 +75,14 @@ class Steps:
 
     def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
         state = self._state_of(p)
+        step = self._count(p, state)
+        return self.rule.coefficients(self._group_of(p), step, state), self.seed_for(p, step)
+
+    def _count(self, p: torch.Tensor, state: dict) -> int:
+        """Count one more step of p; its new step."""
         state["step"] += 1
         self.version[p] += 1
-        step = state["step"]
-        return self.rule.coefficients(self._group_of(p), step, state), self.seed_for(p, step)
+        return state["step"]
 
     def seed_for(self, p: torch.Tensor, step: int) -> int:
         """A per-step, per-tensor Philox seed: a fixed seed gives reproducible bits."""
@@ -82,6 +92,19 @@ class Steps:
         x ^= x >> 15
         x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
         return (x ^ (x >> 13)) & 0x7FFFFFFF
+
+    def _seeds(self, params: list, steps: np.ndarray) -> np.ndarray:
+        """`seed_for` of every (p, step) at once: uint64 arithmetic wraps modulo 2^64, which keeps
+        the low 32 bits that `seed_for`'s masks keep."""
+        index = np.fromiter((self.index[p] for p in params), np.uint64, len(params))
+        x = np.uint64(self.seed & 0xFFFFFFFF) * np.uint64(0x9E3779B1) + index * np.uint64(0x85EBCA77)
+        x = (x + steps.astype(np.uint64) * np.uint64(0xC2B2AE3D)) & np.uint64(0xFFFFFFFF)
+        if self._salt is not None:
+            salt = np.fromiter(((self._salt(p) & 0xFFFFFFFF) for p in params), np.uint64, len(params))
+            x = (x + salt * np.uint64(0x27D4EB2F)) & np.uint64(0xFFFFFFFF)
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
+        return (x ^ (x >> np.uint64(13))) & np.uint64(0x7FFFFFFF)
 
     def _row(self, p: torch.Tensor) -> torch.Tensor:
         """p's step row (the rows of every parameter are allocated at the first update)."""
@@ -120,13 +143,27 @@ class Steps:
                 "prepare_replay(): no FORGE update has been captured yet. Capture a forward and backward "
                 "under torch.cuda.graph with this optimizer attached, then call it before each replay."
             )
+        params = list(self.captured)
+        steps = np.empty(len(params), np.int64)
+        coefficient_rows = []
+        shared: dict[tuple[int, int], tuple] = {}  # (group, step) -> coefficients, rules without host state
+        per_parameter = bool(self.rule.host_state)  # NAdam: each parameter's own running product
+        for j, p in enumerate(params):
+            state, group = self._state_of(p), self._group_of(p)
+            step = steps[j] = self._count(p, state)
+            key = (id(group), step)
+            coefficients = None if per_parameter else shared.get(key)
+            if coefficients is None:
+                coefficients = self.rule.coefficients(group, step, state)
+                shared[key] = coefficients
+            coefficient_rows.append(coefficients)
         rows = self.rows
-        coefficient_rows = [self._no_coefficients()] * rows.shape[0]  # rows the graph does not read stay zero
-        seeds = [0] * rows.shape[0]
-        for p in self.captured:
-            i = self.index[p]
-            coefficient_rows[i], seeds[i] = self._advance(p)
-        rows.copy_(_step_values(coefficient_rows, seeds, rows.shape[1]), non_blocking=True)
+        values = np.zeros(tuple(rows.shape), np.int32)  # rows the graph does not read stay zero
+        at = np.fromiter((self.index[p] for p in params), np.int64, len(params))
+        n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
+        values[at, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
+        values[at, n] = self._seeds(params, steps).astype(np.int32)
+        rows.copy_(_pinned(torch.from_numpy(values)), non_blocking=True)
 
     @staticmethod
     def _no_coefficients() -> tuple:
@@ -149,6 +186,12 @@ def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tenso
     values = torch.zeros((len(seeds), words), dtype=torch.int32)
     values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
     values[:, n] = torch.tensor(seeds, dtype=torch.int32)
+    return _pinned(values)
+
+
+def _pinned(values: torch.Tensor) -> torch.Tensor:
+    """`values` in pinned host memory where CUDA exists (a non-blocking copy to the device then
+    reads it after the host has moved on), else as it is."""
     return values.pin_memory() if torch.cuda.is_available() else values
 
 

@@ -21,7 +21,8 @@ in docs/performance.md), and are picked by shape:
   TMA descriptors.
 * The warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`) runs where it measured faster, on
   Hopper with bf16 operands and a grid of at least `_WS_MIN_TILES_PER_SM` tiles per
-  multiprocessor: 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
+  multiprocessor, or with bf16 states on any grid (`_WS_SMALL_GRID`, 128 x 64 tiles where 128 x 128
+  ones would leave half the multiprocessors idle): 8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16
   and int8 states (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B
   layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
   FP8 operands (`forge.fp8`) take it too, with every state dtype (`fp8_warp_specialized`):
@@ -156,6 +157,13 @@ def fp8_warp_specialized(T: int, state_dtype: str) -> KernelConfig | None:
 # (results/tuning/tuning-warp_specialized-20261130-9e79388.jsonl, tuning-evict_first-20261130-3115a49.jsonl: Qwen3-14B's k, 320 tiles, 0.77-0.93x;
 # Llama-3.1-8B's k, 256 tiles, 0.76-1.05x); fp32 states were not timed there.
 _WS_MIN_TILES_PER_SM = {"fp32": 4, "bf16": 1, "int8": 1}
+# Grids under one tile per multiprocessor (layers 1,024 wide, as in Qwen3-0.6B and 1.7B) take it
+# too with bf16 states, in 128 x 64 tiles where 128 x 128 ones would fill at most half the
+# multiprocessors (results/tuning/tuning-small_grid-pointers-narrow-20261203-214339-91a6269.jsonl,
+# against the fastest Triton candidate: 2,048 x 1,024 (128 tiles) 0.83x at T = 4096 and 0.80x at
+# 8192; 1,024 x 1,024 (64 tiles) in 128 x 64 tiles 0.80x and 0.78x, where 128 x 128 ones gave
+# 0.98x and 0.83x). int8 and fp32 states were not timed there.
+_WS_SMALL_GRID = {"bf16"}
 
 
 @functools.lru_cache(maxsize=256)  # asked on every first launch of a problem; a few shapes per model
@@ -182,9 +190,12 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
     if config is None:
         return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
-    if tiles < _WS_MIN_TILES_PER_SM[state_dtype] * _multiprocessors(dy.device):
+    multiprocessors = _multiprocessors(dy.device)
+    if tiles >= _WS_MIN_TILES_PER_SM[state_dtype] * multiprocessors:
+        return config
+    if is_fp8(dy) or state_dtype not in _WS_SMALL_GRID:
         return None
-    return config
+    return replace(config, block_k=64) if 2 * tiles <= multiprocessors else config
 
 
 def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tensor) -> bool:

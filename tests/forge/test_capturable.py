@@ -96,6 +96,34 @@ def test_a_capture_records_the_parameters_and_a_replay_advances_them(monkeypatch
             assert int(row[NUM_COEFFICIENTS]) == opt.steps.seed_for(p, step)
 
 
+@pytest.mark.parametrize("rule", ["adamw", "nadam"])
+def test_a_replay_writes_the_rows_an_eager_step_would(monkeypatch, rule):
+    """`prepare_replay`'s bulk path (coefficients shared within a group and step, seeds in numpy)
+    writes each captured parameter's row exactly as `begin` would before its eager launch: two
+    groups at different learning rates, a seed above 32 bits, an FSDP2-like salt, and NAdam's
+    per-parameter host state."""
+    model = _model().to(torch.bfloat16)
+    params = list(model.parameters())
+    groups = [{"params": params[:3], "lr": 1e-2}, {"params": params[3:], "lr": 3e-3}]
+    opt = forge.attach(model, rule, groups, capturable=True, seed=2**40 + 12345)
+    opt.steps._salt = lambda p: 7 + opt.index_of(p)
+    batches = _batches(2)
+    _step(model, batches[0])
+    _fake_capture(monkeypatch, opt, model, batches[1])
+    twin = copy.copy(opt.steps)  # the same counts and host state, advanced one parameter at a time
+    twin.version = dict(opt.steps.version)
+    states = {p: {k: v for k, v in opt.state[p].items() if not isinstance(v, torch.Tensor)} for p in params}
+    twin._state_of = states.__getitem__
+    for _ in range(3):
+        opt.prepare_replay()
+        rows = opt.steps.rows
+        for p in params:
+            coefficients, seed = twin._advance(p)
+            expected = torch.tensor(coefficients, dtype=torch.float32).view(torch.int32)
+            assert torch.equal(rows[opt.index_of(p)][:NUM_COEFFICIENTS], expected)
+            assert int(rows[opt.index_of(p)][NUM_COEFFICIENTS]) == seed
+
+
 def test_replay_helpers_refuse_misuse_with_what_to_do(monkeypatch):
     model = _model().to(torch.bfloat16)
     opt = forge.attach(model, "adamw", lr=1e-2)

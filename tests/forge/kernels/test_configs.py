@@ -23,3 +23,30 @@ def test_fp8_operands_take_64_row_tiles_where_the_update_bounds_the_kernel(T):
 
 def test_states_the_kernel_does_not_know_take_no_warp_specialized_config():
     assert fp8_warp_specialized(1024, "fp16") is None
+
+
+@pytest.mark.parametrize(
+    "T, N, K, state_dtype, expected",
+    [
+        (8192, 14336, 4096, "bf16", (128, 128)),  # Llama-3.1-8B's gate: 3,584 tiles
+        (8192, 2048, 1024, "bf16", (128, 128)),  # 128 tiles on 132 multiprocessors
+        (16384, 1024, 1024, "bf16", (128, 64)),  # 64 tiles of 128 x 128: twice as many
+        (8192, 1024, 1024, "bf16", None),  # under the host-bound FLOPs: the Triton kernel
+        (8192, 2048, 1024, "int8", None),  # small grids with int8 states were not timed
+        (8192, 4096, 1024, "fp32", None),  # 256 tiles, under fp32's 4 a multiprocessor
+    ],
+)
+def test_the_warp_specialized_kernel_takes_small_grids_with_bf16_states(monkeypatch, T, N, K, state_dtype,
+                                                                       expected):
+    """On a Hopper of 132 multiprocessors: which problems the warp-specialized kernel takes, in
+    which tiles (the choice does not depend on a CUDA-graph capture, so replays equal eager steps)."""
+    import torch
+
+    from forge.kernels import configs
+
+    monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
+    monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
+    dy = torch.empty(T, N, dtype=torch.bfloat16)
+    x = torch.empty(T, K, dtype=torch.bfloat16)
+    config = configs._warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter=False)
+    assert (config and (config.block_n, config.block_k)) == expected
