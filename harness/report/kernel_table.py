@@ -96,7 +96,8 @@ def _ms(record: Record | None, notes: Notes) -> str:
 
 def t4_kernels(records: Sequence[Record]) -> list[Selection]:
     """T4 (every point) and T4 summary; empty when there are no kernel records."""
-    chosen = latest(r for r in records if not missing(r.get("variant")))
+    # a model's layers only: the tuner's records name a shape and no model (`harness kernels --tune`)
+    chosen = latest(r for r in records if not missing(r.get("variant")) and not missing(r.get("model")))
     if not chosen:
         return []
     points: dict[tuple, dict[str, list[Record]]] = {}

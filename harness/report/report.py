@@ -250,7 +250,7 @@ def kernel_series(records: Sequence[Record]) -> dict[str, dict[str, dict[str, li
     gemm = {
         (r.get("model"), r.get("shape_name"), r.get("T")): float(r["time_ms"])
         for r in records
-        if r.get("variant") == "cublas_gemm" and r.get("time_ms")
+        if r.get("variant") == "cublas_gemm" and r.get("time_ms") and r.get("model")  # not the tuner's
     }
     series: dict[str, dict[str, dict[str, list[tuple[int, float]]]]] = {}
     for r in sorted(records, key=_kernel_order):

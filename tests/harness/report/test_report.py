@@ -313,6 +313,9 @@ def test_kernel_times_sum_over_one_step_only_when_every_shape_is_measured():
     partial = [r for r in full if r["shape_name"] != "lm_head" or r["variant"] != "forge"]
     (row,) = t4_kernels(partial)[2].table.rows
     assert row[6] == "—"  # no sum without every shape
+    # `kernels --tune`'s reference GEMM names a shape and no model: left out
+    tuner = dict(record("k", "cublas_gemm", 9.0), model=None, shape_name="small_k")
+    assert t4_kernels(full + [tuner])[0].table.rows == t4_kernels(full)[0].table.rows
 
 
 def test_the_kernel_summary_sets_forge_beside_the_graphed_baseline_where_a_run_timed_it():
