@@ -24,7 +24,8 @@ in docs/performance.md), and are picked by shape:
   multiprocessor, or with bf16 states on smaller grids too (`_WS_SMALL_GRID`, in 128 x 64 tiles
   where 128 x 128 ones would leave half the multiprocessors idle), never under `_HOST_BOUND_FLOPS`:
   8 epilogue warps, overlapped slices, 32-row slices with the fast epilogue for bf16 and int8 states
-  (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B layers), 16-row slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
+  (0.67-0.85x the Triton kernel's time at T <= 4096 on the large Llama-3.1-8B layers), 16-row
+  slices with the exact epilogue for fp32 states (0.89-0.95x at T <= 2048).
   FP8 operands (`forge.fp8`) take it too, with every state dtype (`fp8_warp_specialized`):
   128 x 128 tiles of two 64-row MMA warpgroups and 4 epilogue warps for fp32 states (8-row
   slices), and for bf16 states above T = 1024 (16-row slices: 0.83-0.91x the 64-row tiles' time
