@@ -70,7 +70,7 @@ class Steps:
             self.captured[p] = None
             return self._no_coefficients(), 0, row
         coefficients, seed = self._advance(p)
-        row.copy_(_step_values([coefficients], [seed], row.shape[0])[0], non_blocking=True)
+        row.copy_(_step_values([coefficients], [seed], (1, row.shape[0]), [0])[0], non_blocking=True)
         return coefficients, seed, row
 
     def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
@@ -93,10 +93,10 @@ class Steps:
         x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
         return (x ^ (x >> 13)) & 0x7FFFFFFF
 
-    def _seeds(self, params: list, steps: np.ndarray) -> np.ndarray:
-        """`seed_for` of every (p, step) at once: uint64 arithmetic wraps modulo 2^64, which keeps
-        the low 32 bits that `seed_for`'s masks keep."""
-        index = np.fromiter((self.index[p] for p in params), np.uint64, len(params))
+    def _seeds(self, params: list, index: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """`seed_for` of every (p, step) at once, `index` holding each p's: uint64 arithmetic wraps
+        modulo 2^64, which keeps the low 32 bits that `seed_for`'s masks keep."""
+        index = index.astype(np.uint64)
         x = np.uint64(self.seed & 0xFFFFFFFF) * np.uint64(0x9E3779B1) + index * np.uint64(0x85EBCA77)
         x = (x + steps.astype(np.uint64) * np.uint64(0xC2B2AE3D)) & np.uint64(0xFFFFFFFF)
         if self._salt is not None:
@@ -157,13 +157,9 @@ class Steps:
                 coefficients = self.rule.coefficients(group, step, state)
                 shared[key] = coefficients
             coefficient_rows.append(coefficients)
-        rows = self.rows
-        values = np.zeros(tuple(rows.shape), np.int32)  # rows the graph does not read stay zero
         at = np.fromiter((self.index[p] for p in params), np.int64, len(params))
-        n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
-        values[at, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
-        values[at, n] = self._seeds(params, steps).astype(np.int32)
-        rows.copy_(_pinned(torch.from_numpy(values)), non_blocking=True)
+        seeds = self._seeds(params, at, steps)
+        self.rows.copy_(_step_values(coefficient_rows, seeds, tuple(self.rows.shape), at), non_blocking=True)
 
     @staticmethod
     def _no_coefficients() -> tuple:
@@ -178,20 +174,16 @@ def _capturing(p: torch.Tensor) -> bool:
     return p.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _step_values(coefficient_rows: list, seeds: list, words: int) -> torch.Tensor:
-    """Step rows of `words` int32 in host memory, pinned where CUDA exists: the coefficients as fp32
-    bits first (words 0-8, rounded from Python's floats as a launch argument is), then the seed. A
-    fresh tensor each call: the pinned-memory allocator keeps it until the copy that reads it has run."""
+def _step_values(coefficient_rows: list, seeds, shape: tuple, at) -> torch.Tensor:
+    """Step rows of `shape` (rows, words) int32 in host memory, pinned where CUDA exists; rows `at`
+    hold the coefficients as fp32 bits first (words 0-8, rounded from Python's floats as a launch
+    argument is), then the seed, the others zeros. A fresh tensor each call: the pinned-memory
+    allocator keeps it until the non-blocking copy that reads it has run."""
     n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
-    values = torch.zeros((len(seeds), words), dtype=torch.int32)
-    values[:, :n] = torch.tensor(coefficient_rows, dtype=torch.float32).view(torch.int32)
-    values[:, n] = torch.tensor(seeds, dtype=torch.int32)
-    return _pinned(values)
-
-
-def _pinned(values: torch.Tensor) -> torch.Tensor:
-    """`values` in pinned host memory where CUDA exists (a non-blocking copy to the device then
-    reads it after the host has moved on), else as it is."""
+    values = np.zeros(shape, np.int32)
+    values[at, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
+    values[at, n] = np.asarray(seeds).astype(np.int32)
+    values = torch.from_numpy(values)
     return values.pin_memory() if torch.cuda.is_available() else values
 
 
