@@ -329,7 +329,10 @@ def _draw_series(ax: Any, series: Sequence[Any], colors: dict[str, str], top: fl
         color = colors[s.label]
         ok = [(t, v) for t, v, _ in s.points if v is not None]
         if ok:
-            ax.plot([t for t, _ in ok], [v for _, v in ok], marker="o", color=color, label=s.label)
+            solid = s.linestyle == "-"
+            marker, fill = ("o", "full") if solid else ("s", "none")
+            xs, ys = [t for t, _ in ok], [v for _, v in ok]
+            ax.plot(xs, ys, linestyle=s.linestyle, marker=marker, fillstyle=fill, color=color, label=s.label)
         for t, v, status in s.points:
             if v is None:
                 failed.setdefault(t, []).append((f"{s.label}: {status}", color))
@@ -363,7 +366,7 @@ def _draw_over_floor(ax: Any, lines: Sequence[Any], colors: dict[str, str]) -> N
     _draw_series(ax, lines, colors, top)
     ax.set_ylim(top=top * 1.02)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("step time / no-optimizer step (graphed)")
+    ax.set_ylabel("step time / no-optimizer step of the same mode")
 
 
 @styled
@@ -374,8 +377,9 @@ def overhead_vs_tokens(
 ) -> Path:
     """Per (model, GPU): each graphed method's step over the graphed floor against tokens per step
     (measured: solid; predicted: dashed where none of the update hides, dotted where all that fits
-    under the dW GEMM does), and beside it the prediction's parts: the step's dW GEMMs against each
-    update's traffic, which can hide where it lies below the GEMM line."""
+    under the dW GEMM does), each eager one's over the eager floor (dash-dot, hollow squares), and
+    beside it the prediction's parts: the step's dW GEMMs against each update's traffic, which can
+    hide where it lies below the GEMM line."""
     groups = sorted(series)
     fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
     colors = _colors([s.label for key in groups for s in series[key]])
@@ -383,7 +387,9 @@ def overhead_vs_tokens(
         left, right = axes[row][0], axes[row][1]
         _draw_over_floor(left, series[key], colors)
         _tokens_axis(left, [t for s in series[key] for t, _, _ in s.points])
-        left.set_title(f"{key[0]}, {key[1]}: measured (solid) and predicted (dashed, dotted)", fontsize=9)
+        left.set_title(
+            f"{key[0]}, {key[1]}: graphed (solid), eager (dash-dot), predicted (dashed, dotted)", fontsize=9
+        )
         _legend(left)
         gemm, updates = times.get(key, ([], {}))
         if gemm:

@@ -254,25 +254,30 @@ class Series:
     graphed: bool
     points: list[tuple[int, float | None, str | None]] = field(default_factory=list)  # (T, value, status)
     predicted: list[tuple[int, float, float]] = field(default_factory=list)  # (T, low, high)
+    linestyle: str = "-"  # of the measured line; eager steps beside graphed ones are drawn "-."
 
 
 def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
-    """(model, GPU) -> each graphed method's step over the graphed floor (measured and predicted,
-    the predicted overhead over the measured floor's time) against tokens."""
+    """(model, GPU) -> each method's step over the floor of its own mode against tokens: graphed
+    methods over the graphed floor, measured and predicted (the predicted overhead over the
+    measured floor's time); eager ones (but the floor) over the eager floor, measured only, since
+    the prediction counts GPU time and an eager step can be set by its host."""
     chosen = sweep_records(records, SCALING_SWEEP)
     out: dict[tuple, dict[str, Series]] = {}
     for record in grid(chosen):
-        if not graphed(record):
-            continue
+        is_graphed = graphed(record)
+        if not is_graphed and record.get("method") == FLOOR:
+            continue  # the eager floor: 1.00x by definition, the graphed floor's line already
+        label = display_name(record)
         series = out.setdefault(group_of(record), {}).setdefault(
-            display_name(record), Series(display_name(record), True)
+            label, Series(label, is_graphed, linestyle="-" if is_graphed else "-.")
         )
         floor = _twin(record, chosen, FLOOR)
         base = _step_median(floor) if floor is not None and _ok(floor) else None
         mine = _step_median(record) if _ok(record) else None
         value = mine / base if mine is not None and base else None
         series.points.append((tokens(record), value, None if value is not None else _status(record)))
-        predicted = _prediction(record, chosen)
+        predicted = _prediction(record, chosen) if is_graphed else None
         if predicted is not None and base:
             low, high = 1 + predicted.hidden_ms / base, 1 + predicted.exposed_ms / base
             series.predicted.append((tokens(record), low, high))
@@ -289,7 +294,7 @@ def overhead_by_size(records: Sequence[Record]) -> dict[tuple, list[Series]]:
         n = _n_params({"model": model}, chosen)
         if n is None:
             continue
-        for line in lines:
+        for line in (line for line in lines if line.graphed):
             for t, value, status in line.points:
                 series = out.setdefault((t, gpu), {}).setdefault(line.label, Series(line.label, True))
                 series.points.append((n, value, status))

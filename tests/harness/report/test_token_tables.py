@@ -181,6 +181,19 @@ def test_the_model_size_axis_draws_each_token_count_two_models_share():
     assert token_tables.overhead_by_size(llama) == {}
 
 
+def test_the_plot_draws_eager_steps_over_the_eager_floor_without_a_prediction():
+    by_model = token_tables.overhead_series(_scaling_records())
+    lines = {s.label: s for s in by_model[("llama3.1-8b", "NVIDIA H200")]}
+    eager = lines["forge_bf16"]
+    assert not eager.graphed and eager.linestyle == "-." and eager.predicted == []
+    assert [(t, round(v, 6)) for t, v, _ in eager.points if v is not None] == [(1024, round(150 / 110, 6))]
+    assert "no_optimizer" not in lines  # the eager floor is the line at 1.00x
+    assert lines["forge_bf16_graph"].linestyle == "-" and lines["forge_bf16_graph"].predicted
+    small = [_smaller_model(r, 0.1) for r in _scaling_records()]
+    by_size = token_tables.overhead_by_size(_scaling_records() + small)
+    assert all(s.graphed for lines in by_size.values() for s in lines)
+
+
 def test_the_largest_fit_is_below_the_smallest_oom():
     points = [
         _record("s", "forge_bf16", b, 1.0, 1.0, status=s) for b, s in [(1, "ok"), (4, "oom"), (8, "ok")]
