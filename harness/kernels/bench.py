@@ -253,11 +253,8 @@ def tune(
         dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
         x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
         gemm_ms = _time_gemm(dy, x)
-        results.append(
-            out,
-            _record(meta, variant="cublas_gemm", shape_name=name, T=T, N=N, K=K, time_ms=gemm_ms,
-                    status="ok", tflops=2 * T * N * K / gemm_ms / 1e9),
-        )
+        gemm = dict(variant="cublas_gemm", shape_name=name, T=T, N=N, K=K, time_ms=gemm_ms, status="ok")
+        results.append(out, _record(meta, **gemm, tflops=2 * T * N * K / gemm_ms / 1e9))
         print(f"tune {name:5s} T={T:5d} cublas_gemm -> {gemm_ms}", flush=True)
         _tune_point(out, meta, name, T, N, K, dy, x, candidates, state_dtypes)
 

@@ -36,8 +36,9 @@ def test_states_the_kernel_does_not_know_take_no_warp_specialized_config():
         (8192, 4096, 1024, "fp32", None),  # 256 tiles, under fp32's 4 a multiprocessor
     ],
 )
-def test_the_warp_specialized_kernel_takes_small_grids_with_bf16_states(monkeypatch, T, N, K, state_dtype,
-                                                                       expected):
+def test_the_warp_specialized_kernel_takes_small_grids_with_bf16_states(
+    monkeypatch, T, N, K, state_dtype, expected
+):
     """On a Hopper of 132 multiprocessors: which problems the warp-specialized kernel takes, in
     which tiles (the choice does not depend on a CUDA-graph capture, so replays equal eager steps)."""
     import torch

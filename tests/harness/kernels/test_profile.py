@@ -67,6 +67,7 @@ def test_the_fused_kernels_are_told_apart_by_name():
 def test_kernels_are_grouped_by_name_and_grid_from_the_trace():
     """The same kernel on two grids (a fused kernel on layers of two shapes) stays two rows; host
     events and kernels without a duration are left out; times are per step."""
+
     def kernel(name, grid, dur):
         return {"cat": "kernel", "name": name, "dur": dur, "args": {"grid": grid, "block": [256, 1, 1]}}
 
