@@ -267,7 +267,7 @@ def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
     for record in grid(chosen):
         is_graphed = graphed(record)
         if not is_graphed and record.get("method") == FLOOR:
-            continue  # the eager floor: 1.00x by definition, the graphed floor's line already
+            continue  # the eager floor over itself: the graphed floor's line at 1.00x stands for both
         label = display_name(record)
         series = out.setdefault(group_of(record), {}).setdefault(
             label, Series(label, is_graphed, linestyle="-" if is_graphed else "-.")
