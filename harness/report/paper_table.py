@@ -230,6 +230,11 @@ def _llama_b1(records: Sequence[Record], label: str) -> list[Record]:
     ]
 
 
+def _time(record: Record) -> str:
+    """When a record was measured, as its ISO timestamp (sorts in time order)."""
+    return str(record.get("time") or "")
+
+
 def _run_of(record: Record) -> tuple[str, str]:
     """The run a record came from: its sweep and the commit it measured."""
     return str(record.get("sweep") or ""), str((record.get("env") or {}).get("git_commit") or "")
@@ -240,18 +245,17 @@ def _step_points_of_one_run(records: Sequence[Record]) -> tuple[Record, Record, 
     labels = ("no_optimizer_graph", PAPER_BASE + "_graph", "forge_int8_graph")
     by_run: dict[tuple[str, str], dict[str, Record]] = {}
     for label in labels:
-        for r in sorted(_llama_b1(records, label), key=lambda r: str(r.get("time") or "")):
+        for r in sorted(_llama_b1(records, label), key=_time):
             by_run.setdefault(_run_of(r), {})[label] = r
     complete = [run for run in by_run.values() if len(run) == len(labels)]
     if not complete:
         return None
-    latest = max(complete, key=lambda run: max(str(r.get("time") or "") for r in run.values()))
+    latest = max(complete, key=lambda run: max(map(_time, run.values())))
     return latest[labels[0]], latest[labels[1]], latest[labels[2]]
 
 
-def _paper_step_target_met(points: dict) -> bool:
+def _paper_step_target_met(forge: Record | None, base: Record | None) -> bool:
     """Whether the paper sweep's FORGE int8 step is within the paper's ratio of its baseline."""
-    forge, base = points.get((LLAMA, "forge_int8_graph")), points.get((LLAMA, PAPER_BASE + "_graph"))
     forge_ms, base_ms = _step_median(forge), _step_median(base)
     if not (_ok(forge) and _ok(base)) or forge_ms is None or not base_ms:
         return False
@@ -264,20 +268,21 @@ def _why_step(records: Sequence[Record], points: dict) -> str | None:
     The three steps come from one run where one measured them all (differences between runs of the
     same point are as large as what this note subtracts); otherwise the latest floor beside the
     paper sweep's own points, each named by its sweep."""
+    paper_forge = points.get((LLAMA, "forge_int8_graph"))
+    paper_base = points.get((LLAMA, PAPER_BASE + "_graph"))
     one_run = _step_points_of_one_run(records)
     if one_run:
         floor, base, forge = one_run
     else:
-        floors = _llama_b1(records, "no_optimizer_graph")
-        floor = max(floors, key=lambda r: str(r.get("time") or ""), default=None)
-        forge, base = points.get((LLAMA, "forge_int8_graph")), points.get((LLAMA, PAPER_BASE + "_graph"))
+        floor = max(_llama_b1(records, "no_optimizer_graph"), key=_time, default=None)
+        forge, base = paper_forge, paper_base
     if not (_ok(floor) and _ok(forge) and _ok(base)):
         return None
     lo, hi = paper.LLAMA_STEP_MS
     floor_ms, forge_ms, base_ms = _step_median(floor), _step_median(forge), _step_median(base)
     if floor_ms is None or forge_ms is None or base_ms is None:
         return None
-    if _paper_step_target_met(points):
+    if _paper_step_target_met(paper_forge, paper_base):
         return None
     where = (
         f"above the paper's FORGE step of {hi:.1f} ms, so no update can reach that figure on this stack"
