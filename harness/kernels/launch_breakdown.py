@@ -24,7 +24,12 @@ path, so the difference between two rows is what that layer costs:
   (False)`: on CUDA the autograd engine otherwise runs backward on a device thread, where
   FORGE's backward (Python) must take the GIL and torch's (C++) need not;
 - `elementwise_update, norm`: the element-wise kernel on a K-wide vector (what each norm weight's
-  hook launches; a Llama-3.1-8B step has 65 of them).
+  hook launches; a Llama-3.1-8B step has 65 of them);
+- `nn.Linear stack of L, per layer` and `ForgeLinear stack of L, per layer` (`--layers`, default
+  28): one forward and backward through L layers alternating (K -> N, N -> K), divided by L, on the
+  device thread and on this one. A model's backward runs many nodes on one engine thread, so these
+  rows weigh what a layer costs inside a step apart from what waking the engine costs once a
+  backward, which the single-layer rows include.
 
 Then a cProfile of ForgeLinear's forward + backward (backward on this thread, so the profiler sees
 it): the 25 functions with the most own time, in the JSON under `profile`; and torch.profiler's
@@ -97,6 +102,14 @@ def _torch_profile(fn, n: int, sync, top: int = 25) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def _stack(K: int, N: int, layers: int, device: str) -> torch.nn.Sequential:
+    """`layers` bias-free bf16 linears alternating K -> N and N -> K (an even count ends on N)."""
+    dims = [(K, N) if i % 2 == 0 else (N, K) for i in range(layers)]
+    return torch.nn.Sequential(
+        *(torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16) for i, o in dims)
+    )
+
+
 def _triton_version() -> str:
     import triton
 
@@ -109,6 +122,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--shape", nargs=3, type=int, metavar=("T", "N", "K"), default=(1024, 1024, 4096))
     parser.add_argument("--calls", type=int, default=2000, help="calls per row")
+    parser.add_argument("--layers", type=int, default=28, help="layers in the stack rows")
     parser.add_argument("--tiny", action="store_true", help="a CPU dry run at T=N=K=64, 3 calls a row")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -164,6 +178,18 @@ def main(argv: list[str]) -> int:
         return run
 
     forge_step()  # the weight's states exist from here on
+
+    layers = 2 if args.tiny else args.layers
+    plain_stack, fused_stack = (_stack(K, N, layers, device) for _ in range(2))
+    forge.attach(fused_stack, lr=1e-4, state_dtype="bf16")
+    stack_calls = max(3, calls // layers)
+
+    def stack_step(model):
+        def run():
+            model(xg).float().sum().backward()
+
+        return run
+
     rows = {
         "mm": lambda: torch.mm(dy.t(), x),
         "wgrad_update": update(),
@@ -183,6 +209,13 @@ def main(argv: list[str]) -> int:
         host_us, wall_us = _per_call_us(fn, calls, sync)
         results[name] = dict(host_us=host_us, wall_us=wall_us)
         print(f"{name:44s} {host_us:9.1f} {wall_us:9.1f}", flush=True)
+    for kind, model in (("nn.Linear", plain_stack), ("ForgeLinear", fused_stack)):
+        steps = (("", stack_step(model)), (", backward on this thread", on_this_thread(stack_step(model))))
+        for where, step in steps:
+            name = f"{kind} stack of {layers}, per layer{where}"
+            host_us, wall_us = _per_call_us(step, stack_calls, sync)
+            results[name] = dict(host_us=host_us / layers, wall_us=wall_us / layers)
+            print(f"{name:44s} {host_us / layers:9.1f} {wall_us / layers:9.1f}", flush=True)
     profile = _profile(on_this_thread(forge_step), calls, sync)
     print(profile)
     torch_profile = _torch_profile(on_this_thread(forge_step), min(calls, 200), sync)
@@ -194,6 +227,7 @@ def main(argv: list[str]) -> int:
         triton=_triton_version(),
         shape=dict(T=T, N=N, K=K),
         calls=calls,
+        layers=layers,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         rows=results,
         profile=profile,

@@ -33,6 +33,9 @@ def test_launch_breakdown_dry_run(tmp_path):
         "ForgeLinear fwd+bwd",
         "ForgeLinear fwd+bwd, backward on this thread",
         "elementwise_update, norm",
+        "ForgeLinear stack of 2, per layer",
+        "ForgeLinear stack of 2, per layer, backward on this thread",
+        "nn.Linear stack of 2, per layer",
     }
     assert "ForgeLinearFunctionBackward" in record["torch_profile"]
     assert all(row["host_us"] > 0 and row["wall_us"] >= row["host_us"] for row in record["rows"].values())
