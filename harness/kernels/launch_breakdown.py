@@ -103,7 +103,7 @@ def _torch_profile(fn, n: int, sync, top: int = 25) -> str:
 
 
 def _stack(K: int, N: int, layers: int, device: str) -> torch.nn.Sequential:
-    """`layers` bias-free bf16 linears alternating K -> N and N -> K (an even count ends on N)."""
+    """`layers` bias-free bf16 linears alternating K -> N and N -> K, the first taking K features."""
     dims = [(K, N) if i % 2 == 0 else (N, K) for i in range(layers)]
     return torch.nn.Sequential(
         *(torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16) for i, o in dims)
