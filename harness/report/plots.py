@@ -379,8 +379,8 @@ def overhead_vs_tokens(
     (measured: solid; predicted: dashed where none of the update hides, dotted where all that fits
     under the dW GEMM does), each eager one's over the eager floor (dash-dot, hollow squares), and
     beside it the prediction's parts: the step's dW GEMMs against each update's traffic, which can
-    hide where it lies below the GEMM line."""
-    groups = sorted(series)
+    hide where it lies below the GEMM line. Panels in the series' order (model size)."""
+    groups = list(series)
     fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
     colors = _colors([s.label for key in groups for s in series[key]])
     for row, key in enumerate(groups):
@@ -436,8 +436,8 @@ def peak_vs_tokens(
 ) -> Path:
     """Per (model, GPU), without and with activation checkpointing: each method's peak against
     tokens per step, measured (solid, a failure as a labelled x at the card's memory) and predicted
-    (dashed), with the card's memory as a line."""
-    groups = sorted(series)
+    (dashed), with the card's memory as a line. Panels in the series' order (model size)."""
+    groups = list(series)
     fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
     colors = _colors([s.label for key in groups for ac in (False, True) for s in series[key].get(ac, [])])
     for row, key in enumerate(groups):

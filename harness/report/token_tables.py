@@ -258,10 +258,10 @@ class Series:
 
 
 def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
-    """(model, GPU) -> each method's step over the floor of its own mode against tokens: graphed
-    methods over the graphed floor, measured and predicted (the predicted overhead over the
-    measured floor's time); eager ones (but the floor) over the eager floor, measured only, since
-    the prediction counts GPU time and an eager step can be set by its host."""
+    """(model, GPU), smallest model first -> each method's step over the floor of its own mode
+    against tokens: graphed methods over the graphed floor, measured and predicted (the predicted
+    overhead over the measured floor's time); eager ones (but the floor) over the eager floor,
+    measured only, since the prediction counts GPU time and an eager step can be set by its host."""
     chosen = sweep_records(records, SCALING_SWEEP)
     out: dict[tuple, dict[str, Series]] = {}
     for record in grid(chosen):
@@ -426,8 +426,8 @@ def dense_tokens(low: int, high: int, n: int = 48) -> list[int]:
 
 
 def peak_series(records: Sequence[Record]) -> dict[tuple, dict[bool, list[Series]]]:
-    """(model, GPU) -> checkpointing -> each method's measured peak against tokens, and its
-    predicted peak over the span of the measured tokens."""
+    """(model, GPU), smallest model first -> checkpointing -> each method's measured peak against
+    tokens, and its predicted peak over the span of the measured tokens."""
     chosen = sweep_records(records, PEAK_SWEEP)
     out: dict[tuple, dict[bool, dict[str, Series]]] = {}
     likes: dict[int, Record] = {}

@@ -192,6 +192,8 @@ def test_the_plot_draws_eager_steps_over_the_eager_floor_without_a_prediction():
     small = [_smaller_model(r, 0.1) for r in _scaling_records()]
     by_size = token_tables.overhead_by_size(_scaling_records() + small)
     assert all(s.graphed for lines in by_size.values() for s in lines)
+    panels = list(token_tables.overhead_series(_scaling_records() + small))  # the plot's rows, in order
+    assert [model for model, _ in panels] == ["qwen3-0.6b", "llama3.1-8b"]  # by size, not by name
 
 
 def test_the_largest_fit_is_below_the_smallest_oom():
