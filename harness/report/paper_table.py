@@ -270,6 +270,8 @@ def _why_step(records: Sequence[Record], points: dict) -> str | None:
     paper sweep's own points, each named by its sweep."""
     paper_forge = points.get((LLAMA, "forge_int8_graph"))
     paper_base = points.get((LLAMA, PAPER_BASE + "_graph"))
+    if _paper_step_target_met(paper_forge, paper_base):
+        return None
     one_run = _step_points_of_one_run(records)
     if one_run:
         floor, base, forge = one_run
@@ -281,8 +283,6 @@ def _why_step(records: Sequence[Record], points: dict) -> str | None:
     lo, hi = paper.LLAMA_STEP_MS
     floor_ms, forge_ms, base_ms = _step_median(floor), _step_median(forge), _step_median(base)
     if floor_ms is None or forge_ms is None or base_ms is None:
-        return None
-    if _paper_step_target_met(paper_forge, paper_base):
         return None
     where = (
         f"above the paper's FORGE step of {hi:.1f} ms, so no update can reach that figure on this stack"
