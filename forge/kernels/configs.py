@@ -95,6 +95,12 @@ class KernelConfig:
     # the stage before's is added into the fp32 accumulator (`wgrad_update_ws._promoting_mma_partition`),
     # instead of the MMAs waiting for each add. The same sums, added in the same order.
     overlap_promotion: bool = False
+    # Warp-specialized, bf16 operands: this many of the persistent grid's programs (one a
+    # multiprocessor) run only the update, the others only the GEMM, and finished gradient tiles
+    # pass between them through a ring of `ring_tiles` fp32 tiles in L2 (0: twice the GEMM
+    # programs); `forge.kernels.wgrad_update_split`. 0 keeps both halves in every program.
+    update_programs: int = 0
+    ring_tiles: int = 0
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -286,7 +292,9 @@ def fp8_config(cfg: KernelConfig, on_interpreter: bool) -> KernelConfig:
 class Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
-    kernel: str  # "triton" (forge.kernels.wgrad_update) or "gluon" (forge.kernels.wgrad_update_ws)
+    # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws) or "split"
+    # (forge.kernels.wgrad_update_split)
+    kernel: str
     config: KernelConfig
     tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
     grid: tuple
@@ -323,6 +331,9 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         raise ValueError("KernelConfig.overlap_promotion is an option of the warp-specialized kernel on FP8 operands "
                          f"in 64-row tiles (warp_specialized=True, block_n=64; got block_n={config.block_n}, "
                          f"warp_specialized={config.warp_specialized}, dy {dy.dtype})")
+    if config is not None and config.update_programs and not (config.warp_specialized and not fp8):
+        raise ValueError("KernelConfig.update_programs is an option of the warp-specialized kernel on bf16 operands "
+                         f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, dy {dy.dtype})")
     if config is not None and config.fp8_fast_accum and config.warp_specialized:
         raise ValueError("KernelConfig.fp8_fast_accum is an option of the Triton kernel: the warp-specialized one "
                          "always adds each T tile into fp32 (set warp_specialized=False)")
@@ -362,5 +373,12 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n, fp8))
     tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)
+    if cfg.update_programs:
+        programs = _multiprocessors(device)
+        if not 0 < cfg.update_programs < programs:
+            raise ValueError(f"KernelConfig.update_programs={cfg.update_programs}: between 1 and {programs - 1} of "
+                             f"this GPU's {programs} multiprocessors run the update; the rest run the GEMM")
+        constexprs.pop("OVERLAP_PROMOTION")
+        return Plan("split", cfg, "host", (programs,), cdiv(K, int8_group), constexprs, options)
     grid = (min(tiles, _multiprocessors(device)),)
     return Plan("gluon", cfg, "host", grid, cdiv(K, int8_group), constexprs, options)

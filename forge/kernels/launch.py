@@ -54,12 +54,20 @@ def _launch_hooks_installed() -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+# Whether the compiler may contract a * b + c into one fma. Triton's default has been on and turns
+# off in 3.10, and either way the bits of a step move with it: FORGE's rules write as an explicit
+# fma every sum of products torch.optim rounds as one, and were checked against it on the GPU with
+# contraction on for the rest. Every launch and every offline build asks for it by name, so that a
+# Triton upgrade cannot change the arithmetic unasked.
+FP_FUSION = True
+
+
 class DirectLauncher:
     """`kernel[grid](*args, **constexprs, **options)`, through Triton's dispatch once per key.
 
     `grid`: a tuple of one to three program counts. `args` are the kernel's runtime arguments in
     signature order and must come before all of its compile-time ones (`constexprs`, by name);
-    `options` are launch options (num_warps, ...).
+    `options` are launch options (num_warps, ...); `enable_fp_fusion` is always `FP_FUSION`.
     """
 
     max_entries = 4096  # exact integers in keys: a run of ever-new shapes must not grow it forever
@@ -71,6 +79,7 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests and benchmarks: calls that skipped Triton's dispatch
 
     def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, options: dict) -> None:
+        options = dict(options, enable_fp_fusion=FP_FUSION)
         if self._interpreted:
             self.kernel[grid](*args, **constexprs, **options)
             return

@@ -49,10 +49,10 @@ from forge.kernels.update_tile import (
 )
 from forge.kernels.wgrad_tile import tile_origin, wgrad_tile
 
-try:  # Gluon (Triton >= 3.5): the warp-specialized kernel for Hopper
-    from forge.kernels import wgrad_update_ws
-except ImportError:  # pragma: no cover - an older Triton: configs never plans it
-    wgrad_update_ws = None
+try:  # Gluon (Triton >= 3.5): the warp-specialized kernels for Hopper
+    from forge.kernels import wgrad_update_split, wgrad_update_ws
+except ImportError:  # pragma: no cover - an older Triton: configs never plans them
+    wgrad_update_ws = wgrad_update_split = None
 
 
 @triton.jit
@@ -194,6 +194,9 @@ def wgrad_update(
     step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)
+        return
+    if plan.kernel == "split":
+        wgrad_update_split.launch(key, plan, weight, slots, dy, x, step)
         return
     dy_src, x_src = dy, x
     if plan.tma == "host":

@@ -54,8 +54,8 @@ from forge.kernels.launch import DirectLauncher
 from forge.kernels.update_tile import finish_tile_at, load_step_values, load_tile_at, offsets_of
 from forge.kernels.wgrad_tile import tile_origin
 
-_partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 GROUP_N = gl.constexpr(8)  # tiles of N walked together, for L2 reuse of x (`wgrad_tile.tile_origin`)
 # Registers per thread of the MMA warps: a 128 x 128 fp32 accumulator takes 128 and the loop a few
@@ -76,8 +76,14 @@ LOADER_REGS = gl.constexpr(24)
 
 
 @gluon.jit
-def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+def load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """Fill the ring: for every tile of this program, the dy and x tiles of each BLOCK_T tokens."""
+    load_tiles(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, gl.program_id(0), gl.num_programs(0))
+
+
+@gluon.jit
+def load_tiles(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, first, stride):
+    """The loader's loop over tiles first, first + stride, ... (`load_partition`)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     T_MAJOR: gl.constexpr = dy_bufs.dtype.primitive_bitwidth == 8  # FP8: (BLOCK_N | BLOCK_K, BLOCK_T) tiles
     BLOCK_T: gl.constexpr = dy_bufs.type.shape[2] if T_MAJOR else dy_bufs.type.shape[1]
@@ -85,26 +91,33 @@ def _load_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, ac
     BLOCK_K: gl.constexpr = x_bufs.type.shape[1] if T_MAJOR else x_bufs.type.shape[2]
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots filled so far, over all tiles
-    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for tile in range(first, tiles, stride):
         n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, GROUP_N)
         for t0 in range(0, T, BLOCK_T):
             slot = count % STAGES
             mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)  # passes at once on the first lap
             mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
             if T_MAJOR:  # blocks of dy^T and x^T; columns past T read as 0
-                _tma_load(dy_desc, [n0, t0], ready.index(slot), dy_bufs.index(slot))
-                _tma_load(x_desc, [k0, t0], ready.index(slot), x_bufs.index(slot))
+                tma_load(dy_desc, [n0, t0], ready.index(slot), dy_bufs.index(slot))
+                tma_load(x_desc, [k0, t0], ready.index(slot), x_bufs.index(slot))
             else:  # rows past T read as 0
-                _tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
-                _tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+                tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
+                tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
             count += 1
 
 
 @gluon.jit
-def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
+def mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K):
     """dW tile = dy_tile^T x_tile summed over the ring, then handed to the epilogue's staging buffer."""
+    mma_tiles(dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, gl.program_id(0),
+              gl.num_programs(0))
+
+
+@gluon.jit
+def mma_tiles(dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, first, stride):
+    """The MMA warps' loop over tiles first, first + stride, ... (`mma_partition`)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    T_MAJOR: gl.constexpr = dy_bufs.dtype.primitive_bitwidth == 8  # as in _load_partition
+    T_MAJOR: gl.constexpr = dy_bufs.dtype.primitive_bitwidth == 8  # as in load_partition
     BLOCK_T: gl.constexpr = dy_bufs.type.shape[2] if T_MAJOR else dy_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[1] if T_MAJOR else dy_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = x_bufs.type.shape[1] if T_MAJOR else x_bufs.type.shape[2]
@@ -116,7 +129,7 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
     count = 0  # ring slots consumed so far, over all tiles
     done = 0  # tiles handed over
-    for _ in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for _ in range(first, tiles, stride):
         acc = gl.zeros((BLOCK_N, BLOCK_K), gl.float32, layout)
         for t0 in range(0, T, BLOCK_T):
             slot = count % STAGES
@@ -132,7 +145,7 @@ def _mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc
             count += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        _hand_over(acc, acc_smem, acc_ready, acc_empty, done)
+        hand_over(acc, acc_smem, acc_ready, acc_empty, done)
         done += 1
 
 
@@ -145,7 +158,7 @@ def _promoting_mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc
     wait for the add. Three tiles live in registers (the accumulator and two partials): one
     warpgroup of 64 rows at PROMOTING_MMA_REGS. The stages go in pairs, so that each partial keeps
     its registers from its MMA to its add (a copy of a tile still being written would make the
-    assembler serialize every MMA). The sums are `_mma_partition`'s, added in the same order."""
+    assembler serialize every MMA). The sums are `mma_partition`'s, added in the same order."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     BLOCK_T: gl.constexpr = dy_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[1]
@@ -172,7 +185,7 @@ def _promoting_mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc
             odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
             acc = acc + odd
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        _hand_over(acc, acc_smem, acc_ready, acc_empty, done)
+        hand_over(acc, acc_smem, acc_ready, acc_empty, done)
         done += 1
 
 
@@ -195,16 +208,16 @@ def _promoting_stage(dy_bufs, x_bufs, ready, empty, count, stage, acc, issued, l
 
 
 @gluon.jit
-def _hand_over(acc, acc_smem, acc_ready, acc_empty, done):
+def hand_over(acc, acc_smem, acc_ready, acc_empty, done):
     """Stage a finished gradient tile for the epilogue, once it has read the tile before."""
     mbarrier.wait(acc_empty, (done & 1) ^ 1)
     acc_smem.store(acc)
-    _partition_barrier()
+    partition_barrier()
     mbarrier.arrive(acc_ready)
 
 
 @gluon.jit
-def _epilogue_partition(
+def epilogue_partition(
     acc_smem, acc_ready, acc_empty,
     params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
     GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr,
@@ -257,7 +270,7 @@ def update_staged_tile(
         if GRAD_SCALE:
             g = g * grad_scale
         if r == BLOCK_N // ROWS - 1:  # the whole tile is read: the MMA warps may stage the next
-            _partition_barrier()
+            partition_barrier()
             mbarrier.arrive(acc_empty)
         if not OVERLAP_SLICES:
             offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, ROW_LIMIT, K, NUM_GROUPS)
@@ -336,10 +349,10 @@ def wgrad_update_ws_kernel(
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     gl.warp_specialize([
-        (_epilogue_partition, (acc_smem, acc_ready, acc_empty, params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr,
+        (epilogue_partition, (acc_smem, acc_ready, acc_empty, params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr,
                                UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, ROWS, FAST_EPILOGUE, OVERLAP_SLICES)),
-        (_promoting_mma_partition if OVERLAP_PROMOTION else _mma_partition, workers),
-        (_load_partition, workers),
+        (_promoting_mma_partition if OVERLAP_PROMOTION else mma_partition, workers),
+        (load_partition, workers),
     ], [MMA_WARPS, 1], [mma_regs, LOADER_REGS])
 
 

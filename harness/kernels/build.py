@@ -199,9 +199,13 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from forge.kernels import wgrad_update_ws_kernel as kernel
     from forge.kernels import ws_max_registers
+    from forge.kernels.launch import FP_FUSION
+    from forge.kernels.wgrad_update_split import wgrad_update_split_kernel
+    from forge.kernels.wgrad_update_ws import wgrad_update_ws_kernel
 
+    split = bool(config.get("update_programs"))  # the multiprocessor-specialized twin
+    kernel = wgrad_update_split_kernel if split else wgrad_update_ws_kernel
     bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
     T, N, K = PROBLEM
     signature = _slots_signature(state_dtype)
@@ -217,6 +221,10 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         signature[name] = f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
     integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
     signature.update({name: "i32" for name in integers})
+    if split:
+        signature.update(
+            ring_ptr="*fp32", published="*i32", consumed="*i32", mma_programs="i32", ring_tiles="i32"
+        )
     signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32", scale_ptr="*fp32")
     constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
     constants.update(
@@ -225,8 +233,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         ROWS=config["epilogue_rows"],
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
-        OVERLAP_PROMOTION=config.get("overlap_promotion", False),
     )
+    if not split:
+        constants["OVERLAP_PROMOTION"] = config.get("overlap_promotion", False)
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
     divisible = [name for name, kind in ordered.items() if kind.startswith("*")] + list(integers)
@@ -238,7 +247,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     )
     maxnreg = ws_max_registers(config["num_warps"], bn, fp8)
     options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options=dict(options, enable_fp_fusion=FP_FUSION)
+    )
 
 
 def _compile_fp8_cast(arch: int, block_r: int, block_c: int, num_warps: int):
@@ -326,6 +337,8 @@ def _build(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from forge.kernels.launch import FP_FUSION
+
     ones, divisible_integers = launch_specialization(integers)
     constants = dict(constants, **{name: 1 for name in ones})
     signature = dict(signature, **{name: "i32" for name in integers if name not in ones})
@@ -347,7 +360,9 @@ def _build(
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(
+        source, target=GPUTarget("cuda", arch, 32), options=dict(options, enable_fp_fusion=FP_FUSION)
+    )
 
 
 def _cubin_report(cubin: bytes) -> tuple[str, str]:

@@ -480,3 +480,52 @@ def test_the_head_in_chunks_of_the_vocabulary_steps_as_the_whole_head(state_dtyp
     tolerance = 1e-5 if state_dtype == "fp32" else 1e-3
     assert float((chunked - whole).norm() / whole.norm()) < tolerance
     assert opts[1].state[heads[1].weight]["step"] == 3
+
+
+@pytest.mark.parametrize(
+    "rule, hp, state_dtype",
+    [
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "bf16"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "fp32"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "int8"),
+        ("lion", dict(lr=1e-4), "bf16"),
+        ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
+    ],
+)
+@pytest.mark.parametrize("T, N, K", [(1024, 4096, 2048), (2000, 1000, 4096)], ids=["tiles", "edges"])
+def test_the_multiprocessor_split_kernel_equals_the_warp_specialized_one(rule, hp, state_dtype, T, N, K):
+    """`forge.kernels.wgrad_update_split` (GEMM programs hand each finished tile through an L2 ring
+    to update programs) against the warp-specialized kernel it splits: the same tiles summed in the
+    same order and the same epilogue, so W and the states equal to the bit, over three launches
+    in a row (the ring's counters come back to zero after each), with the step passed in or read
+    from device memory, for several numbers of update programs."""
+    from dataclasses import replace
+
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
+    w0 = torch.randn(N, K, device="cuda", generator=g) * 0.02
+
+    def steps(config, capturable=False):
+        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(w0)
+        opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
+        for _ in range(3):
+            opt.update_linear(layer.weight, dy, x, config=config)
+        state = opt.state[layer.weight]
+        return [layer.weight.detach()] + [
+            state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
+        ]
+
+    ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    want = steps(ws)
+    for update_programs in (1, 40, torch.cuda.get_device_properties(0).multi_processor_count - 1):
+        for capturable in (False, True):
+            got = steps(replace(ws, update_programs=update_programs), capturable)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (
+                    f"{update_programs} update programs, capturable={capturable}: differs"
+                )

@@ -1,0 +1,439 @@
+"""How well the fused kernel hides its update under the dW GEMM, and the designs that try to do better.
+
+    python -m harness.kernels.overlap                          # Llama-3.1-8B gate, q, down at T = 1k, 4k, 16k
+    python -m harness.kernels.overlap --shapes gate --tokens 1024 --update-programs 24 48
+
+For each linear shape and token count T, on one GPU, side by side, fresh random inputs, AdamW with
+bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
+
+    roofline           max(cuBLAS's dW GEMM, the update's bytes at the measured copy rate): the
+                       time of a kernel that hid the whole update under the GEMM
+    cublas_gemm        torch.mm(dy.t(), x), bf16 out
+    foreach_update     a multi-tensor pass over the update's bytes (W, m, v read and written once)
+    shipped            the fused launch as FORGE runs it (`ForgeOptimizer.update_linear`)
+    ws                 the warp-specialized kernel (`forge.kernels.wgrad_update_ws`) through the
+                       probe kernel below, all partitions as shipped
+    ws_mma_only        its loader and MMA warps, the epilogue handing each staged tile back unread:
+                       the GEMM half
+    ws_epilogue_only   its epilogue warps on a synthetic gradient, no operand reads: the update half
+    ws_half_dy         the shipped partitions, the loader refilling dy on every other fill only: the
+                       operand reads through L2 a quarter lower, as a 2-CTA cluster multicasting dy
+                       would make them (the values differ; the work and the bytes of the update do
+                       not): an upper bound on what that cluster buys
+    ws_first_lap       the shipped partitions, no operand reads after the ring's first lap: the
+                       bound of any cut in operand traffic
+    split_u<U>         the multiprocessor-specialized kernel (`forge.kernels.wgrad_update_split`)
+                       with U update programs, the others running the GEMM
+
+Each timing records the SM clock and power NVML read while it ran. Every split is also checked
+against the warp-specialized kernel: the same step from the same state, W and both states equal to
+the bit (the split kernel sums the same tiles in the same order and runs the same epilogue).
+
+Records (JSONL, one per point, with the run's metadata) go to --out; the last lines printed are a
+table of each time over the roofline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from forge.kernels import wgrad_update_ws as ws
+from forge.kernels.wgrad_tile import tile_origin
+
+SHAPES = {"gate": (14336, 4096), "q": (4096, 4096), "down": (4096, 14336)}  # Llama-3.1-8B (N, K)
+TOKENS = (1024, 4096, 16384)
+UPDATE_PROGRAMS = (16, 32, 48, 66)
+ALL_OPERANDS, HALF_DY, FIRST_LAP = 0, 1, 2  # what the probe's loader refills
+# probe mode: (the epilogue warps' part, the loader's refills)
+PROBE_MODES = {
+    "ws": ("shipped", ALL_OPERANDS),
+    "ws_mma_only": ("idle", ALL_OPERANDS),
+    "ws_epilogue_only": ("synthetic", ALL_OPERANDS),
+    "ws_half_dy": ("shipped", HALF_DY),
+    "ws_first_lap": ("shipped", FIRST_LAP),
+}
+
+
+@gluon.jit
+def idle_epilogue(acc_smem, acc_ready, acc_empty, N, K):
+    """Hand every staged tile back unread."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for _ in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        mbarrier.wait(acc_ready, done & 1)
+        ws.partition_barrier()
+        mbarrier.arrive(acc_empty)
+        done += 1
+
+
+@gluon.jit
+def synthetic_mma(
+    dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, operands
+):
+    """Stage a gradient of (tile index + 1) * 1e-3 for each tile, reading no operands."""
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[BLOCK_N // 32, 1], instr_shape=[16, BLOCK_K, 16]
+    )
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    done = 0
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        acc = gl.full((BLOCK_N, BLOCK_K), 1e-3, gl.float32, layout) * (tile + 1).to(gl.float32)
+        ws.hand_over(acc, acc_smem, acc_ready, acc_empty, done)
+        done += 1
+
+
+@gluon.jit
+def mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, operands):
+    ws.mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+
+
+@gluon.jit
+def loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, operands):
+    """The shipped loader (operands 0). 1: a slot's dy tile is refilled on every other fill only;
+    2: neither operand is refilled after the ring's first lap (every slot filled once, so the
+    tiles the MMA warps reuse are finite)."""
+    if operands == 0:
+        ws.load_partition(
+            dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K
+        )
+    else:
+        STAGES: gl.constexpr = dy_bufs.type.shape[0]
+        BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
+        BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+        BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+        tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+        count = 0
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+            for t0 in range(0, T, BLOCK_T):
+                slot = count % STAGES
+                mbarrier.wait(empty.index(slot), ((count // STAGES) & 1) ^ 1)
+                if (count < STAGES) | ((operands == 1) & (count % 2 == 0)):
+                    mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+                    ws.tma_load(dy_desc, [t0, n0], ready.index(slot), dy_bufs.index(slot))
+                    ws.tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+                elif operands == 1:
+                    mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes)
+                    ws.tma_load(x_desc, [t0, k0], ready.index(slot), x_bufs.index(slot))
+                else:
+                    mbarrier.arrive(ready.index(slot))
+                count += 1
+
+
+@gluon.jit(do_not_specialize=["seed", "operands"])
+def halves_kernel(
+    w_ptr,
+    s1_ptr,
+    s2_ptr,
+    s3_ptr,
+    q1_ptr,
+    q2_ptr,
+    q3_ptr,
+    r_ptr,
+    dy_desc,
+    x_desc,
+    T,
+    N,
+    K,
+    NUM_GROUPS,
+    operands,
+    h0,
+    h1,
+    h2,
+    h3,
+    h4,
+    h5,
+    h6,
+    h7,
+    h8,
+    seed,
+    step_ptr,
+    scale_ptr,
+    UPDATE: gl.constexpr,
+    GRAD_SCALE: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr,
+    ROWS: gl.constexpr,
+    FAST_EPILOGUE: gl.constexpr,
+    OVERLAP_SLICES: gl.constexpr,
+    EPILOGUE: gl.constexpr,
+):
+    """`wgrad_update_ws_kernel`'s buffers and partitions, EPILOGUE and `operands` choosing which
+    (PROBE_MODES)."""
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(
+        dy_desc, x_desc, STAGES
+    )
+    workers = (
+        dy_desc,
+        x_desc,
+        dy_bufs,
+        x_bufs,
+        ready,
+        empty,
+        acc_smem,
+        acc_ready,
+        acc_empty,
+        T,
+        N,
+        K,
+        operands,
+    )
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    if EPILOGUE == "idle":
+        gl.warp_specialize(
+            [(idle_epilogue, (acc_smem, acc_ready, acc_empty, N, K)), (mma, workers), (loader, workers)],
+            [4, 1],
+            [ws.MMA_REGS, ws.LOADER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    ws.epilogue_partition,
+                    (
+                        acc_smem,
+                        acc_ready,
+                        acc_empty,
+                        params,
+                        N,
+                        K,
+                        NUM_GROUPS,
+                        step,
+                        step_ptr,
+                        scale_ptr,
+                        UPDATE,
+                        GRAD_SCALE,
+                        STEPS_IN_MEMORY,
+                        ROWS,
+                        FAST_EPILOGUE,
+                        OVERLAP_SLICES,
+                    ),
+                ),
+                (synthetic_mma if EPILOGUE == "synthetic" else mma, workers),
+                (loader, workers),
+            ],
+            [4, 1],
+            [ws.MMA_REGS, ws.LOADER_REGS],
+        )
+
+
+class Point:
+    """One layer's weight with FORGE attached (AdamW, bf16 states), its operands and launches."""
+
+    def __init__(self, N: int, K: int, T: int) -> None:
+        from harness.kernels.layers import forge_layer
+
+        self.dy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16) / math.sqrt(T)
+        self.x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+        self.layer, self.opt = forge_layer(N, K, "adamw", "bf16")
+        self.w = self.layer.weight
+        self.opt.update_linear(self.w, self.dy, self.x)  # the states exist, non-zero, from here on
+
+    def tensors(self) -> list[torch.Tensor]:
+        """W and its states, as the update reads and writes them."""
+        slots = self.opt.slots_of(self.w)
+        return [self.w.detach(), *(s for s in slots.states if s is not None)]
+
+    def step(self, config) -> None:
+        self.opt.update_linear(self.w, self.dy, self.x, config=config)
+
+    def probe(self, mode: str):
+        """A launch of the probe kernel in `mode` (PROBE_MODES) on this point's tensors."""
+        from forge.kernels import WARP_SPECIALIZED_DEFAULTS, configs
+        from forge.kernels.update_tile import slot_arguments, step_arguments
+
+        epilogue, operands = PROBE_MODES[mode]
+        cfg = WARP_SPECIALIZED_DEFAULTS["bf16"]
+        slots, options = self.opt.slots_of(self.w), self.opt.options_of(self.w)
+        plan = configs.plan(
+            self.w,
+            slots.states,
+            slots.signed,
+            self.dy,
+            self.x,
+            rule=options.rule,
+            flags=options.flags,
+            state_dtype=options.state_dtype,
+            stochastic_rounding=options.stochastic_rounding,
+            int8_group=options.int8_group,
+            config=cfg,
+            steps_in_memory=False,
+        )
+        coefficients, seed, _ = self.opt.steps.begin(self.w)
+        T, N = self.dy.shape
+        K = self.x.shape[1]
+        head = (
+            self.w,
+            *slot_arguments(self.w, slots.states, slots.scales),
+            ws.descriptor(self.dy, (cfg.block_t, cfg.block_n)),
+            ws.descriptor(self.x, (cfg.block_t, cfg.block_k)),
+            T,
+            N,
+            K,
+            plan.num_groups,
+            operands,
+        )
+        step = step_arguments(self.w, coefficients, seed, None)
+        constexprs = {k: v for k, v in plan.constexprs.items() if k != "OVERLAP_PROMOTION"}
+        return lambda: halves_kernel[plan.grid](*head, *step, **constexprs, EPILOGUE=epilogue, **plan.options)
+
+
+def split_config(update_programs: int):
+    """The bf16 states' warp-specialized config with `update_programs` update programs."""
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+
+    return dataclasses.replace(WARP_SPECIALIZED_DEFAULTS["bf16"], update_programs=update_programs)
+
+
+def split_matches_ws(N: int, K: int, T: int, update_programs: int) -> dict:
+    """One step of the split kernel and one of the warp-specialized kernel from the same state: how
+    many elements of W and of each state differ (0 everywhere: equal to the bit)."""
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+
+    a = Point(N, K, T)
+    b = Point(N, K, T)
+    with torch.no_grad():
+        b.w.copy_(a.w)
+    b.opt.load_state_dict(a.opt.state_dict())
+    b.dy, b.x = a.dy, a.x
+    a.step(WARP_SPECIALIZED_DEFAULTS["bf16"])
+    b.step(split_config(update_programs))
+    torch.cuda.synchronize()
+    diffs = [
+        int((p.view(torch.int16) != q.view(torch.int16)).sum()) for p, q in zip(a.tensors(), b.tensors())
+    ]
+    return {"w": diffs[0], "states": diffs[1:]}
+
+
+def time_point(name: str, N: int, K: int, T: int, update_programs, copy_tbps: float) -> dict:
+    """Every timing of one point (module docstring), with the clocks each ran at."""
+    from triton.testing import do_bench
+
+    from harness.run.measure import ClockSampler
+
+    point = Point(N, K, T)
+    row: dict = dict(shape_name=name, N=N, K=K, T=T)
+
+    def timed(key: str, fn) -> None:
+        clocks = ClockSampler(torch.cuda.current_device(), period_s=0.005).start()
+        try:
+            row[f"{key}_ms"] = do_bench(fn, return_mode="median")
+        except Exception as e:  # a mode that does not build or run is a result; the point goes on
+            row[f"{key}_ms"] = None
+            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        clocks.stop()
+        row[f"{key}_clocks"] = clocks.summary()
+
+    timed("cublas_gemm", lambda: torch.mm(point.dy.t(), point.x))
+    tensors = point.tensors()
+    row["update_bytes"] = sum(2 * t.numel() * t.element_size() for t in tensors)
+    timed("foreach_update", lambda: torch._foreach_mul_(tensors, 1.0))
+    timed("shipped", lambda: point.step(None))
+    for mode in PROBE_MODES:
+        timed(mode, point.probe(mode))
+    for u in update_programs:
+        timed(f"split_u{u}", lambda u=u: point.step(split_config(u)))
+        row[f"split_u{u}_differs"] = split_matches_ws(N, K, T, u)
+    row["roofline_ms"] = max(row["cublas_gemm_ms"], row["update_bytes"] / (copy_tbps * 1e9))
+    assert torch.isfinite(point.w).all(), "weights became non-finite during timing"
+    return row
+
+
+def _ratio(row: dict, key: str) -> str:
+    ms = row.get(f"{key}_ms")
+    return f"{ms / row['roofline_ms']:.3f}" if ms else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.kernels.overlap", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument("--update-programs", nargs="*", type=int, default=list(UPDATE_PROGRAMS))
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/kernels"), help="folder for the JSONL records"
+    )
+    parser.add_argument(
+        "--launch-once",
+        action="store_true",
+        help="launch the shipped and each split kernel once per point, untimed (for a profiler)",
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print(
+            "python -m harness.kernels.overlap times Hopper kernels (wgmma, TMA): run it on an H100 or H200"
+        )
+        return 2
+    if args.launch_once:
+        for name in args.shapes:
+            for T in args.tokens:
+                point = Point(*SHAPES[name], T)
+                point.step(None)
+                for u in args.update_programs:
+                    point.step(split_config(u))
+                torch.cuda.synchronize()
+        return 0
+    from harness.kernels.bench import measure_ceilings
+    from harness.run import env
+
+    git = env.git_info()
+    meta = dict(
+        sweep="kernel_overlap",
+        env=env.collect(git),
+        gpu_name=torch.cuda.get_device_name(),
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+    meta["ceilings"] = measure_ceilings()
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"overlap-{time.strftime('%Y%m%d')}-{(git.get('git_commit') or 'nogit')[:7]}.jsonl"
+    print(f"ceilings: {meta['ceilings']}", flush=True)
+    rows = []
+    for name in args.shapes:
+        N, K = SHAPES[name]
+        for T in args.tokens:
+            row = dict(meta, **time_point(name, N, K, T, args.update_programs, meta["ceilings"]["copy_tbps"]))
+            rows.append(row)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(
+                json.dumps({k: v for k, v in row.items() if k.endswith("_ms") or k.endswith("differs")}),
+                flush=True,
+            )
+            gc.collect()
+            torch.cuda.empty_cache()
+    keys = [
+        "shipped",
+        *PROBE_MODES,
+        *(f"split_u{u}" for u in args.update_programs),
+        "foreach_update",
+        "cublas_gemm",
+    ]
+    print("\ntime over the roofline, max(cuBLAS dW GEMM, update bytes / copy rate):")
+    print("| shape | T | roofline ms | " + " | ".join(keys) + " |")
+    print("|---|---:|---:|" + "---:|" * len(keys))
+    for r in rows:
+        cells = " | ".join(_ratio(r, k) for k in keys)
+        print(f"| {r['shape_name']} | {r['T']} | {r['roofline_ms']:.4f} | {cells} |")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
