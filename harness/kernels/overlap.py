@@ -53,7 +53,7 @@ from forge.kernels.wgrad_tile import tile_origin
 
 SHAPES = {"gate": (14336, 4096), "q": (4096, 4096), "down": (4096, 14336)}  # Llama-3.1-8B (N, K)
 TOKENS = (1024, 4096, 16384)
-UPDATE_PROGRAMS = (16, 32, 48, 66)
+UPDATE_PROGRAMS = (8, 16, 32, 48, 66)
 ALL_OPERANDS, HALF_DY, FIRST_LAP = 0, 1, 2  # what the probe's loader refills
 # probe mode: (the epilogue warps' part, the loader's refills)
 PROBE_MODES = {
