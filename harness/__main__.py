@@ -179,7 +179,8 @@ VERBS = {
     "run": Verb("run one point, print its record, keep it in results/adhoc/", cmd_run, RUN_HELP),
     "list": Verb("what each experiment, method, model, GPU and launcher config is", cmd_list, LIST_HELP),
     "report": Verb(
-        "render results/ into reports/: tables, plots, README", _delegate("harness.report.report:main")
+        "render results/ into reports/ (tables, plots, README) and the docs' generated tables",
+        _delegate("harness.report.doc_blocks:main"),
     ),
     "regress": Verb(
         "compare a run with a baseline: step-time and memory regressions", _delegate("harness.regress:main")

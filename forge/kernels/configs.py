@@ -113,7 +113,8 @@ _HOPPER_LARGE_T = {"bf16": replace(_HOPPER, epilogue_split=4)}  # T > 2048: spil
 _HOST_BOUND_FLOPS = 2e10  # 2 T N K below this: pointer loads (Llama's k and v at T <= 2048)
 
 # The warp-specialized kernel on Hopper (results/tuning/tuning-warp_specialized-20261130-455f24b.jsonl;
-# results/archive/kernels/kernels-llama3.1-8b-20261130-fd4010f.jsonl against -0e3145e.jsonl). int8 states take bf16's
+# results/archive/kernels/kernels-llama3.1-8b-20261130-fd4010f.jsonl against -0e3145e.jsonl, superseded kernel
+# tables in git history at 28a71c4). int8 states take bf16's
 # config: their codes step by ~1/254 of a group's maximum, so the fast epilogue's few fp32 ulps move
 # a code only on a rounding boundary, and it builds without spills.
 _HOPPER_WS = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=8, num_stages=4, warp_specialized=True,
@@ -128,7 +129,7 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
 # builds without spills, with the exact epilogue too (`python -m harness.kernels.build`, triton 3.6
 # and 3.9); 4 stages of 128 tokens (32 KiB each) and the staging buffer take 194 KiB of shared
 # memory. fp32 states keep the exact epilogue, as above. On the H200, bf16 states
-# (results/kernels/fp8-kernels-20261201-577582c.jsonl, -d77a596.jsonl): 0.80-0.90x the Triton
+# (results/kernels/fp8-kernels-20261201-577582c.jsonl, -d77a596.jsonl, in git history at 28a71c4): 0.80-0.90x the Triton
 # kernel's time at T = 4096 on Llama-3.1-8B's large layers, 0.98-1.01x at T = 1024.
 _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4, num_stages=4,
                               warp_specialized=True, epilogue_rows=8, overlap_slices=True)
@@ -136,7 +137,7 @@ _HOPPER_WS_FP8 = KernelConfig(block_n=128, block_k=128, block_t=128, num_warps=4
 # in 32-row slices with the fast epilogue. Where the update bounds the kernel it wins: at T = 1024
 # 0.77-0.83x the 128-row tiles' time with bf16 states; with int8 states (whose epilogue issues about
 # twice bf16's instructions) 0.74-0.79x the Triton kernel's at T = 1024, 0.73-0.76x at 2048 and
-# 0.83-0.86x at 4096 (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, -9c28709.jsonl;
+# 0.83-0.86x at 4096 (results/kernels/fp8-kernels-20261201-ab135d3.jsonl, -9c28709.jsonl, in git history at 28a71c4;
 # Llama-3.1-8B's q, o, gate, up and down).
 _HOPPER_WS_FP8_NARROW = replace(_HOPPER_WS_FP8, block_n=64, num_warps=8, epilogue_rows=32, fast_epilogue=True)
 # Above T = 1024 bf16 states take the 128-row tiles in 16-row slices: 0.83-0.91x the 64-row tiles'

@@ -4,7 +4,8 @@
 (dtype and 16-byte alignment of a tensor, divisibility of an integer by 16) to find the compiled
 specialization, a cache key is hashed, launch metadata and hooks are prepared, and only then the C
 launcher packs the arguments and calls the driver. On the H200 machine's host that Python costs
-17-24 us of a 32-47 us launch (docs/performance.md), and a Llama-3.1-8B step launches the fused
+17-24 us of a 32-47 us launch (results/device-logs/launch-breakdown-1024x1024x4096-20261129-053e2b9.json),
+and a Llama-3.1-8B step launches the fused
 kernel 225 times, on the host's critical path at batch 1.
 
 `DirectLauncher` remembers, per device and per key the caller computes, the CompiledKernel Triton

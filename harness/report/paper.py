@@ -79,9 +79,11 @@ LLAMA_PEAK_GIB = (75.0, 35.4)  # fused AdamW (about), FORGE
 LLAMA_STEP_MS = (150.9, 99.1)  # 1.52x
 QWEN14B_FORGE_GIB = 63.2  # fused AdamW: OOM
 QWEN_PEAK_CUT = (0.38, 0.53)  # FORGE's peak memory cut over Qwen3-0.6B to 14B
-TARGET_PEAK_RATIO = 0.50  # Llama-3.1-8B FORGE int8 peak / the fp32-gradient baseline's, at most
-TARGET_STEP_RATIO = 0.70  # Llama-3.1-8B FORGE int8 graphed step / the baseline's graphed step, at most
-TARGET_QWEN14B_GIB = 64.0  # Qwen3-14B FORGE int8 peak, at most (the baseline must be OOM)
+# The targets are the paper's own figures, its ratios to the two digits it quotes them with: a
+# reproduction meets the paper, not a looser stand-in for it.
+TARGET_PEAK_RATIO = round(LLAMA_PEAK_GIB[1] / LLAMA_PEAK_GIB[0], 2)  # 0.47: FORGE int8 / baseline peak
+TARGET_STEP_RATIO = round(LLAMA_STEP_MS[1] / LLAMA_STEP_MS[0], 2)  # 0.66: graphed steps, at most
+TARGET_QWEN14B_GIB = QWEN14B_FORGE_GIB  # Qwen3-14B FORGE int8 peak, at most (the baseline must be OOM)
 COMPARISON_NOTE = (
     "The paper's setting: its fused AdamW keeps bf16 weights, fp32 weight gradients and bf16 states "
     "(10 bytes a parameter: Llama-3.1-8B 74.8 GiB, Qwen3-14B 137.5 GiB before activations), "

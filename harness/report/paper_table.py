@@ -137,9 +137,9 @@ def _qwen_rows(points: dict) -> list[list[str]]:
     if not _ok(forge):
         verdict = f"not measured: forge_int8 on Qwen3-14B {_state(forge)}"
     elif _peak(forge) is not None and _peak(forge) <= target:
-        verdict = f"reproduced ({_peak(forge):.1f} ≤ {target:.0f} GiB)"
+        verdict = f"reproduced ({_peak(forge):.1f} ≤ {target:.1f} GiB)"
     else:
-        verdict = f"not reproduced: {_peak(forge):.1f} GiB is above {target:.0f} GiB"
+        verdict = f"not reproduced: {_peak(forge):.1f} GiB is above {target:.1f} GiB"
     mine, _ = _pair(ours, forge, _peak, "GiB")
     figure = f"{paper.QWEN14B_FORGE_GIB:.1f} GiB"
     rows.append(
@@ -148,7 +148,7 @@ def _qwen_rows(points: dict) -> list[list[str]]:
             figure,
             _fits(forge),
             mine,
-            f"≤ {target:.0f} GiB",
+            f"≤ {target:.1f} GiB",
             verdict,
         ]
     )

@@ -185,7 +185,7 @@ MASKED_ATTENTION = (
     "Captured or compiled with transformers' full causal attention mask, built there because it cannot "
     "read the position ids (the record has no `attention_mask`; the harness has given whole-sequence "
     "batches no mask since): its time and peak include the masked attention, 4-5% of an 8,192-token "
-    "Llama-3.1-8B step (docs/performance.md, Attention under capture)."
+    "Llama-3.1-8B step (docs/how-forge-works.md, Attention under capture)."
 )
 
 

@@ -61,7 +61,7 @@ def whole_sequence_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
     find_packed_sequence_indices`). Under a CUDA-graph capture or torch.compile it cannot read
     them, so it builds the (batch, 1, T, T) mask and SDPA runs its masked kernel on key and value
     heads repeated for each query head (measured on Llama-3.1-8B at 4,096 tokens: 2.0 GiB more at
-    a captured step's peak, and 4-5% of an 8,192-token step, docs/performance.md). The harness
+    a captured step's peak, and 4-5% of an 8,192-token step, docs/how-forge-works.md). The harness
     passes no position ids and no mask, so its batches are whole sequences in every mode."""
     from transformers.masking_utils import sdpa_mask
 

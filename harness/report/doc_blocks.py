@@ -1,0 +1,138 @@
+"""Generated blocks of README.md and docs/*.md: the measured tables there are written from results/.
+
+A figure typed into prose drifts from the records it came from. So the tables of the README and
+the docs are blocks between two marker comments, which `python -m harness report` rewrites from the
+results files each time it renders reports/:
+
+    <!-- generated: llama8b-headline (python -m harness report writes this block from results/) -->
+    | Method | graphed ms | ...
+    <!-- end generated: llama8b-headline -->
+
+The name picks the builder in `BLOCKS` (`doc_tables`: tables of one run each; `doc_probes`: the
+kernel lab's probe records); everything between the markers is the builder's output, so an edit by
+hand there does not survive the next report, and `stale_blocks` (what the tests run) names every
+block whose text differs from what the records give now. Prose outside the blocks that quotes a
+figure is held to its records by `doc_figures`.
+
+`python -m harness report` with no arguments (the committed results into reports/) rewrites the
+blocks after the report; with arguments (a scratch run, another output folder) it leaves the docs
+alone.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from harness.report import doc_probes, doc_tables
+
+DOCS = ("README.md", "docs/*.md")  # the files whose blocks are generated, relative to the root
+BEGIN = "<!-- generated: {name} (python -m harness report writes this block from results/) -->"
+END = "<!-- end generated: {name} -->"
+_BEGIN = re.compile(
+    r"<!-- generated: ([a-z0-9-]+) \(python -m harness report writes this block from results/\) -->"
+)
+_END = re.compile(r"<!-- end generated: ([a-z0-9-]+) -->")
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "llama8b-headline": doc_tables.llama8b_headline,
+    "paper-setting": doc_tables.paper_setting,
+    "paper-claims": doc_tables.paper_claims,
+    "tokens-llama": doc_tables.tokens_llama,
+    "tokens-peaks": doc_tables.tokens_peaks,
+    **doc_tables.PERFORMANCE_BLOCKS,
+    **doc_probes.BLOCKS,
+}
+
+
+class BlockError(ValueError):
+    """A marker without its pair, or a block name no builder has."""
+
+
+def doc_files(root: Path) -> list[Path]:
+    """README.md and every docs/*.md under `root`, sorted."""
+    return sorted(p for pattern in DOCS for p in root.glob(pattern) if p.is_file())
+
+
+def block_names(text: str) -> list[str]:
+    """The names of the generated blocks of a text, in order."""
+    return _BEGIN.findall(text)
+
+
+def render(
+    text: str, root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS, where: str = ""
+) -> str:
+    """`text` with every generated block rebuilt from the results under `root`; a BlockError
+    (naming the file and line) for an unknown name or a marker without its pair."""
+    out, pos, cache, ends = [], 0, {}, set()
+    for match in _BEGIN.finditer(text):
+        name, line = match.group(1), text.count("\n", 0, match.start()) + 1
+        if match.start() < pos:
+            raise BlockError(f"{where}:{line}: block {name!r} starts inside the block before it")
+        end = _END.search(text, match.end())
+        if end is None or end.group(1) != name:
+            raise BlockError(f"{where}:{line}: block {name!r} has no `{END.format(name=name)}` after it")
+        if name not in builders:
+            raise BlockError(
+                f"{where}:{line}: no builder for block {name!r}; known: {', '.join(sorted(builders))}"
+            )
+        if name not in cache:
+            cache[name] = builders[name](root).strip()
+        out += [text[pos : match.end()], "\n", cache[name], "\n"]
+        pos = end.start()
+        ends.add(end.start())
+    stray = [m for m in _END.finditer(text) if m.start() not in ends]
+    if stray:
+        line = text.count("\n", 0, stray[0].start()) + 1
+        raise BlockError(f"{where}:{line}: `end generated: {stray[0].group(1)}` without its start")
+    return "".join(out) + text[pos:]
+
+
+def stale_blocks(root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS) -> list[str]:
+    """'README.md: llama8b-headline' for every block whose committed text differs from its rebuild."""
+    stale = []
+    for path in doc_files(root):
+        text = path.read_text()
+        fresh = render(text, root, builders, where=str(path.relative_to(root)))
+        if fresh != text:
+            names = [n for n in block_names(text) if _block(text, n) != _block(fresh, n)]
+            stale += [f"{path.relative_to(root)}: {name}" for name in names]
+    return stale
+
+
+def _block(text: str, name: str) -> str:
+    start = text.index(BEGIN.format(name=name))
+    return text[start : text.index(END.format(name=name), start)]
+
+
+def write_blocks(root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS) -> list[Path]:
+    """Rewrite the generated blocks of README.md and docs/*.md; the files that changed."""
+    changed = []
+    for path in doc_files(root):
+        text = path.read_text()
+        fresh = render(text, root, builders, where=str(path.relative_to(root)))
+        if fresh != text:
+            path.write_text(fresh)
+            changed.append(path)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m harness report`: reports/ from results/, then, for the committed results, the
+    generated blocks of the README and docs."""
+    from harness.report import report
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    status = report.main(argv)
+    if status != 0 or argv:
+        return status
+    try:
+        changed = write_blocks(Path("."))
+    except (BlockError, LookupError, KeyError, ValueError) as err:
+        print(f"report: the docs' generated blocks: {err}", file=sys.stderr)
+        return 2
+    names = ", ".join(str(p) for p in changed) or "none changed"
+    print(f"report: generated blocks of README.md and docs/ rewritten ({names})")
+    return 0

@@ -1,0 +1,263 @@
+"""Figures the README and docs/ quote in prose, each recomputed from the results file it names.
+
+The tables of the README and docs are generated blocks (`doc_blocks`). A figure in a sentence
+cannot be, so each one is registered here: the document, the sentence as written with `{}` where
+each figure stands, the results file the figures come from, and how to compute them from that
+file, formatted as the sentence prints them. `check` reports every sentence that is not in its
+document exactly as the records give it (line breaks and indentation count as one space): a
+figure edited by hand, a sentence reworded without its entry, or records that moved.
+
+    >>> check(Path("."))          # [] when every registered sentence holds
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.records import load_records
+from harness.report.doc_probes import WS_PROBE, _read_jsonl
+from harness.report.doc_tables import BASE, HEADLINE, TOKENS, headline_run, tokens_run
+from harness.report.markup import fmt_ratio
+from harness.report.runs import Where, needs, one_run
+from harness.report.tables import _step_median
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One sentence of a document with the figures in it, and where they come from."""
+
+    doc: str  # relative to the repository root
+    text: str  # the sentence as the document writes it, `{}` for each figure
+    source: str  # the results file (or files) the figures are computed from
+    compute: Callable[[Path], Sequence[str]]  # the figures, formatted, from the files under the root
+
+    def expected(self, root: Path) -> str:
+        return self.text.format(*self.compute(root))
+
+
+def _flat(text: str) -> str:
+    """Runs of whitespace (line breaks, indentation) as one space."""
+    return re.sub(r"\s+", " ", text)
+
+
+def check(root: Path, figures: Sequence[Figure] | None = None) -> list[str]:
+    """One line per registered sentence that its document does not hold as the records give it."""
+    problems = []
+    for figure in FIGURES if figures is None else figures:
+        path = root / figure.doc
+        try:
+            expected = figure.expected(root)
+        except (OSError, LookupError, ValueError) as err:
+            problems.append(f"{figure.doc}: cannot compute from {figure.source}: {err}")
+            continue
+        if _flat(expected) not in _flat(path.read_text()):
+            problems.append(f"{figure.doc}: expected, from {figure.source}: {expected!r}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures
+
+
+def _headline_steps(root: Path) -> list[str]:
+    record = headline_run(root).point(BASE)
+    return [str(record["steps"]), str(record["warmup_steps"])]
+
+
+def _eager_base_spread(root: Path) -> list[str]:
+    """Fused AdamW's eager Llama-3.1-8B step at batch 1, seq 1024 over every run in results/."""
+    records = load_records([root / "results"], exclude_dirs=("baselines",))
+    where = Where()
+    steps = [
+        _step_median(r)
+        for r in records
+        if r.get("method_label") == BASE and r.get("status") == "ok" and where.matches(r)
+    ]
+    return [f"{min(steps):.1f}", f"{max(steps):.1f}"]
+
+
+def _operand_reads(root: Path) -> list[str]:
+    """What operand reads cost the kernel at T >= 1024: 1 - (no operand reads) / full."""
+    costs = [
+        1 - r["full_first_lap_ms"] / r["full_ms"] for r in _read_jsonl(root / WS_PROBE) if r["T"] >= 1024
+    ]
+    return [f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"]
+
+
+LAUNCHES = "results/device-logs/launch-breakdown-1024x2048x1024-20261204-9616b23.json"
+
+
+def _host_per_layer(root: Path) -> list[str]:
+    data = json.loads((root / LAUNCHES).read_text())
+    layers = data["layers"]
+    forge = data["rows"][f"ForgeLinear stack of {layers}, per layer"]["host_us"]
+    plain = data["rows"][f"nn.Linear stack of {layers}, per layer"]["host_us"]
+    return [f"{forge:.1f}", f"{plain:.1f}", str(layers)]
+
+
+STREAM = "results/llama8b_update_stream_h200.jsonl"
+
+
+def _second_stream(root: Path) -> list[str]:
+    at = [Where(batch_size=b) for b in (1, 2)]
+    run = one_run(root, STREAM, needs(["forge_bf16_stream_graph", "forge_bf16_graph"], *at))
+    return [fmt_ratio(run.step("forge_bf16_stream_graph", w) / run.step("forge_bf16_graph", w)) for w in at]
+
+
+def _no_saving_from(root: Path) -> list[str]:
+    """The fewest tokens at which FORGE bf16's graphed peak is fused AdamW's, without checkpointing."""
+    run = tokens_run(root)
+    for batch in (1, 2, 4, 8):
+        at = Where(batch_size=batch)
+        if round(run.peak("forge_bf16_graph", at), 1) >= round(run.peak(BASE + "_graph", at), 1):
+            return [f"{batch * 1024:,}"]
+    raise ValueError(f"{TOKENS}: FORGE bf16's peak stays under fused AdamW's at every token count")
+
+
+def _capture_pays(root: Path) -> list[str]:
+    """FORGE bf16 eager and graphed at 1,024 tokens: Qwen3-0.6B and Llama-3.1-8B in the token sweep,
+    and Llama-3.1-8B in the headline run."""
+    small, llama = Where(model="qwen3-0.6b"), Where()
+    q, t, h = tokens_run(root, "qwen3-0.6b"), tokens_run(root), headline_run(root)
+    steps = [q.step("forge_bf16", small), q.step("forge_bf16_graph", small), t.step("forge_bf16", llama)]
+    steps += [t.step("forge_bf16_graph", llama), h.step("forge_bf16"), h.step("forge_bf16_graph")]
+    return [f"{ms:.1f}" for ms in steps]
+
+
+KAHAN = "results/kahan_h200.jsonl"
+
+
+def _kahan(root: Path) -> list[str]:
+    labels = ["forge_bf16_graph", "forge_bf16_kahan_graph", "forge_int8_graph", "forge_int8_kahan_graph"]
+    run = one_run(root, KAHAN, needs(labels))
+    bf16, bf16_k, int8, int8_k = (run.peak(label) for label in labels)
+    params = float(run.point("forge_bf16_graph")["n_params"])
+    steps = [run.step(label) for label in labels]
+    return [
+        f"{bf16_k:.2f}",
+        f"{bf16:.2f}",
+        f"{int8_k:.2f}",
+        f"{int8:.2f}",
+        f"{bf16_k - bf16:.2f}",
+        f"{params / 1e9:.2f}",
+        f"{steps[1] / steps[0]:.3f}x",
+        f"{steps[1]:.1f}",
+        f"{steps[0]:.1f}",
+        f"{steps[3]:.1f}",
+        f"{steps[2]:.1f}",
+        f"{steps[3] / steps[2]:.3f}x",
+    ]
+
+
+GROUPS = "results/archive/llama8b_graphs_h200-20261130-5acc636.jsonl"
+
+
+def _int8_groups(root: Path) -> list[str]:
+    run = one_run(root, GROUPS, needs(["forge_int8", "forge_int8_g128"]))
+    return [f"{run.peak('forge_int8_g128'):.2f}", f"{run.peak('forge_int8'):.2f}"]
+
+
+CLIP = "results/clip_h200.jsonl"
+
+
+def _clipped_peaks(root: Path) -> list[str]:
+    labels = ["forge_bf16_clip_graph", "forge_bf16_graph", "forge_int8_clip_graph", "forge_int8_graph"]
+    run = one_run(root, CLIP, needs(labels))
+    bf16, bf16_plain, int8, int8_plain = (run.peak(label) for label in labels)
+    if (f"{bf16:.2f}", f"{int8:.2f}") != (f"{bf16_plain:.2f}", f"{int8_plain:.2f}"):
+        raise ValueError(f"{CLIP}: the clipped peaks differ from the unclipped ones")
+    return [f"{bf16:.2f}", f"{int8:.2f}"]
+
+
+MASKED = "results/device-logs/graphed-vs-eager-b8-20261203-{}.jsonl"
+
+
+def _masked_attention(root: Path) -> list[str]:
+    """What the masked attention cost a graphed 8,192-token step: before (b75d62b) over after (debfb64)."""
+    before, after = (
+        {r["method_label"]: r for r in _read_jsonl(root / MASKED.format(c))} for c in ("b75d62b", "debfb64")
+    )
+    cost = [
+        before[m]["step_time_ms_median"] / after[m]["step_time_ms_median"] - 1
+        for m in ("no_optimizer_graph", "forge_bf16_graph")
+    ]
+    return [f"{100 * c:.1f}" for c in cost]
+
+
+GRAPH_PEAK = "results/device-logs/graph-peak-no_optimizer-b4-20261203-b75d62b.json"
+
+
+def _repeated_kv(root: Path) -> list[str]:
+    sites = json.loads((root / GRAPH_PEAK).read_text())["difference_by_site"]
+    return [f"{sum(s['difference_gib'] for s in sites if 'repeat_kv' in s['site']):.1f}"]
+
+
+GPU_TESTS = "results/device-logs/gpu-tests-and-sweep-llama8b_graphs_h200-20261130-d6b0cab.log"
+
+
+def _gpu_tests_passed(root: Path) -> list[str]:
+    found = re.search(r"(\d+) passed", (root / GPU_TESTS).read_text())
+    if found is None:
+        raise ValueError(f"{GPU_TESTS}: no pytest summary")
+    return [found.group(1)]
+
+
+PERF, README, DESIGN = "docs/performance.md", "README.md", "docs/how-forge-works.md"
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(README, "batch 1, seq 1024, {} steps of which {} are warm-up", HEADLINE, _headline_steps),
+    Figure(
+        PERF,
+        "eager Llama-3.1-8B step at batch 1 took {} to {} ms over the runs of it in results/",
+        "results/*.jsonl, results/archive/",
+        _eager_base_spread,
+    ),
+    Figure(PERF, "none without checkpointing from {} tokens on", TOKENS, _no_saving_from),
+    Figure(PERF, "Operand reads through L2 cost {}-{}% of the kernel at T >= 1024", WS_PROBE, _operand_reads),
+    Figure(
+        PERF,
+        "A ForgeLinear's forward and backward cost the host {} us a layer where nn.Linear's cost {}, in a"
+        " stack of {} Qwen3-0.6B q_proj layers",
+        LAUNCHES,
+        _host_per_layer,
+    ),
+    Figure(PERF, "graphed, {} and {} one stream's step at batch 1 and 2", STREAM, _second_stream),
+    Figure(
+        DESIGN,
+        "Qwen3-0.6B steps in {} ms eager and {} graphed. Llama-3.1-8B at batch 1 is at the edge: {} eager"
+        " against {} graphed in one run, {} against {} in another where the host fell behind",
+        f"{TOKENS}, {HEADLINE}",
+        _capture_pays,
+    ),
+    Figure(
+        DESIGN,
+        "({} against {} GiB with bf16 states, {} against {} with int8: +{} GiB for {} billion parameters),"
+        " and {} FORGE bf16's step ({} against {} ms; int8 states {} against {}, {})",
+        KAHAN,
+        _kahan,
+    ),
+    Figure(DESIGN, "groups of 128 peak at {} against {} GiB", GROUPS, _int8_groups),
+    Figure(
+        DESIGN,
+        "the clipped peaks equal the unclipped ones ({} GiB bf16, {} int8, graphed",
+        CLIP,
+        _clipped_peaks,
+    ),
+    Figure(
+        DESIGN,
+        "that cost the graphed floor {}% of its step and FORGE bf16 {}%",
+        MASKED.format("*"),
+        _masked_attention,
+    ),
+    Figure(DESIGN, "a capture at batch 4 held {} GiB of repeated keys and values", GRAPH_PEAK, _repeated_kv),
+    Figure(
+        DESIGN,
+        "The GPU suite of commit d6b0cab, the current kernels, passed its {} tests",
+        GPU_TESTS,
+        _gpu_tests_passed,
+    ),
+)

@@ -1,0 +1,104 @@
+"""The generated tables of README.md and docs/: each equals what its results file gives now, an
+edit by hand inside a block is caught, and a table is never spliced from two runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import results
+from harness.report import doc_blocks
+from harness.report.doc_blocks import BEGIN, END, BlockError, block_names, render, stale_blocks, write_blocks
+from harness.report.runs import Where, needs, one_run
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _block(name: str, body: str) -> str:
+    return f"{BEGIN.format(name=name)}\n{body}\n{END.format(name=name)}"
+
+
+def test_every_generated_block_of_the_readme_and_docs_equals_its_records():
+    """Regenerated in memory from results/, every block reads as committed: a figure typed over, or
+    results that moved without `python -m harness report`, fail here, named by file and block."""
+    assert stale_blocks(REPO) == []
+    names = {name for path in doc_blocks.doc_files(REPO) for name in block_names(path.read_text())}
+    assert {"llama8b-headline", "paper-setting", "paper-claims", "tokens-detail", "kernel-probe"} <= names
+    assert names <= set(doc_blocks.BLOCKS), "a block without a builder"
+
+
+def test_a_figure_edited_by_hand_inside_a_block_is_stale_and_rewritten(tmp_path):
+    builders = {"ratio": lambda root: "| FORGE int8 | 1.01x |"}
+    text = f"# Doc\n\nBefore.\n\n{_block('ratio', '| FORGE int8 | 1.02x |')}\n\nAfter.\n"
+    (tmp_path / "README.md").write_text(text)
+    assert stale_blocks(tmp_path, builders) == ["README.md: ratio"]
+    assert write_blocks(tmp_path, builders) == [tmp_path / "README.md"]
+    fixed = (tmp_path / "README.md").read_text()
+    assert (
+        "1.01x" in fixed
+        and "1.02x" not in fixed
+        and fixed.startswith("# Doc\n\nBefore.")
+        and fixed.endswith("After.\n")
+    )
+    assert stale_blocks(tmp_path, builders) == [] and write_blocks(tmp_path, builders) == []
+
+
+def test_an_unknown_block_or_a_marker_without_its_pair_is_refused_with_its_line():
+    builders = {"known": lambda root: "x"}
+    with pytest.raises(BlockError, match=r"doc.md:3: no builder for block 'other'"):
+        render(f"a\n\n{_block('other', '')}\n", Path("."), builders, where="doc.md")
+    with pytest.raises(BlockError, match="has no `<!-- end generated: known -->`"):
+        render(f"{BEGIN.format(name='known')}\nx\n", Path("."), builders, where="doc.md")
+    with pytest.raises(BlockError, match="without its start"):
+        render(f"{_block('known', 'x')}\n{END.format(name='known')}\n", Path("."), builders)
+
+
+def _point(label: str, commit: str, time: str, ms: float, dirty: bool = False) -> dict:
+    record = results.empty_record()
+    record.update(
+        sweep="s",
+        point=f"{label}/llama3.1-8b/b1/s1024/h200",
+        time=time,
+        status="ok",
+        method=label.removesuffix("_graph"),
+        method_label=label,
+        model="llama3.1-8b",
+        batch_size=1,
+        seq_len=1024,
+        step_time_ms_median=ms,
+        peak_alloc_gib=10.0,
+        env={"git_commit": commit * 40, "git_dirty": dirty},
+    )
+    return record
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_table_takes_the_latest_clean_run_that_measured_all_its_points(tmp_path):
+    older = [
+        _point("fused_adamw", "a", "2026-01-01T00:00:00", 100.0),
+        _point("forge_bf16", "a", "2026-01-01T00:01:00", 90.0),
+    ]
+    # a later run re-measured one point only: a table needing both stays with the older run, whole
+    partial = [_point("forge_bf16", "b", "2026-01-02T00:00:00", 80.0)]
+    _write(tmp_path / "results" / "x.jsonl", older + partial)
+    run = one_run(tmp_path, "results/x.jsonl", needs(["fused_adamw", "forge_bf16"]))
+    assert run.short == "aaaaaaa" and run.step("forge_bf16") / run.step("fused_adamw") == 0.9
+    assert one_run(tmp_path, "results/x.jsonl", needs(["forge_bf16"])).short == "bbbbbbb"
+
+
+def test_a_run_from_a_dirty_tree_or_missing_a_point_is_refused_saying_what_it_lacks(tmp_path):
+    dirty = [_point("fused_adamw", "c", "2026-01-01T00:00:00", 100.0, dirty=True)]
+    dirty.append(_point("forge_bf16", "c", "2026-01-01T00:01:00", 90.0, dirty=True))
+    _write(
+        tmp_path / "results" / "x.jsonl", dirty + [_point("fused_adamw", "d", "2026-01-02T00:00:00", 99.0)]
+    )
+    with pytest.raises(LookupError) as err:
+        one_run(tmp_path, "results/x.jsonl", needs(["fused_adamw", "forge_bf16"], Where()))
+    assert "s at ddddddd: forge_bf16" in str(err.value) and "s at ccccccc: dirty" in str(err.value)
+    assert "Measure them in one sweep" in str(err.value)
