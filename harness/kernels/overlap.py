@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--update-programs", nargs="*", type=int, default=list(UPDATE_PROGRAMS))
     parser.add_argument(
-        "--out", type=Path, default=Path("results/kernels"), help="folder for the JSONL records"
+        "--out", type=Path, default=Path("results/device-logs"), help="folder for the JSONL records"
     )
     parser.add_argument(
         "--launch-once",

@@ -4,11 +4,12 @@ These records are no sweep points: they sit under results/device-logs/ (which th
 read as records), one file per probe run, named `<what>-<date>-<commit>`. Each function here takes
 the repository root and returns the Markdown of one generated block (`doc_blocks`).
 
-- `kernel_probe`: `scripts/probe_ws_bounds.py` (in git history at 7de8e11) timed the shipped
-  warp-specialized kernel beside the same kernel with one half removed (only the MMA warps' work,
-  only the epilogue's), with the epilogue's instructions on staged tiles but no loads or stores
-  (`mma_math`), and with loaders that read fewer operands (dy on every other fill; nothing after
-  the first lap over T), beside cuBLAS's dW GEMM. bf16 states, AdamW, median ms.
+- `kernel_overlap`: `python -m harness.kernels.overlap` timed the shipped warp-specialized kernel
+  against its roofline, beside the same kernel with one half removed (only the MMA warps' work,
+  only the update's), with loaders that read fewer operands (dy on every other fill; nothing after
+  the first lap over T), and the multiprocessor-specialized kernel at several splits. bf16 states,
+  AdamW, median ms; the same under Triton 3.9 for gate.
+- `kernel_counters`: Nsight Compute's counters of the shipped and the split kernel (gate, T = 1024).
 - `step_profiles`: `python -m harness.kernels.profile` over graphed steps (its JSON per point),
   summarised as `python -m harness.kernels.compare_profiles` prints them.
 """
@@ -23,7 +24,6 @@ from pathlib import Path
 from harness.kernels.compare_profiles import kernel_differences, summary
 from harness.report.markup import Table, to_markdown
 
-WS_PROBE = "results/device-logs/ws-bounds-20261130-7de8e11.jsonl"
 PROFILES_B1 = "results/device-logs/profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
 
 
@@ -43,61 +43,124 @@ def _ms(value: float) -> str:
     return f"{value:.3f}"
 
 
-PROBE_POINTS = {("gate", 256), ("gate", 1024), ("gate", 4096), ("gate", 16384), ("q", 1024), ("q", 16384)}
+OVERLAP = "results/device-logs/overlap-20261204-f71303c.jsonl"
+OVERLAP_T39 = "results/device-logs/overlap-triton3.9-20261204-0a52bdd.jsonl"
+NCU = "results/device-logs/ncu-ws-split-gate-t1024-20261204-926cb1d.csv"
 
 
-def kernel_probe(root: Path) -> str:
-    """The warp-specialized kernel's halves alone and together, and what operand reads cost."""
-    records = [r for r in _read_jsonl(root / WS_PROBE) if (r["shape_name"], r["T"]) in PROBE_POINTS]
-    halves, reads = [], []
-    for r in records:
-        point = f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}"
-        larger = max(r["mma_only_ms"], r["epilogue_only_ms"])
-        halves.append(
-            [
-                point,
-                _ms(r["full_ms"]),
-                _ms(r["mma_only_ms"]),
-                _ms(r["epilogue_only_ms"]),
-                _ms(r["cublas_gemm_ms"]),
-                _x(r["full_ms"] / larger),
-                _x(r["mma_math_ms"] / r["mma_only_ms"]),
-                f"{r['update_bytes'] / r['epilogue_only_ms'] / 1e9:.1f}",
-            ]
-        )
-        reads.append(
-            [
-                point,
-                _x(r["full_half_dy_ms"] / r["full_ms"]),
-                _x(r["full_first_lap_ms"] / r["full_ms"]),
-                _x(r["mma_first_lap_ms"] / r["mma_only_ms"]),
-                _x(r["full_first_lap_ms"] / max(r["mma_first_lap_ms"], r["epilogue_only_ms"])),
-            ]
-        )
+def _best_split(r: dict) -> tuple[int, float]:
+    """(update programs, ms) of the fastest multiprocessor split the run timed at a point."""
+    splits = [
+        (int(k[len("split_u") : -len("_ms")]), v)
+        for k, v in r.items()
+        if k.startswith("split_u") and k.endswith("_ms")
+    ]
+    return min(splits, key=lambda s: s[1])
+
+
+def _source(path: str, records: list[dict]) -> str:
     env = records[0]["env"]
-    first = _table(
-        ["point", "full ms", "MMA half ms", "epilogue half ms", "cuBLAS dW ms", "full / larger half"]
-        + ["epilogue's instructions / MMA half", "epilogue TB/s"],
-        halves,
-        "l" + "r" * 7,
+    return (
+        f"`{path}` ({env['gpu_name']}, torch {env['torch']}, triton {env['triton']}, commit"
+        f" {env['git_commit'][:7]}, {records[0]['time'][:10]})"
     )
-    second = _table(
-        ["point", "half the dy reads / full", "no operand reads / full", "MMA half without reads / with"]
-        + ["no reads / its larger half"],
-        reads,
-        "l" + "r" * 4,
+
+
+def kernel_overlap(root: Path) -> str:
+    """The shipped kernel against its roofline, its halves apart, what operand reads cost, and the
+    multiprocessor-specialized kernel at its best split (`python -m harness.kernels.overlap`)."""
+    records = _read_jsonl(root / OVERLAP)
+    rows = []
+    for r in records:
+        roof = r["roofline_ms"]
+        larger = max(r["ws_mma_only_ms"], r["ws_epilogue_only_ms"])
+        programs, split_ms = _best_split(r)
+        rows.append(
+            [
+                f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}",
+                _ms(roof),
+                _x(r["shipped_ms"] / roof),
+                _x(r["ws_mma_only_ms"] / roof),
+                _x(r["ws_epilogue_only_ms"] / roof),
+                _x(r["ws_ms"] / larger),
+                _x(r["ws_half_dy_ms"] / r["ws_ms"]),
+                _x(r["ws_first_lap_ms"] / r["ws_ms"]),
+                f"{_x(split_ms / r['shipped_ms'])} ({programs})",
+            ]
+        )
+    header = ["point", "roofline ms", "shipped / roofline", "MMA half / roofline", "update half / roofline"]
+    header += ["together / larger half", "half the dy reads", "no operand reads", "split kernel, best (U)"]
+    table = _table(header, rows, "l" + "r" * 8)
+    t39 = {(r["shape_name"], r["T"]): r for r in _read_jsonl(root / OVERLAP_T39)}
+    t36 = {(r["shape_name"], r["T"]): r for r in records}
+    versions = "; ".join(
+        f"{shape} T = {t}: {_ms(t36[(shape, t)]['shipped_ms'])} ms under triton 3.6,"
+        f" {_ms(r['shipped_ms'])} under 3.9"
+        for (shape, t), r in sorted(t39.items(), key=lambda item: item[0][1])
     )
     return "\n\n".join(
         [
-            first,
-            'The same run, the loaders reading fewer operands ("no operand reads": nothing after the first'
-            " lap over T, the MMAs on stale tiles):",
-            second,
-            f"Data: `{WS_PROBE}` ({env['gpu_name']}, torch {env['torch']}, triton {env['triton']}, commit"
-            f" {env['git_commit'][:7]}, {records[0]['time'][:10]}); the probe is `scripts/probe_ws_bounds.py`"
-            " at that commit (git history). \"Epilogue's instructions\": the update's instructions on every"
-            ' staged tile with every load and store predicated off; "epilogue TB/s": the update\'s bytes'
-            " over the epilogue half's time.",
+            table,
+            "Roofline: the larger of cuBLAS's dW GEMM and the update's bytes (W, m, v read and written) at"
+            " the run's copy rate. MMA half: the loader and MMA warps with the update warps handing each"
+            " tile back unread; update half: the update warps on a synthetic gradient, no operand reads."
+            " Half the dy reads and no operand reads: the shipped kernel with its loader refilling dy on"
+            " every other fill (the traffic a 2-CTA cluster multicasting dy would leave) or nothing after"
+            " the first lap, over the shipped kernel's time. Split kernel: `forge.kernels.wgrad_update_split`"
+            " with U of the 132 programs updating and the rest running the GEMM, at the U that was fastest"
+            " of 8, 16, 32 and 66, over the shipped time; every split equal to the warp-specialized kernel's"
+            f" step to the bit. Data: {_source(OVERLAP, records)}, from `python -m harness.kernels.overlap`;"
+            f" the same kernels under Triton 3.9 in {_source(OVERLAP_T39, list(t39.values()))}: {versions}.",
+        ]
+    )
+
+
+def _ncu(root: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """{(kernel launch id, kernel name): {metric: value}} of an `ncu --csv --page details` file."""
+    import csv
+
+    lines = (root / NCU).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    found: dict[tuple[str, str], dict[str, str]] = {}
+    for row in csv.DictReader(lines[start:]):
+        found.setdefault((row["ID"], row["Kernel Name"]), {})[row["Metric Name"]] = row["Metric Value"]
+    return found
+
+
+def kernel_counters(root: Path) -> str:
+    """Nsight Compute's counters of the shipped kernel and the split kernel, gate at T = 1024."""
+    metrics = [
+        ("Duration", "duration us", lambda v: f"{float(v.replace(',', '')) / 1000:.0f}"),
+        ("SM Frequency", "SM MHz", lambda v: f"{float(v.replace(',', '')) / 1e6:.0f}"),
+        ("Issue Slots Busy", "issue slots busy", lambda v: f"{float(v):.0f}%"),
+        ("Eligible Warps Per Scheduler", "eligible warps a scheduler", lambda v: v),
+        ("Active Warps Per Scheduler", "active warps a scheduler", lambda v: v),
+        ("DRAM Throughput", "DRAM throughput", lambda v: f"{float(v):.0f}%"),
+        ("L2 Cache Throughput", "L2 throughput", lambda v: f"{float(v):.0f}%"),
+        ("dram__bytes_read.sum", "DRAM read MB", lambda v: f"{int(v.replace(',', '')) / 1e6:.0f}"),
+        ("dram__bytes_write.sum", "DRAM written MB", lambda v: f"{int(v.replace(',', '')) / 1e6:.0f}"),
+    ]
+    kernels = _ncu(root)
+    chosen = {}
+    for (_, name), values in kernels.items():  # the last launch of each kernel (after a warm-up one)
+        chosen[name] = values
+    names = {
+        "wgrad_update_ws_kernel": "warp-specialized (shipped)",
+        "wgrad_update_split_kernel": "split, U = 48",
+    }
+    rows = [
+        [label] + [fmt(chosen[name][metric]) for metric, _, fmt in metrics] for name, label in names.items()
+    ]
+    table = _table(["gate, T = 1024"] + [title for _, title, _ in metrics], rows, "l" + "r" * len(metrics))
+    return "\n\n".join(
+        [
+            table,
+            f"Data: `{NCU}`, from `ncu --clock-control none --section SpeedOfLight --section"
+            " ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats --section"
+            " WarpStateStats --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv --page details"
+            " python -m harness.kernels.overlap --launch-once --shapes gate --tokens 1024"
+            " --update-programs 48`"
+            " (one H200, triton 3.6).",
         ]
     )
 
@@ -155,7 +218,8 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
-    "kernel-probe": kernel_probe,
+    "kernel-overlap": kernel_overlap,
+    "kernel-counters": kernel_counters,
     "profiles-b1": step_profiles(
         PROFILES_B1,
         ("fused_adamw_graph", "forge_bf16_graph", "no_optimizer_graph"),

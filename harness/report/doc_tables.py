@@ -500,8 +500,8 @@ def kernel_summary(root: Path) -> str:
     return "\n\n".join(
         [
             _table(summary.header, rows, summary.alignment()),
-            f"{summary.notes[0]} Data: {_kernel_runs(root)}, from `python -m harness kernels`; Lion, SGD"
-            " and every point:"
+            f"{summary.notes[0]} Data: {_kernel_runs(root)}, from `python -m harness kernels --rules adamw`;"
+            " every point:"
             " [reports/tables/t4_kernels_summary.md](../reports/tables/t4_kernels_summary.md).",
         ]
     )
@@ -586,11 +586,11 @@ def floor_estimate(root: Path) -> str:
     cuBLAS's dW GEMM, or the update's bytes at the epilogue's measured rate."""
     from harness.kernels.layers import MODELS
     from harness.records import load_records, split_kinds
-    from harness.report.doc_probes import WS_PROBE, _read_jsonl
+    from harness.report.doc_probes import OVERLAP, _read_jsonl
     from harness.report.kernel_table import SHAPE_ORDER, latest
 
-    probe = next(r for r in _read_jsonl(root / WS_PROBE) if (r["shape_name"], r["T"]) == ("gate", 1024))
-    rate = probe["update_bytes"] / probe["epilogue_only_ms"] / 1e9  # TB/s: bytes / ms / 1e9
+    probe = next(r for r in _read_jsonl(root / OVERLAP) if (r["shape_name"], r["T"]) == ("gate", 1024))
+    rate = probe["update_bytes"] / probe["ws_epilogue_only_ms"] / 1e9  # TB/s: bytes / ms / 1e9
     _, kernels = split_kinds(load_records([root / KERNELS / "kernels-llama3.1-8b.jsonl"]))
     at = {
         (r["shape_name"], r["variant"], r.get("state_dtype")): r
@@ -630,7 +630,7 @@ def floor_estimate(root: Path) -> str:
             f" table {fmt_ms(floor_step)} ms instead of {fmt_ms(forge_step)}:"
             f" {fmt_ratio(floor_step / base_step)} fused AdamW's. Data: the kernel table"
             f" `{KERNELS}kernels-llama3.1-8b.jsonl` (AdamW, bf16 states),"
-            f" the epilogue's rate from `{WS_PROBE}` (gate, T = 1024), the steps from {head.source()}.",
+            f" the update half's rate from `{OVERLAP}` (gate, T = 1024), the steps from {head.source()}.",
         ]
     )
 

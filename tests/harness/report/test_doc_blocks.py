@@ -25,7 +25,7 @@ def test_every_generated_block_of_the_readme_and_docs_equals_its_records():
     results that moved without `python -m harness report`, fail here, named by file and block."""
     assert stale_blocks(REPO) == []
     names = {name for path in doc_blocks.doc_files(REPO) for name in block_names(path.read_text())}
-    assert {"llama8b-headline", "paper-setting", "paper-claims", "tokens-detail", "kernel-probe"} <= names
+    assert {"llama8b-headline", "paper-setting", "paper-claims", "tokens-detail", "kernel-overlap"} <= names
     assert names <= set(doc_blocks.BLOCKS), "a block without a builder"
 
 
