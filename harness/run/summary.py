@@ -20,24 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.records import is_scratch
+from harness.records import interpreted, is_scratch
 
 NONE = "—"
 INTERPRETED = "*"
 HEADER = ("status", "point", "step ms", "peak GiB", "tokens/s")
 WIDTH = 100  # the notes under the table wrap here
-
-
-def interpreted(record: dict[str, Any]) -> bool:
-    """True when the point's update ran Triton kernels in Triton's CPU interpreter."""
-    if record.get("device") != "cpu":
-        return False
-    from harness.run import methods
-
-    try:
-        return methods.get(str(record.get("method"))).triton_kernels
-    except ValueError:  # a method this checkout no longer has (a record of an earlier run)
-        return False
 
 
 def _number(value: Any, digits: int) -> str:
