@@ -15,6 +15,7 @@ and the modules they share, which read and write records:
     points      what identifies a point (its configuration key) and how to name it
     stats       step-time statistics, and the change between two runs with its interval
     slowdown    a deliberate GPU delay of a known length (to show the regression check works)
+    quiet       the four log lines torchao's import prints on a CPU, filtered (installed here)
 
 A sweep, start to end: `run.config` composes and validates the experiment, `run.sweep` expands
 its points (`run.grid`), checks the machine (`run.hardware`) and runs each in `python -m
@@ -22,3 +23,7 @@ harness.run.worker` (`run.local`), whose `run.runner` builds the model (`run.mod
 method (`run.methods`), times the steps (`run.measure`) and returns the record, which
 `results.append` writes. `report.report` reads it back through `records`.
 """
+
+from harness import quiet
+
+quiet.install()

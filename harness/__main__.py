@@ -35,7 +35,8 @@ usage: {PROG} sweep [OVERRIDE ...] [--dry-run]
 Run or resume a sweep. The experiment's grid (methods x models x batch sizes x sequence lengths)
 is expanded and every point's config validated first; then each point runs in a fresh
 subprocess and appends one record to results/<sweep>.jsonl. Points already recorded there are
-skipped, so the same command resumes a stopped sweep. It ends with a table of its points.
+skipped, so the same command resumes a stopped sweep; add sweep.rerun=true to run them again.
+It ends with a table of its points.
 launcher=slurm runs each point as a Slurm job instead (conf/launcher/slurm.yaml's options,
 launcher.partition=NAME and the rest); --dry-run prints the points or jobs it would start, with
 their sbatch parameters, and starts nothing.
@@ -100,6 +101,8 @@ def cmd_sweep(argv: list[str]) -> int:
         return 0
     done = sweep.execute(overrides)
     print(summary_table(done.records, done.path))
+    if done.skipped:
+        print(sweep.skipped_note(done.skipped, len(done.records), done.path, overrides))
     return 0
 
 

@@ -5,8 +5,14 @@ everything that would make two renderings of the same data differ: the default s
 matplotlibrc is ignored), a fixed size and dpi, and no PNG metadata (matplotlib otherwise stamps
 its version as 'Software'). The same records and the same matplotlib give the same bytes.
 
-Points that did not run are drawn as a text label (OOM, error, ...) where their bar or marker
-would be, never as a zero-height bar.
+Every plot reads at 100% on a laptop screen: at most `MAX_WIDTH_PX` wide (a test holds every
+committed PNG to it), labels whole (`save` crops to what is drawn, nothing cut off), and a legend
+for every kind of line and marker drawn. Bars per method run horizontally, one row per method, so
+the names read straight and forty methods make a taller plot, not a wider one.
+
+Points that did not run are drawn as a text label (OOM, error, ...) where their bar would be, or
+as a marker named in the legend, never as a zero-height bar. A step time measured in Triton's CPU
+interpreter is drawn hatched, and the legend says that it says nothing about speed.
 """
 
 from __future__ import annotations
@@ -20,17 +26,28 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.transforms import offset_copy  # noqa: E402
 
 from harness.points import display_name  # noqa: E402
 from harness.records import (  # noqa: E402
     HELDOUT_FIELDS,
     Record,
     activations_gib,
+    interpreted,
 )
 from harness.report.convergence_table import curve, reference_of  # noqa: E402
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
+MAX_WIDTH_PX = 2000  # the widest plot a laptop shows at 100%
+BAR_ROW_IN = 0.24  # the height of one method's bar, in inches (24 px at 100 dpi: a line of 9 pt text)
+BARS_WIDTH_IN = 5.5  # the width of a bar plot's axes (and title), in inches
+LABEL_CHAR_IN = 0.07  # the width of a character of a 9 pt label, in inches
+INTERPRETER_LABEL = "Triton's CPU interpreter: says nothing about speed"
+FAILURE_MARKERS = {"OOM": "x"}  # a failed point on a line plot, by its status label; others: "^"
 POOLS = (  # the modelled split of records without forward_end_alloc_gib
     ("weights_gib", "weights"),
     ("grads_gib", "gradients (modelled)"),
@@ -43,9 +60,10 @@ KNOWN_CAPACITY_GIB = {"H200": 139.8, "H100": 79.2, "A100-SXM4-80GB": 79.2, "A100
 
 
 def save(fig: Any, path: Path) -> Path:
-    """Write `fig` as a PNG with no metadata, and close it."""
+    """Write `fig` as a PNG with no metadata, cropped to what is drawn (no label cut off, however
+    long), and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", metadata={"Software": None})
+    fig.savefig(path, format="png", metadata={"Software": None}, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path
 
@@ -70,9 +88,25 @@ def _label(record: Record) -> str:
 
 
 def _bar_labels(records: Sequence[Record]) -> list[str]:
-    """One x label per bar; a method measured in several sweeps gets its sweep's name too."""
+    """One label per bar; a method measured in several sweeps gets its sweep's name too."""
     names = [_label(r) for r in records]
-    return [f"{n}\n({r.get('sweep')})" if names.count(n) > 1 else n for n, r in zip(names, records)]
+    return [f"{n} ({r.get('sweep')})" if names.count(n) > 1 else n for n, r in zip(names, records)]
+
+
+def _bars_figure(labels: Sequence[str], extra_height: float = 1.4):
+    """A figure for one horizontal bar per label, one row each, the first at the top, wide enough
+    for the longest label beside axes of `BARS_WIDTH_IN`."""
+    n = len(labels)
+    width = BARS_WIDTH_IN + LABEL_CHAR_IN * max(map(len, labels), default=0)
+    fig, axes = _figure(width, max(2.4, BAR_ROW_IN * n + extra_height))
+    ax = axes[0][0]
+    ax.set_ylim(n - 0.5, -0.5)  # the first record on top, as in the tables
+    ax.grid(axis="y", visible=False)
+    return fig, ax
+
+
+def _method_axis(ax: Any, records: Sequence[Record]) -> None:
+    ax.set_yticks(range(len(records)), _bar_labels(records))
 
 
 def _ok(record: Record) -> bool:
@@ -96,38 +130,39 @@ def capacity_gib(record: Record) -> float | None:
     return matches[0] if matches else None
 
 
-def _mark_failures(ax: Any, records: Sequence[Record], y: float) -> None:
+def _mark_failures(ax: Any, records: Sequence[Record]) -> None:
+    """The status of each point that did not run, at the start of its bar's row."""
     for i, record in enumerate(records):
         if not _ok(record):
-            ax.text(i, y, _status(record), ha="center", va="bottom", rotation=90, color="crimson")
+            ax.text(0.005, i, _status(record), transform=ax.get_yaxis_transform(), ha="left", va="center",
+                    color="crimson")  # fmt: skip
 
 
 @styled
 def memory_breakdown(records: Sequence[Record], title: str, path: Path) -> Path:
-    """Stacked bars of the peak per method, with the GPU capacity line.
+    """Stacked bars of the peak per method, one row each, with the GPU capacity line.
 
     Where the records carry `forward_end_alloc_gib` (measured when the forward returns), the bar
     is measured throughout: weights, optimizer states, what else is live at the end of the forward
     pass (the saved activations), and what backward and the update add on top to reach the peak
     (gradients and transients). Older records get the modelled split (`harness.run.measure.breakdown`:
     every gradient assumed alive at the peak, activations as the remainder), labelled as such."""
-    fig, axes = _figure(max(6.0, 0.9 * len(records) + 2), 4.5)
-    ax = axes[0][0]
-    bottoms = [0.0] * len(records)
+    fig, ax = _bars_figure(_bar_labels(records))
+    lefts = [0.0] * len(records)
     measured = all(r.get("forward_end_alloc_gib") is not None for r in records if _ok(r))
-    for name, height in _pools(measured):
-        heights = [height(r) if _ok(r) else 0.0 for r in records]
-        ax.bar(range(len(records)), heights, bottom=bottoms, label=name)
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for name, width in _pools(measured):
+        widths = [width(r) if _ok(r) else 0.0 for r in records]
+        ax.barh(range(len(records)), widths, left=lefts, height=0.7, label=name)
+        lefts = [left + w for left, w in zip(lefts, widths)]
     cap = next((capacity_gib(r) for r in records if capacity_gib(r)), None)
     if cap:
-        ax.axhline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity {cap:.1f} GiB")
-    _mark_failures(ax, records, 0.02 * (cap or max(bottoms + [1.0])))
-    ax.set_xticks(range(len(records)), _bar_labels(records), rotation=30, ha="right")
-    ax.set_ylabel("peak allocated, GiB")
+        ax.axvline(cap, color="black", linestyle="--", linewidth=1, label=f"GPU capacity {cap:.1f} GiB")
+    _mark_failures(ax, records)
+    _method_axis(ax, records)
+    ax.set_xlabel("peak allocated, GiB")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
+    _figure_legend(fig, [ax])
     return save(fig, path)
 
 
@@ -151,21 +186,75 @@ def _pools(measured: bool) -> list[tuple[str, Callable[[Record], float]]]:
 
 @styled
 def step_time(records: Sequence[Record], title: str, path: Path) -> Path:
-    """Median step time per method with a min-p90 whisker."""
-    fig, axes = _figure(max(6.0, 0.9 * len(records) + 2), 4.0)
-    ax = axes[0][0]
+    """Median step time per method, one row each, with a min-p90 whisker and the median written
+    beside it; hatched where Triton's CPU interpreter ran the method's kernels. Where the times
+    span more than 30x (interpreted kernels beside compiled ones), the axis is logarithmic."""
+    fig, ax = _bars_figure(_bar_labels(records))
+    medians = []
     for i, record in enumerate(records):
         stats = step_stats(record) if _ok(record) else None
         if stats is None:
             continue
-        low = stats.median - (stats.minimum if stats.minimum is not None else stats.median)
-        high = (stats.p90 if stats.p90 is not None else stats.median) - stats.median
-        ax.bar(i, stats.median, color="tab:blue")
-        ax.errorbar(i, stats.median, yerr=[[low], [high]], color="black", capsize=3)
-    _mark_failures(ax, records, 0.0)
-    ax.set_xticks(range(len(records)), _bar_labels(records), rotation=30, ha="right")
-    ax.set_ylabel("step time, ms (median; whisker min to p90)")
+        low = stats.minimum if stats.minimum is not None else stats.median
+        high = stats.p90 if stats.p90 is not None else stats.median
+        slow = interpreted(record)
+        ax.barh(
+            i,
+            stats.median,
+            height=0.7,
+            color="tab:orange" if slow else "tab:blue",
+            hatch="//" if slow else None,
+        )
+        ax.errorbar(
+            stats.median, i, xerr=[[stats.median - low], [high - stats.median]], color="black", capsize=2
+        )
+        ax.annotate(
+            f"{stats.median:.1f}",
+            (high, i),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+        medians.append(stats.median)
+    if medians and max(medians) > 30 * min(medians):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    if medians:
+        ax.set_xlim(right=max(ax.get_xlim()[1], max(medians) * 1.15))  # room for the last label
+    _mark_failures(ax, records)
+    _method_axis(ax, records)
+    ax.set_xlabel("step time, ms (median; whisker: min to p90)")
     ax.set_title(title)
+    fig.tight_layout()
+    if any(interpreted(r) for r in records if _ok(r)):
+        handles = [Patch(facecolor="tab:blue", label="run natively")]
+        handles.append(Patch(facecolor="tab:orange", hatch="//", label=INTERPRETER_LABEL))
+        _figure_legend(fig, [], handles)
+    return save(fig, path)
+
+
+@styled
+def loss_per_step(records: Sequence[Record], title: str, path: Path) -> Path:
+    """The training loss at each step, one line per method; methods whose losses are the same at
+    every step share one line and one legend entry (the floor's stays flat: nothing trained)."""
+    curves: dict[tuple[float, ...], list[str]] = {}
+    for record in records:
+        losses = record.get("losses") if _ok(record) else None
+        if losses:
+            curves.setdefault(tuple(round(float(v), 4) for v in losses), []).append(_label(record))
+    fig, axes = _figure(7.0, 3.8)
+    ax = axes[0][0]
+    markers = "osD^v<>ph*"
+    for index, (losses, names) in enumerate(curves.items()):
+        steps = range(1, len(losses) + 1)
+        ax.plot(steps, losses, marker=markers[index % len(markers)], label=" = ".join(names))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("step (warm-up included)")
+    ax.set_ylabel("training loss, nats")
+    ax.set_title(title)
+    if curves:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return save(fig, path)
 
@@ -205,34 +294,46 @@ def memory_vs_size(records: Sequence[Record], title: str, path: Path) -> Path:
 
 @styled
 def largest_batch(entries: Sequence[tuple[str, int | None]], title: str, path: Path) -> Path:
-    """Bars of the largest micro-batch per method; 'none fits' as text."""
-    fig, axes = _figure(max(5.0, 0.9 * len(entries) + 2), 3.8)
-    ax = axes[0][0]
+    """Bars of the largest micro-batch per method, one row each; 'none fits' as text."""
+    fig, ax = _bars_figure([e[0] for e in entries], extra_height=1.6)
     for i, (_label_text, batch) in enumerate(entries):
         if batch:
-            ax.bar(i, batch, color="tab:green")
-            ax.text(i, batch, str(batch), ha="center", va="bottom")
+            ax.barh(i, batch, height=0.7, color="tab:green")
+            ax.annotate(str(batch), (batch, i), xytext=(4, 0), textcoords="offset points", va="center")
         else:
-            ax.text(i, 0.05, "none fits", ha="center", va="bottom", rotation=90, color="crimson")
-    ax.set_xticks(range(len(entries)), [e[0] for e in entries], rotation=30, ha="right")
-    ax.yaxis.get_major_locator().set_params(integer=True)  # batch sizes are whole numbers
-    ax.set_ylabel("largest micro-batch that fits")
-    ax.set_title(title, fontsize=9, wrap=True)
+            ax.text(0.005, i, "none fits", transform=ax.get_yaxis_transform(), va="center", color="crimson")
+    ax.set_yticks(range(len(entries)), [e[0] for e in entries])
+    ax.xaxis.get_major_locator().set_params(integer=True)  # batch sizes are whole numbers
+    ax.set_xlim(right=max([b or 0 for _, b in entries] + [1]) * 1.12)
+    ax.set_xlabel("largest micro-batch that fits")
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return save(fig, path)
 
 
 @styled
 def kernel_speed(series: dict[str, dict[str, list[tuple[int, float]]]], title: str, path: Path) -> Path:
-    """Per shape, each variant's time relative to the cuBLAS GEMM against T."""
+    """Per shape, each variant's time relative to the cuBLAS GEMM against T; one colour and line
+    style per variant in every panel (past the colour cycle's ten, dashed), one legend under them."""
     shapes = list(series)
     cols = min(4, len(shapes))
     rows = (len(shapes) + cols - 1) // cols
     fig, axes = _figure(3.2 * cols, 2.6 * rows + 0.6, rows, cols)
+    colors = _colors([variant for shape in shapes for variant in series[shape]])
+    styles = {variant: "-" if i < 10 else "--" for i, variant in enumerate(colors)}
     for index, shape in enumerate(shapes):
         ax = axes[index // cols][index % cols]
         for variant, points in series[shape].items():
-            ax.plot([t for t, _ in points], [v for _, v in points], marker="o", markersize=3, label=variant)
+            xs, ys = [t for t, _ in points], [v for _, v in points]
+            ax.plot(
+                xs,
+                ys,
+                marker="o",
+                markersize=3,
+                color=colors[variant],
+                linestyle=styles[variant],
+                label=variant,
+            )
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(shape, fontsize=9)
@@ -240,10 +341,9 @@ def kernel_speed(series: dict[str, dict[str, list[tuple[int, float]]]], title: s
         ax.set_ylabel("time / cuBLAS GEMM")
     for index in range(len(shapes), rows * cols):
         axes[index // cols][index % cols].set_visible(False)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.tight_layout()
+    _figure_legend(fig, [axes[i // cols][i % cols] for i in range(len(shapes))])
     return save(fig, path)
 
 
@@ -313,6 +413,54 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize=7)
 
 
+def _figure_legend(fig: Any, axes: Sequence[Any], extra: Sequence[Any] = ()) -> None:
+    """One legend under the panels for every method the `axes` draw (one colour per method in all
+    panels), then `extra`: what each line style and marker means."""
+    found: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(label, handle)
+    handles = [*found.values(), *extra]
+    if handles:
+        fig.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(3, len(handles)),
+            fontsize=8,
+        )
+
+
+def _style_entries(series: Sequence[Any]) -> list[Any]:
+    """Legend entries, in gray, for the line styles and markers `_draw_series` draws for `series`:
+    only those present."""
+    gray = dict(color="dimgray")
+    entries = []
+    if any(s.linestyle != "-" and any(v is not None for _, v, _ in s.points) for s in series):
+        entries.append(
+            Line2D([], [], linestyle="-.", marker="s", fillstyle="none", label="eager, measured", **gray)
+        )
+    if any(s.predicted for s in series):
+        entries.append(Line2D([], [], linestyle="--", linewidth=0.9, label="predicted", **gray))
+    if any(abs(h - lo) > 1e-9 for s in series for _, lo, h in s.predicted):
+        entries.append(
+            Line2D(
+                [],
+                [],
+                linestyle=":",
+                linewidth=0.9,
+                label="predicted, the update hidden where it fits",
+                **gray,
+            )
+        )
+    statuses = sorted({str(status) for s in series for _, v, status in s.points if v is None})
+    for status in statuses:
+        marker = FAILURE_MARKERS.get(status, "^")
+        text = f"{status} (at the top, in its method's colour)"
+        entries.append(Line2D([], [], linestyle="none", marker=marker, label=text, **gray))
+    return entries
+
+
 def _tokens_axis(ax: Any, ticks: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
     if ticks:
@@ -322,9 +470,10 @@ def _tokens_axis(ax: Any, ticks: Sequence[int]) -> None:
 
 def _draw_series(ax: Any, series: Sequence[Any], colors: dict[str, str], top: float) -> None:
     """Measured points joined by a line, the prediction as a dashed line (with a dotted lower
-    bound and a band between where the two differ), and the points without a figure as a
-    labelled x at `top`, one line of text per point."""
-    failed: dict[int, list[tuple[str, str]]] = {}
+    bound and a band between where the two differ), and the points without a figure as a marker
+    at `top` in their method's colour, its shape the status's (`_style_entries` names them); several
+    at one token count are stacked downwards, one marker each."""
+    failed: dict[int, int] = {}  # token count -> markers drawn there
     for s in series:
         color = colors[s.label]
         ok = [(t, v) for t, v, _ in s.points if v is not None]
@@ -335,26 +484,16 @@ def _draw_series(ax: Any, series: Sequence[Any], colors: dict[str, str], top: fl
             ax.plot(xs, ys, linestyle=s.linestyle, marker=marker, fillstyle=fill, color=color, label=s.label)
         for t, v, status in s.points:
             if v is None:
-                failed.setdefault(t, []).append((f"{s.label}: {status}", color))
+                below = offset_copy(ax.transData, fig=ax.figure, y=-7 * failed.get(t, 0), units="points")
+                failed[t] = failed.get(t, 0) + 1
+                marker = FAILURE_MARKERS.get(str(status), "^")
+                ax.scatter([t], [top], marker=marker, color=color, zorder=3, clip_on=False, transform=below)
         if s.predicted:
             xs, lows, highs = zip(*s.predicted)
             ax.plot(xs, highs, linestyle="--", linewidth=0.9, color=color)
             if any(abs(h - lo) > 1e-9 for lo, h in zip(lows, highs)):
                 ax.plot(xs, lows, linestyle=":", linewidth=0.9, color=color)
                 ax.fill_between(xs, lows, highs, color=color, alpha=0.08)
-    for t, lines in failed.items():
-        for k, (text, color) in enumerate(lines):
-            ax.scatter([t], [top], marker="x", color=color)
-            ax.annotate(
-                text,
-                (t, top),
-                xytext=(0, -9 * (k + 1)),
-                textcoords="offset points",
-                fontsize=6,
-                color=color,
-                ha="center",
-                va="top",
-            )
 
 
 def _draw_over_floor(ax: Any, lines: Sequence[Any], colors: dict[str, str]) -> None:
@@ -390,7 +529,7 @@ def overhead_vs_tokens(
         left.set_title(
             f"{key[0]}, {key[1]}: graphed (solid), eager (dash-dot), predicted (dashed, dotted)", fontsize=9
         )
-        _legend(left)
+
         gemm, updates = times.get(key, ([], {}))
         if gemm:
             right.plot(
@@ -405,6 +544,8 @@ def overhead_vs_tokens(
         right.set_title("Predicted parts: FORGE's update can hide where it lies below the GEMMs", fontsize=9)
         _legend(right)
     fig.tight_layout()
+    lines = [s for key in groups for s in series[key]]
+    _figure_legend(fig, [axes[row][0] for row in range(len(groups))], _style_entries(lines))
     return save(fig, path)
 
 
@@ -414,10 +555,14 @@ def overhead_vs_size(series: dict[tuple, list[Any]], path: Path) -> Path:
     model's parameters, measured (solid) and predicted (dashed where none of the update hides,
     dotted where all that fits under the dW GEMM does)."""
     groups = list(series)
-    fig, axes = _figure(5.5 * len(groups), 4.2, 1, len(groups))
+    cols = min(2, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = _figure(7.5 * cols, 4.2 * rows, rows, cols)
     colors = _colors([s.label for key in groups for s in series[key]])
-    for col, key in enumerate(groups):
-        ax = axes[0][col]
+    for index in range(len(groups), rows * cols):
+        axes[index // cols][index % cols].set_visible(False)
+    for index, key in enumerate(groups):
+        ax = axes[index // cols][index % cols]
         _draw_over_floor(ax, series[key], colors)
         ax.set_xscale("log")
         sizes = sorted({n for s in series[key] for n, _, _ in s.points})
@@ -425,8 +570,9 @@ def overhead_vs_size(series: dict[tuple, list[Any]], path: Path) -> Path:
         ax.minorticks_off()
         ax.set_xlabel("parameters, billions")
         ax.set_title(f"{key[0]:,} tokens a step, {key[1]}", fontsize=9)
-        _legend(ax)
     fig.tight_layout()
+    lines = [s for key in groups for s in series[key]]
+    _figure_legend(fig, [axes[i // cols][i % cols] for i in range(len(groups))], _style_entries(lines))
     return save(fig, path)
 
 
@@ -435,8 +581,9 @@ def peak_vs_tokens(
     series: dict[tuple, dict[bool, list[Any]]], capacity: dict[tuple, float | None], path: Path
 ) -> Path:
     """Per (model, GPU), without and with activation checkpointing: each method's peak against
-    tokens per step, measured (solid, a failure as a labelled x at the card's memory) and predicted
-    (dashed), with the card's memory as a line. Panels in the series' order (model size)."""
+    tokens per step, measured (solid; a failure as a marker at the card's memory, named in the
+    legend) and predicted (dashed), with the card's memory as a line. Panels in the series' order
+    (model size); one legend under them all."""
     groups = list(series)
     fig, axes = _figure(11.0, 4.2 * len(groups), len(groups), 2)
     colors = _colors([s.label for key in groups for ac in (False, True) for s in series[key].get(ac, [])])
@@ -453,6 +600,7 @@ def peak_vs_tokens(
             ax.set_ylabel("peak allocated, GiB")
             state = "with" if ac else "without"
             ax.set_title(f"{key[0]}, {key[1]}: {state} activation checkpointing", fontsize=9)
-            _legend(ax)
     fig.tight_layout()
+    lines = [s for key in groups for ac in (False, True) for s in series[key].get(ac, [])]
+    _figure_legend(fig, [ax for row in axes for ax in row], _style_entries(lines))
     return save(fig, path)

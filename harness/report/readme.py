@@ -143,7 +143,8 @@ def section_markdown(section: Section, out: Path) -> str:
             f"No results yet. Produce them with `{section.hint}` on the GPU, then re-run the report."
         )
         return "\n\n".join(parts)
-    parts.append(f"**Expectation.** {section.preamble}")
+    if section.preamble:
+        parts.append(f"**Expectation.** {section.preamble}")
     for selection in section.selections:
         table = selection.table
         parts.append(f"**{table.title}** ({_links(table.name)})\n\n{to_markdown(table).rstrip()}")
@@ -154,13 +155,15 @@ def section_markdown(section: Section, out: Path) -> str:
     return "\n\n".join(parts)
 
 
-def render(sections: Sequence[Section], inputs: Sequence[str], out: Path) -> str:
-    """The whole README."""
+def render(
+    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
+) -> str:
+    """The whole README; `command` is the one that regenerates it."""
     head = [
         GENERATED,
         "# FORGE benchmark reports",
         (
-            "Regenerate with `python -m harness report` (reads "
+            f"Regenerate with `{command}` (reads "
             + ", ".join(f"`{p}`" for p in inputs)
             + "). Tables are in `tables/` as Markdown and LaTeX (booktabs), plots in `plots/` as PNG. "
             "A point that did not run shows its status (OOM, error, unavailable, diverged) in every "

@@ -6,7 +6,7 @@ The procedure:
    marks as uncommitted, such as results/smoke/);
 2. build the sections (`readme.Section`): their tables (`paper_table`, `tables`, `kernel_table`,
    `convergence_table`, `token_tables`), each a `Selection` of a table and the records behind it,
-   and plots;
+   and plots of what was measured (memory, step time, and on a CPU the loss at each step);
 3. write each table as Markdown and LaTeX (booktabs) under reports/tables/, the plots as PNG
    under reports/plots/, and reports/README.md (`readme`), which opens every table with its
    expectation (`preambles`), links the files, and names the hardware, versions, commit and
@@ -18,8 +18,15 @@ The procedure:
 harness report results/smoke`) are rendered beside them, into results/smoke/report/, never over
 the committed reports/.
 
+A report is shaped by what ran. The committed report (no RESULTS given) is the map of every
+experiment: a section without data says which sweep produces it, and the data-parallel table lists
+the points still to measure. A report of the results you name (`python -m harness report
+results/smoke`) has the sections of what they hold and nothing else. Either way GPU ceilings are
+drawn only for GPU points, and wherever Triton's CPU interpreter ran a method's kernels the table,
+its expectation and its step-time plot say that those times mean nothing for speed.
+
 Re-running on the same results gives byte-identical tables and README: rows are sorted, numbers
-use fixed formats, nothing reads a clock. Sections without data say which sweep produces them.
+use fixed formats, nothing reads a clock.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.points import display_name, seed_of
-from harness.records import Record, in_scratch, load_records, split_kinds
+from harness.records import Record, in_scratch, load_records, on_cpu, split_kinds
 from harness.report import plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
@@ -62,8 +69,12 @@ DEFAULT_OUT = "reports"
 # Building
 
 
-def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path) -> list[Section]:
-    """Every section of the report, with tables built and plots drawn into out/plots."""
+def build_sections(
+    steps: Sequence[Record], kernels: Sequence[Record], out: Path, planned: bool = True
+) -> list[Section]:
+    """The sections of the report, with tables built and plots drawn into out/plots. `planned`:
+    every section, those without data saying how to make it, and the data-parallel points not yet
+    measured (the committed report); else only the sections the records fill."""
     sections = [
         _paper_section(paper_comparison(steps)),
         _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
@@ -75,7 +86,7 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         ),
         *_token_sections(steps, out),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
-        _data_parallel_section(dp_table(steps)),
+        _data_parallel_section(dp_table(steps), planned),
         _convergence_section(
             convergence(steps),
             [
@@ -88,10 +99,11 @@ def build_sections(steps: Sequence[Record], kernels: Sequence[Record], out: Path
         ),
     ]
     used = [r for s in sections for r in s.records]
-    rest = other_points(steps, used)
+    heading = "Other measured points" if used else "Measured points"
+    rest = other_points(steps, used, heading)
     if rest is not None:
-        sections.append(_step_section("other", "Other measured points", "smoke", rest, out))
-    return sections
+        sections.append(_step_section("other", heading, "smoke", rest, out))
+    return sections if planned else [s for s in sections if s.selections]
 
 
 def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, out: Path) -> Section:
@@ -100,7 +112,7 @@ def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, ou
         return section
     section.selections = [sel]
     section.preamble = preambles.step_preamble(sel.records)
-    if anchor == "t1":
+    if anchor in ("t1", "other"):
         section.plots = _per_point_plots(anchor, sel.records, out)
     elif anchor == "t2":
         section.plots = _scaling_plots(sel.records, out)
@@ -128,11 +140,13 @@ def _group(records: Sequence[Record], key: Callable[[Record], Any]) -> dict[Any,
 
 
 def _per_point_plots(anchor: str, records: Sequence[Record], out: Path) -> list[Path]:
-    """Memory breakdown and step time for each (model, GPU, batch, seq) of the table."""
+    """For each (model, GPU, batch, seq) of the table, what its points measured: the memory
+    breakdown (on a GPU), the step time, and on a CPU the loss at each step, which is what a CPU
+    run shows (every method trains; the interpreter's times say nothing about speed)."""
     paths = []
     groups = _group(
         records,
-        lambda r: (str(r.get("model")), str(r.get("gpu_name")), r.get("batch_size"), r.get("seq_len")),
+        lambda r: (str(r.get("model")), _device_name(r), r.get("batch_size"), r.get("seq_len")),
     )
     several_gpus = len({k[1] for k in groups}) > 1
     for (model, gpu, batch, seq), members in groups.items():
@@ -142,11 +156,21 @@ def _per_point_plots(anchor: str, records: Sequence[Record], out: Path) -> list[
         gpus = int(members[0].get("gpu_count") or 1)
         where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}"
         where += f"\n{gpu} x {gpus}, tensor parallel (memory per GPU)" if gpus > 1 else f", {gpu}"
-        paths.append(
-            plots.memory_breakdown(members, f"Memory by pool: {where}", out / "plots" / f"{stem}_memory.png")
-        )
-        paths.append(plots.step_time(members, f"Step time: {where}", out / "plots" / f"{stem}_step_time.png"))
+        folder = out / "plots"
+        if any(r.get("peak_alloc_gib") is not None for r in members):
+            paths.append(
+                plots.memory_breakdown(members, f"Memory by pool: {where}", folder / f"{stem}_memory.png")
+            )
+        if any(r.get("step_time_ms_median") is not None for r in members):
+            paths.append(plots.step_time(members, f"Step time: {where}", folder / f"{stem}_step_time.png"))
+        if any(on_cpu(r) and r.get("losses") for r in members):
+            paths.append(plots.loss_per_step(members, f"Training loss: {where}", folder / f"{stem}_loss.png"))
     return paths
+
+
+def _device_name(record: Record) -> str:
+    """The GPU a point ran on, or "CPU"."""
+    return "CPU" if on_cpu(record) else str(record.get("gpu_name"))
 
 
 def _scaling_plots(records: Sequence[Record], out: Path) -> list[Path]:
@@ -224,10 +248,13 @@ def _tensor_parallel_section(grid: Selection | None, capacity: Selection | None,
     return section
 
 
-def _data_parallel_section(sel: Selection) -> Section:
-    """Every planned data-parallel point, `not measured` until a machine with several GPUs runs it."""
+def _data_parallel_section(sel: Selection, planned: bool) -> Section:
+    """Every planned data-parallel point, `not measured` until a machine with several GPUs runs it;
+    outside the committed report (`planned`), only where some of them were measured."""
     section = Section("dp", "Data parallelism: DDP and FSDP2 over two GPUs", _hint("dp_h200"))
-    section.selections = [sel]
+    if planned or sel.records:
+        section.selections = [sel]
+        section.preamble = preambles.data_parallel_preamble()
     return section
 
 
@@ -332,17 +359,21 @@ def prune(out: Path, keep: Sequence[Path]) -> list[Path]:
     return removed
 
 
-def write_report(records: Sequence[Record], out: Path, inputs: Sequence[str]) -> list[Path]:
-    """Build every section from `records` and write tables, plots and README under `out`."""
+def write_report(
+    records: Sequence[Record], out: Path, inputs: Sequence[str], planned: bool = True
+) -> list[Path]:
+    """Build the sections from `records` (`planned`: every section, see `build_sections`) and write
+    tables, plots and README under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     steps, kernels = split_kinds(records)
-    sections = build_sections(steps, kernels, out)
+    sections = build_sections(steps, kernels, out, planned)
     written = [p for s in sections for p in s.plots]
     for section in sections:
         for selection in section.selections:
             written += write_table(selection.table, out)
     readme = out / "README.md"
-    readme.write_text(render(sections, inputs, out))
+    command = " ".join(["python -m harness report", *([] if planned else inputs)])
+    readme.write_text(render(sections, inputs, out, command))
     prune(out, written)
     return written + [readme]
 
@@ -404,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"report: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(inputs, default)
-    written = write_report(records, out, inputs)
+    written = write_report(records, out, inputs, planned=default)
     tables = sum(1 for p in written if p.suffix == ".md" and p.name != "README.md")
     plots_n = sum(1 for p in written if p.suffix == ".png")
     print(f"report: {len(records)} records -> {tables} tables, {plots_n} plots, {out / 'README.md'}")

@@ -39,7 +39,7 @@ from harness.points import (
     sort_key,
     step_mode,
 )
-from harness.records import Record, activations_gib, is_convergence
+from harness.records import Record, activations_gib, interpreted, is_convergence, on_cpu
 from harness.report import paper
 from harness.report.markup import (
     NONE,
@@ -195,10 +195,22 @@ def masked_attention(record: Record) -> bool:
     return record.get("status") == "ok" and (captured or compiled) and missing(record.get("attention_mask"))
 
 
+INTERPRETED = (
+    "Triton's CPU interpreter ran this method's kernels (TRITON_INTERPRET=1): its step time, and its "
+    "ratio to fused AdamW, say nothing about speed, only that the method trains (the loss fell, the "
+    "weights moved). Measure speed and memory on a GPU."
+)
+
+
 def method_cell(row: Row) -> str:
-    """The method's name, marked where its step ran attention with the full mask."""
+    """The method's name, marked where its step ran attention with the full mask, or its kernels in
+    Triton's CPU interpreter."""
     name = display_name(row.record)
-    return f"{name} {row.notes.mark(MASKED_ATTENTION)}" if masked_attention(row.record) else name
+    if masked_attention(row.record):
+        return f"{name} {row.notes.mark(MASKED_ATTENTION)}"
+    if interpreted(row.record) and _ok(row.record):
+        return f"{name} {row.notes.mark(INTERPRETED)}"
+    return name
 
 
 COL_METHOD = Col("Method", method_cell, "l", measured=False)
@@ -410,8 +422,11 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def other_points(records: Sequence[Record], used: Iterable[Record]) -> Selection | None:
-    """Every step record no other table shows (smoke runs, other models), so none is dropped."""
+def other_points(
+    records: Sequence[Record], used: Iterable[Record], title: str = "Other measured points"
+) -> Selection | None:
+    """Every step record no other table shows (smoke runs, other models), so none is dropped. Points
+    all measured on the CPU get no memory columns: a CPU has no allocator peak to show."""
     taken = {id(r) for r in used}
     used_keys = {config_key(r) for r in used}
     rest = [
@@ -423,7 +438,8 @@ def other_points(records: Sequence[Record], used: Iterable[Record]) -> Selection
     notes = Notes()
     cols = [COL_MODEL, COL_GPU, COL_BATCH, COL_SEQ, COL_AC, COL_CAP, COL_METHOD, COL_ALLOC, COL_RESERVED]
     cols += [COL_STEP, COL_SPREAD, COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO]
-    title = "Other measured points"
+    if all(on_cpu(r) for r in chosen):
+        cols = [c for c in cols if c not in (COL_CAP, COL_ALLOC, COL_RESERVED, COL_MEM_RATIO)]
     return Selection(render_rows("other_points", title, cols, _rows(chosen, records, notes), notes), chosen)
 
 

@@ -114,6 +114,7 @@ class SweepConfig:
     exclude: list[str] = field(default_factory=list)  # fnmatch patterns on point ids to leave out
     max_batch_size: int = 64  # capacity mode: stop doubling here
     scratch: bool = False  # results_dir is throwaway: the harness puts a .gitignore in it
+    rerun: bool = False  # run points already recorded again (new records appended) instead of skipping them
     # Points run at once on one GPU. Sharing the GPU falsifies step times and the device's memory
     # peak, so more than 1 is allowed only for convergence sweeps, which claim losses, not speed.
     concurrent_points: int = 1

@@ -20,24 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.records import is_scratch
+from harness.records import interpreted, is_scratch
 
 NONE = "—"
 INTERPRETED = "*"
 HEADER = ("status", "point", "step ms", "peak GiB", "tokens/s")
 WIDTH = 100  # the notes under the table wrap here
-
-
-def interpreted(record: dict[str, Any]) -> bool:
-    """True when the point's update ran Triton kernels in Triton's CPU interpreter."""
-    if record.get("device") != "cpu":
-        return False
-    from harness.run import methods
-
-    try:
-        return methods.get(str(record.get("method"))).triton_kernels
-    except ValueError:  # a method this checkout no longer has (a record of an earlier run)
-        return False
 
 
 def _number(value: Any, digits: int) -> str:
@@ -78,12 +66,13 @@ def _counts(records: Sequence[dict[str, Any]]) -> str:
 def _report_hint(path: Path) -> str:
     if not is_scratch(path.parent):
         return "Render every committed result into reports/ with: python -m harness report"
-    folder = _relative(path.parent)
+    folder = relative(path.parent)
     why = f"{folder}/ is scratch (not committed), so `python -m harness report` leaves it out."
     return f"{why}\nRender these points into {folder}/report/ with: python -m harness report {folder}"
 
 
-def _relative(path: Path) -> str:
+def relative(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it, else as given."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -106,6 +95,6 @@ def summary_table(records: Sequence[dict[str, Any]], path: Path) -> str:
     if records and all(r.get("peak_alloc_gib") is None for r in records):
         lines.append("peak GiB is the CUDA allocator's peak: none on a CPU.")
     points = f"{len(records)} point" + ("" if len(records) == 1 else "s")
-    lines.append(f"results: {_relative(path)} ({points}: {_counts(records)})")
+    lines.append(f"results: {relative(path)} ({points}: {_counts(records)})")
     lines.append(_report_hint(path))
     return "\n".join(lines)

@@ -13,7 +13,9 @@
    are kept per hardware: a file that holds points measured on other hardware (another GPU, or
    a GPU where this run uses the CPU) is never appended to; this machine's points go to
    `results/<sweep>-<hardware>.jsonl` (say `llama8b_h200-nvidia-a100-sxm4-80gb.jsonl`), and only
-   points measured on this hardware count as done.
+   points measured on this hardware count as done. The sweep ends by saying how many it skipped
+   and the command that runs them again: the same one with `sweep.rerun=true`, which counts no
+   point as done and appends the new records beside the old (a table shows the latest).
 4. Each remaining point runs in `python -m harness.run.worker` (`run_isolated`, local.py), under
    a timeout, in its own process group. A method that cannot run here is recorded `unavailable`
    without a subprocess. A worker that dies without a record becomes an `error` (or `oom`, if its
@@ -38,7 +40,9 @@ whose claim is the loss curve; step times measured that way are not comparable a
 from __future__ import annotations
 
 import re
+import shlex
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +64,7 @@ from harness.run.hardware import (
     record_hardware,
 )
 from harness.run.local import Launcher, LocalLauncher
+from harness.run.summary import relative
 
 
 def make_launcher(cfg: DictConfig) -> Launcher:
@@ -198,11 +203,13 @@ class Progress:
             self.bar = None
         self.lock = threading.Lock()  # points that run concurrently report from their threads
         self.records: list[dict[str, Any]] = []
+        self.skipped = 0  # points recorded by an earlier run, shown and not run again
 
     def point(self, record: dict[str, Any], ran: bool) -> None:
         line = summary(record, ran)
         with self.lock:
             self.records.append(record)
+            self.skipped += not ran
             if self.bar is None:
                 print(line, flush=True)
             else:
@@ -253,10 +260,11 @@ def _run_capacity(
 @dataclass
 class SweepRun:
     """What a sweep did: its results file and the record of each of its points, in the order they
-    finished (those recorded by an earlier run of the sweep included)."""
+    finished (those recorded by an earlier run of the sweep included, `skipped` of them)."""
 
     path: Path
     records: list[dict[str, Any]]
+    skipped: int = 0
 
 
 @dataclass
@@ -292,11 +300,12 @@ def _prepare(overrides: list[str]) -> _Prepared:
             file=sys.stderr,
         )
     # resume only what was measured on this hardware (a point done on another GPU is not done
-    # here); on a cluster, whose nodes only the jobs see, every recorded point counts as done
+    # here); on a cluster, whose nodes only the jobs see, every recorded point counts as done;
+    # with sweep.rerun none does
     done = {
         k: r
         for k, r in results.recorded_points(path).items()
-        if hardware is None or record_hardware(r) == hardware
+        if (hardware is None or record_hardware(r) == hardware) and not cfg.sweep.rerun
     }
     return _Prepared(cfg, launcher, points, groups, path, done)
 
@@ -310,7 +319,24 @@ def plan(overrides: list[str]) -> str:
     if p.points is None:
         text += "\n(a capacity search: these are its first tries; each next batch waits for the last)"
     skipped = len(points) - len(todo)
-    return text + (f"\n{skipped} point(s) already in {p.path} are skipped." if skipped else "")
+    return text + (f"\n{skipped_note(skipped, len(points), p.path, overrides)}" if skipped else "")
+
+
+def rerun_command(overrides: list[str]) -> str:
+    """The command line that runs the same sweep again, its recorded points included."""
+    kept = [o for o in overrides if not o.startswith("sweep.rerun=")]
+    return shlex.join(["python", "-m", "harness", "sweep", *kept, "sweep.rerun=true"])
+
+
+def skipped_note(skipped: int, total: int, path: Path, overrides: list[str]) -> str:
+    """What a sweep that skipped recorded points says: how many, and how to run them again."""
+    points = "point was" if total == 1 else "points were"
+    text = (
+        f"{skipped} of {total} {points} recorded earlier in {relative(path)}: skipped, not measured "
+        "again. To measure them again (the new records are appended; a table shows the latest):"
+    )
+    lines = textwrap.wrap(text, width=100, break_long_words=False, break_on_hyphens=False)
+    return "\n".join([*lines, f"  {rerun_command(overrides)}"])
 
 
 def execute(overrides: list[str]) -> SweepRun:
@@ -326,7 +352,7 @@ def execute(overrides: list[str]) -> SweepRun:
             _run_capacity(p.cfg, overrides, git, p.path, p.done, progress, p.groups, p.launcher)
     finally:
         progress.close()
-    return SweepRun(p.path, progress.records)
+    return SweepRun(p.path, progress.records, progress.skipped)
 
 
 def run_sweep(overrides: list[str]) -> Path:

@@ -92,10 +92,16 @@ def test_every_claim_beside_ours_with_its_verdict(tmp_path):
 
 
 def test_without_the_paper_sweep_the_table_is_skipped_with_one_line(tmp_path):
+    """In the committed report (every section planned) one line says how to make the table; a
+    report of other results leaves the section out."""
     records = [r for r in _paper_records() if r["sweep"] != "paper_h200"]
     out = _render(tmp_path, records)
     assert not (out / "tables" / "paper_comparison.md").exists()
-    readme = (out / "README.md").read_text()
+    assert "## The paper's claims" not in (out / "README.md").read_text()
+    planned = tmp_path / "planned"
+    report.write_report(records, planned, ["results/"], planned=True)
+    assert not (planned / "tables" / "paper_comparison.md").exists()
+    readme = (planned / "README.md").read_text()
     assert "No results yet. Produce them with `python -m harness sweep +exp=paper_h200`" in readme
 
 

@@ -7,16 +7,19 @@ a second run rewrites the same bytes, and sections without data are skipped clea
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
 
 from harness.points import config_key, display_name
 from harness.records import load_records, split_kinds
-from harness.report import expectations, report
+from harness.report import expectations, plots, preambles, report
 from harness.report.markup import Table, to_latex, to_markdown
 from harness.report.tables import (
+    INTERPRETED,
     t1_llama,
     t2_scaling,
     t3_capacity,
@@ -185,8 +188,76 @@ def test_a_scratch_run_renders_into_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert report.main(["results/smoke"]) == 0  # no --out: beside the scratch results
     text = (scratch / "report" / "README.md").read_text()
-    assert "Other measured points" in text and "tiny-llama" in text
+    assert "## Measured points" in text and "tiny-llama" in text
     assert not (tmp_path / "reports").exists()
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def test_a_smoke_report_is_shaped_by_what_ran(tmp_path, monkeypatch, capsys):
+    """`python -m harness report results/smoke` after `sweep +exp=smoke`: one section, for the CPU
+    points it holds; plots of what they measured; the interpreter's caveat beside FORGE's times;
+    no GPU section, ceiling, planned point or empty expectation."""
+    scratch = tmp_path / "results" / "smoke"
+    scratch.mkdir(parents=True)
+    (scratch / ".gitignore").write_text("*\n")
+    shutil.copy(FIXTURES / "smoke.jsonl", scratch / "smoke.jsonl")
+    monkeypatch.chdir(tmp_path)
+    assert report.main(["results/smoke"]) == 0
+    assert capsys.readouterr().out.startswith("report: 4 records -> 1 tables, 2 plots")
+    out = scratch / "report"
+    text = (out / "README.md").read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Hardware and software", "## Measured points"]
+    assert "Regenerate with `python -m harness report results/smoke`" in text
+    plots = sorted(p.name for p in (out / "plots").glob("*.png"))
+    assert plots == ["other_tiny-llama_b1_s32_loss.png", "other_tiny-llama_b1_s32_step_time.png"]
+    assert all(f"(plots/{name})" in text for name in plots)
+    assert preambles.INTERPRETER_TEXT in text
+    (mark,) = re.findall(r"\| forge_bf16 (\[\d\]) \|", text)  # FORGE's row, footnoted
+    assert f"{mark} {INTERPRETED}" in text
+    assert "fused_adamw [" not in text  # plain PyTorch on the CPU: its time is its own
+    for absent in ("No results yet", "| not measured |", "800 TFLOP/s", "Matrix floor", "H200", "Peak alloc"):
+        assert absent not in text, absent
+    assert "**Expectation.** \n" not in text and "**Expectation.** Points measured on the CPU" in text
+
+
+def test_the_committed_report_still_plans_every_section(records, tmp_path):
+    """With every section planned (the committed report), a section without data says how to make
+    it and the data-parallel table lists the points still to measure, with its expectation."""
+    out = tmp_path / "planned"
+    gpu = [r for r in records if r.get("sweep") == "llama8b_h200"]
+    report.write_report(gpu, out, ["results/"], planned=True)
+    text = (out / "README.md").read_text()
+    assert "No results yet. Produce them with `python -m harness sweep +exp=qwen3_scaling_h200`" in text
+    dp = text.split('<a id="dp"></a>')[1].split("<a id=")[0]
+    assert "**Expectation.** Per GPU, in bytes a parameter" in dp and "| not measured |" in dp
+    assert "Regenerate with `python -m harness report` (reads `results/`)" in text
+
+
+def test_gpu_ceilings_are_drawn_for_gpu_points_only(records):
+    gpu = [r for r in records if r.get("sweep") == "llama8b_h200"]
+    cpu = [r for r in records if r.get("sweep") == "smoke"]
+    assert "800 TFLOP/s" in preambles.step_preamble(gpu) and "Matrix floor" in preambles.step_preamble(gpu)
+    mixed = preambles.step_preamble(gpu + cpu)
+    assert "Matrix floor" in mixed and "| tiny-llama |" not in mixed.split("Matrix floor")[1]
+    alone = preambles.step_preamble(cpu)
+    assert "800 TFLOP/s" not in alone and "Matrix floor" not in alone and preambles.CPU_TEXT in alone
+
+
+def test_every_plot_fits_a_laptop_screen(rendered):
+    """Every PNG the report draws, from the fixtures and committed under reports/plots (rendered
+    by `python -m harness report`), is at most MAX_WIDTH_PX wide."""
+    committed = sorted((Path(__file__).parents[3] / "reports" / "plots").glob("*.png"))
+    assert committed
+    for path in [*sorted((rendered / "plots").glob("*.png")), *committed]:
+        width, _height = _png_size(path)
+        assert width <= plots.MAX_WIDTH_PX, f"{path.name} is {width} px wide"
 
 
 def test_convergence_table_is_skipped_without_curves(records, tmp_path):
@@ -436,7 +507,7 @@ def test_bars_of_one_method_from_two_sweeps_name_the_sweep():
         dict(method="fused_adamw", method_label="fused_adamw", sweep="b"),
         dict(method="no_optimizer", method_label="no_optimizer", sweep="a"),
     ]
-    assert _bar_labels(records) == ["fused_adamw\n(a)", "fused_adamw\n(b)", "no_optimizer"]
+    assert _bar_labels(records) == ["fused_adamw (a)", "fused_adamw (b)", "no_optimizer"]
 
 
 def test_t5_rows_from_two_sweeps_name_their_sweep_and_keep_its_fused_adamw(records):

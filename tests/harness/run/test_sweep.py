@@ -99,6 +99,27 @@ def test_capacity_search_bisects_to_the_largest_batch(tmp_path, monkeypatch):
     assert len(calls) == 6 and len(results.read(path)) == 6
 
 
+def test_a_resumed_sweep_says_what_it_skipped_and_how_to_run_it_again(tmp_path, monkeypatch, capsys):
+    from harness.__main__ import main
+
+    run, calls = _fake_isolated(oom_above=64)
+    monkeypatch.setattr(local, "run_isolated", run)
+    overrides = _overrides(tmp_path, ["fused_adamw", "no_optimizer"])
+    assert main(["sweep", *overrides]) == 0
+    assert len(calls) == 2 and "recorded earlier" not in capsys.readouterr().out
+    assert main(["sweep", *overrides]) == 0  # everything recorded: nothing runs
+    out = capsys.readouterr().out
+    assert len(calls) == 2
+    assert f"2 of 2 points were recorded earlier in {tmp_path / 't.jsonl'}: skipped" in " ".join(out.split())
+    command = out.rstrip().splitlines()[-1].strip()
+    assert command == sweep.rerun_command(overrides) and command.endswith(" sweep.rerun=true")
+    assert "'sweep.methods=[fused_adamw,no_optimizer]'" in command  # quoted for the shell
+    assert main(["sweep", *overrides, "sweep.rerun=true"]) == 0  # the command it gave, as the CLI gets it
+    assert len(calls) == 4 and "recorded earlier" not in capsys.readouterr().out
+    assert len(results.read(tmp_path / "t.jsonl")) == 4  # the new records beside the old
+    assert "2 of 2 points were recorded earlier" in sweep.plan(overrides)  # --dry-run says it too
+
+
 @pytest.mark.parametrize(
     "oom_above, expected", [(0, None), (1, 1), (5, 5), (64, 64), (100, 64)], ids=lambda v: f"{v}"
 )
