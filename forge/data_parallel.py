@@ -21,7 +21,8 @@ rank 0's gradients arrived in it. At most `MAX_IN_FLIGHT` buckets are being redu
 fills, so the gradients alive at once are bounded by about (MAX_IN_FLIGHT + 1) buckets (a parameter
 larger than a bucket is a bucket of its own). A DDP wrapper handed to `attach` is taken over: its
 own gradient synchronization is switched off and its reducer, whose bucket buffers hold a whole
-gradient, is released (`take_over_ddp`); its forward (and buffer broadcast) stays as it was.
+gradient, is released (`take_over_ddp`); its forward stays as it was, and so does its broadcast of
+rank 0's buffers before each forward.
 
 Shards, FSDP2 (`torch.distributed.fsdp.fully_shard`, then `forge.attach(model, ...)`). FSDP2
 reduce-scatters each group's gradients itself and, since torch 2.5, runs the post-accumulate-grad
@@ -156,7 +157,11 @@ class _NoReducer:
 
 def take_over_ddp(ddp: nn.parallel.DistributedDataParallel) -> None:
     """Switch off `ddp`'s own gradient synchronization and release its reducer (and the bucket
-    buffers it allocated, a whole gradient's size); its forward and buffer broadcast keep working."""
+    buffers it allocated, a whole gradient's size); its forward keeps working, and so does its
+    broadcast of rank 0's buffers before each forward (`_sync_buffers_as_ddp_does`).
+
+    Refused, before anything changes: a wrapper built with static_graph=True (its first backward
+    goes through the reducer FORGE releases), a Python reducer or delayed all-reduce (compiled DDP)."""
     remove_hooks = getattr(ddp, "_remove_autograd_hooks", None)
     if remove_hooks is None or not hasattr(ddp, "reducer"):
         raise RuntimeError(
@@ -169,11 +174,34 @@ def take_over_ddp(ddp: nn.parallel.DistributedDataParallel) -> None:
             "(compiled DDP). Attach FORGE to the plain model instead: forge.attach(model, ..., "
             "process_group=pg)."
         )
+    if getattr(ddp, "static_graph", False):
+        raise RuntimeError(
+            "FORGE cannot take over a DDP wrapper built with static_graph=True: in static-graph mode DDP "
+            "all-reduces the first backward's gradients from its own reducer, which FORGE releases. Wrap "
+            "the model without it (DistributedDataParallel(model)); FORGE's reducer fixes its bucket order "
+            "after the first backward by itself. Or attach FORGE to the plain model: forge.attach(model, "
+            "..., process_group=pg). The wrapper was left as it was."
+        )
     ddp.require_backward_grad_sync = False
     if not isinstance(ddp.reducer, _NoReducer):
         remove_hooks()
         ddp.reducer = _NoReducer()
         ddp.logger = None  # it holds the reducer too
+        ddp.register_forward_hook(_sync_buffers_as_ddp_does)
+
+
+def _sync_buffers_as_ddp_does(ddp: nn.parallel.DistributedDataParallel, args, output) -> None:
+    """After each forward of a taken-over wrapper: whether its next forward broadcasts rank 0's
+    buffers, as DDP decides it when it synchronizes gradients itself.
+
+    DDP broadcasts its buffers (BatchNorm's running statistics) at the start of a forward when
+    `require_forward_param_sync` is set, and its forward sets that flag to whether this forward will
+    synchronize gradients: `torch.is_grad_enabled() and require_backward_grad_sync`. FORGE turns
+    `require_backward_grad_sync` off for good, which alone would stop the broadcast after the first
+    forward and let each replica's statistics drift on its own data. FORGE reduces every gradient of
+    every backward, so the flag is set as plain DDP sets it: from grad mode alone. `broadcast_buffers=
+    False` (`forward_sync_buffers`) still turns the broadcast off, in DDP's own check."""
+    ddp.require_forward_param_sync = torch.is_grad_enabled()
 
 
 @torch.no_grad()

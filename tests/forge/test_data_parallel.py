@@ -10,11 +10,15 @@ done once); the parent compares. What is checked:
   track fp32 states as on one process;
 * the gradients a DDP-wrapped FORGE model holds at once stay within the reducer's bound, counted
   by weak references to every gradient autograd produced;
+* a taken-over DDP wrapper broadcasts rank 0's buffers before every forward as DDP does (BatchNorm's
+  running statistics equal on every rank, and equal to plain DDP's), or not at all with
+  broadcast_buffers=False;
 * checkpoints: saved at step 5 and resumed on the same ranks, the run continues bit for bit (DDP
   and FSDP2; fp32, and bf16 weights with stochastic rounding); an FSDP2 checkpoint of 2 ranks loads
   on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
 * FSDP2 over one dimension of a 2 x 2 mesh and the TP plan over the other: FORGE equals torch AdamW;
-* what FORGE refuses under data parallelism, and its messages.
+* what FORGE refuses under data parallelism (DDP's static_graph among it, the wrapper left working),
+  and its messages.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tests.helpers import RULE_CASES, tiny_llama
 
 STEPS = 2  # a first step, and one that reads the states it wrote
 RESUME_STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10
+BUFFER_STEPS = 3
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 FOUR_RANK_CASES = ("adamw", "lion")  # with the rest, every rule runs on 2 ranks
 
@@ -254,6 +259,61 @@ def _load_one_process_checkpoint(rank: int, world: int, tmp, checkpoint) -> dict
     return {"weights": full(model), "states": full_states(opt)}
 
 
+def _buffers(rank: int) -> dict:
+    """A Linear + BatchNorm model under DDP, each rank its own data, trained BUFFER_STEPS steps by
+    FORGE (SGD, lr=0: the weights stay put) and by plain DDP with torch's SGD: the buffers each
+    forward starts from (after DDP's broadcast, if any), and where each run ends, with
+    broadcast_buffers on and off."""
+    import forge
+
+    g = torch.Generator().manual_seed(2000 + rank)
+    batches = [torch.randn(6, 4, generator=g) * (1 + rank) for _ in range(BUFFER_STEPS)]
+    out = {}
+    for broadcast in (True, False):
+        for who in ("forge", "ddp"):
+            torch.manual_seed(0)
+            base = torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.BatchNorm1d(8))
+            model = torch.nn.parallel.DistributedDataParallel(base, broadcast_buffers=broadcast)
+            if who == "forge":
+                forge.attach(model, "sgd", lr=0.0)
+            else:
+                opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            starts: list[dict] = []
+            base[1].register_forward_pre_hook(
+                lambda m, args, starts=starts: starts.append({n: b.clone() for n, b in m.named_buffers()})
+            )
+            for x in batches:
+                model(x).pow(2).mean().backward()
+                if who == "ddp":
+                    opt.step()
+                    opt.zero_grad()
+            out[broadcast, who] = {"starts": starts, "end": {n: b.clone() for n, b in base.named_buffers()}}
+    return out
+
+
+def _static_graph(rank: int) -> dict:
+    """forge.attach on DDP(static_graph=True): its message, and the wrapper left as DDP built it
+    (still reducing gradients itself: equal on every rank after a backward of each rank's data)."""
+    import forge
+    from forge.data_parallel import _NoReducer
+    from forge.wiring import ATTACHED
+
+    model = torch.nn.parallel.DistributedDataParallel(_base(), static_graph=True)
+    try:
+        forge.attach(model, "adamw")
+    except RuntimeError as e:
+        ids = _batches(rank, 1)[0]
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {
+            "message": str(e),
+            "untouched": model.require_backward_grad_sync
+            and not isinstance(model.reducer, _NoReducer)
+            and getattr(model.module, ATTACHED, None) is None,
+            "grads": {n: p.grad.clone() for n, p in model.module.named_parameters()},
+        }
+    return {"message": None}
+
+
 def _refusals() -> dict[str, str]:
     import forge
 
@@ -298,6 +358,7 @@ def _two_ranks(rank: int, world: int, tmp) -> dict:
     }
     out["clipped"] = _clipped(base, batches)
     out["window"] = _gradient_window(_batches(rank))
+    out["buffers"] = _buffers(rank)
     out["resume"] = {
         (kind, name): _resume(kind, weights, options, rank, tmp)
         for kind in ("ddp", "fsdp2")
@@ -308,6 +369,7 @@ def _two_ranks(rank: int, world: int, tmp) -> dict:
     }
     out["sharded"] = _save_sharded_for_one_process(tmp, rank)
     out["refusals"] = _refusals()
+    out["static_graph"] = _static_graph(rank)
     return out
 
 
@@ -451,6 +513,20 @@ def test_ddp_holds_a_bounded_window_of_gradients(two):
         assert counted[step] < 0.3 * window["total"], (step, window)
 
 
+def test_ddp_broadcasts_buffers_before_every_forward_as_ddp_does(two):
+    runs = [rank["buffers"] for rank in two[0]]
+    for broadcast in (True, False):
+        for rank in runs:  # FORGE's wrapper keeps the buffers exactly as plain DDP's
+            forge, ddp = rank[broadcast, "forge"], rank[broadcast, "ddp"]
+            assert len(forge["starts"]) == BUFFER_STEPS
+            for a, b in zip(forge["starts"] + [forge["end"]], ddp["starts"] + [ddp["end"]]):
+                assert _equal(a, b), broadcast
+    for step in range(BUFFER_STEPS):  # every forward starts from rank 0's running statistics...
+        assert _equal(runs[0][True, "forge"]["starts"][step], runs[1][True, "forge"]["starts"][step]), step
+    # ...and without the broadcast each rank keeps its own, updated from its own data
+    assert not _equal(runs[0][False, "forge"]["end"], runs[1][False, "forge"]["end"])
+
+
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("weights", ["fp32", "bf16-sr"])
 def test_a_resumed_two_rank_run_continues_bit_for_bit(two, kind, weights):
@@ -486,3 +562,12 @@ def test_what_data_parallelism_refuses_says_what_to_do(two):
     assert "max_grad_norm under FSDP2" in messages["clip_fsdp2"] and "DDP" in messages["clip_fsdp2"]
     assert "fp8 under data parallelism" in messages["fp8"]
     assert "nothing was added" in messages["add_param_group"]
+
+
+def test_ddp_static_graph_is_refused_and_the_wrapper_left_working(two):
+    runs = [rank["static_graph"] for rank in two[0]]
+    for run in runs:
+        assert run["message"] is not None, "forge.attach took over DDP(static_graph=True)"
+        assert "static_graph=True" in run["message"] and "DistributedDataParallel(model)" in run["message"]
+        assert run["untouched"]
+    assert _equal(runs[0]["grads"], runs[1]["grads"])  # DDP still reduced them itself
