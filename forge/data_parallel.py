@@ -18,7 +18,8 @@ the bucket is reduced, updates its parameters from the mean and drops the gradie
 launched in one fixed order on every rank (so the collectives pair up whatever order the gradients
 arrive in): the reverse of the parameters' order for the first backward, then the order in which
 rank 0's gradients arrived in it. At most `MAX_IN_FLIGHT` buckets are being reduced while the next
-fills, so the gradients alive at once are bounded by about (MAX_IN_FLIGHT + 1) buckets (a parameter
+fills, so the gradients alive at once are bounded by (MAX_IN_FLIGHT + 1) buckets, and one bucket more
+for the moment a bucket's gradients are concatenated (`GradientReducer.bound_bytes`; a parameter
 larger than a bucket is a bucket of its own). A DDP wrapper handed to `attach` is taken over: its
 own gradient synchronization is switched off and its reducer, whose bucket buffers hold a whole
 gradient, is released (`take_over_ddp`); its forward stays as it was, and so does its broadcast of
@@ -221,7 +222,18 @@ class GradientReducer:
     bucket's parameters are then updated through `apply(p, mean)` and its gradients dropped.
 
     `params`: every parameter that will get a gradient, in the optimizer's order (all ranks alike).
-    `peak_bytes` is the most gradient bytes this reducer held at once (kept since construction)."""
+    `peak_bytes` is the most gradient bytes this reducer held at once (kept since construction),
+    a bucket's concatenated copy included; `bound_bytes` is what it stays within.
+
+    The window. A bucket holds at most max(cap, the largest parameter) bytes (a parameter larger
+    than the cap is a bucket of its own), and at most MAX_IN_FLIGHT buckets are being reduced while
+    the next one fills: (MAX_IN_FLIGHT + 1) buckets of gradients. A bucket of several gradients is
+    concatenated into one buffer before its all-reduce (a bucket of one is reduced in place), and
+    for that moment its gradients and their copy are both alive: one bucket more, briefly, and no
+    more than the cap, since only a bucket within the cap holds several. Hence `bound_bytes`,
+    (MAX_IN_FLIGHT + 1) x max(cap, largest) + cap. It holds once the buckets follow the backward:
+    in the first backward, in the static order, a gradient that arrives before the bucket it waits
+    for is kept beside the window (at most about a layer's gradients: docs/distributed.md)."""
 
     def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply):
         import torch.distributed as dist
@@ -240,6 +252,12 @@ class GradientReducer:
         self._arrived: list[torch.Tensor] = []  # this backward's arrival order
         self._next = 0  # the next bucket to launch
         self._in_flight: deque = deque()
+
+    @property
+    def bound_bytes(self) -> int:
+        """The most gradient bytes alive at once once the order is learned (see the class)."""
+        largest = max((p.numel() * p.element_size() for p in self.params), default=0)
+        return (MAX_IN_FLIGHT + 1) * max(self.cap_bytes, largest) + self.cap_bytes
 
     def _bucket(self, ordered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Consecutive parameters of one dtype, up to `cap_bytes` a bucket (at least one each)."""
@@ -272,11 +290,14 @@ class GradientReducer:
             )
         self._ready[p] = grad
         self._arrived.append(p)
-        self.live_bytes += grad.numel() * grad.element_size()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._count(grad.numel() * grad.element_size())
         self._launch_ready()
         if self._task == -1:  # called outside any backward: the step is this gradient alone
             self.finish()
+
+    def _count(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def _begin(self) -> None:
         """At the first gradient of a backward: queue `finish` for when the backward ends."""
@@ -300,7 +321,12 @@ class GradientReducer:
         if not members:
             return
         grads = [self._ready.pop(p) for p in members]
-        flat = grads[0] if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
+        if len(grads) == 1:
+            flat = grads[0]
+        else:  # the copy and the gradients it was made from, both alive until `del grads`
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self._count(flat.numel() * flat.element_size())
+            self.live_bytes -= sum(g.numel() * g.element_size() for g in grads)
         del grads
         flat.mul_(1.0 / self.world_size)  # as DDP's reducer scales each gradient before the sum
         work = dist.all_reduce(flat, group=self.group, async_op=True)

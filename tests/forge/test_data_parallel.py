@@ -8,8 +8,9 @@ done once); the parent compares. What is checked:
   has one order);
 * bf16 and int8 states: sharding changes nothing (FSDP2 == DDP, bit for bit, 2 ranks), and they
   track fp32 states as on one process;
-* the gradients a DDP-wrapped FORGE model holds at once stay within the reducer's bound, counted
-  by weak references to every gradient autograd produced;
+* the gradients a DDP-wrapped FORGE model holds at once stay within the reducer's bound, a
+  bucket's concatenated copy included, counted by weak references to every gradient autograd
+  produced and every copy torch.cat made for an all-reduce;
 * a taken-over DDP wrapper broadcasts rank 0's buffers before every forward as DDP does (BatchNorm's
   running statistics equal on every rank, and equal to plain DDP's), or not at all with
   broadcast_buffers=False;
@@ -167,42 +168,119 @@ def _low_precision(kind: str, base, state_dtype: str, batches) -> dict:
     return {"losses": losses, "weights": full(model), "states": full_states(opt)}
 
 
-def _gradient_window(batches) -> dict:
-    """DDP + FORGE on a two-layer model with 4 KiB buckets: the gradient bytes alive at once, by
-    the reducer's count and by weak references to each gradient (hooks registered before FORGE's)."""
+class _GradientBytes:
+    """The gradient bytes alive at once during a backward, counted from outside the reducer: every
+    gradient autograd produced, from its post-accumulate-grad hook (registered before FORGE's) until
+    it is freed, and every tensor torch.cat made that was then all-reduced (a bucket's concatenated
+    copy), from its creation until it is freed; on a clock that ticks at every such event."""
+
+    def __init__(self, params):
+        import torch.distributed as dist
+
+        self.clock, self.lives = 0, []  # [birth, death, bytes, counted]
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._gradient)
+        self._cat, self._all_reduce = torch.cat, dist.all_reduce
+
+        def cat(*args, **kwargs):
+            out = self._cat(*args, **kwargs)
+            out._life = self._track(out, counted=False)  # counted once it is all-reduced
+            return out
+
+        def all_reduce(tensor, *args, **kwargs):
+            if hasattr(tensor, "_life"):
+                tensor._life[3] = True
+            return self._all_reduce(tensor, *args, **kwargs)
+
+        torch.cat, dist.all_reduce = cat, all_reduce
+
+    def _gradient(self, p) -> None:
+        self._track(p.grad, counted=True)
+
+    def _track(self, t, counted: bool) -> list:
+        self.clock += 1
+        life = [self.clock, None, t.numel() * t.element_size(), counted]
+        self.lives.append(life)
+        weakref.finalize(t, self._free, life)
+        return life
+
+    def _free(self, life) -> None:
+        self.clock += 1
+        life[1] = self.clock
+
+    def peak(self) -> int:
+        """The most bytes alive at once since the last call (then forgotten)."""
+        events = sorted(
+            [(b, n) for b, d, n, counted in self.lives if counted]
+            + [(d, -n) for b, d, n, counted in self.lives if counted and d is not None]
+        )
+        self.lives = [life for life in self.lives if life[1] is None]
+        live = peak = 0
+        for _, n in events:
+            live += n
+            peak = max(peak, live)
+        return peak
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        torch.cat, dist.all_reduce = self._cat, self._all_reduce
+
+
+def _linear_stack() -> torch.nn.Module:
+    """Eight equal bias-free layers: with a bucket of two weights, every bucket is concatenated."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(16, 16, bias=False), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def _gradient_window(rank: int) -> dict:
+    """DDP + FORGE: the gradient bytes alive at once, by the reducer's count and by `_GradientBytes`,
+    step by step, with the reducer's bound. A two-layer Llama in 4 KiB buckets (every weight its own,
+    the norms' vectors a few to a bucket), and `_linear_stack` in buckets of two weights."""
     import forge
     from forge.data_parallel import MAX_IN_FLIGHT
 
-    model = _wrap("ddp", _base(num_hidden_layers=2))
-    params = list(model.module.parameters())
-    alive: list[tuple[weakref.ref, int]] = []
-    peaks: list[int] = []
-
-    def count(p):
-        alive.append((weakref.ref(p.grad), p.grad.numel() * p.grad.element_size()))
-        peaks[-1] = max(peaks[-1], sum(n for ref, n in alive if ref() is not None))
-
-    for p in params:
-        p.register_post_accumulate_grad_hook(count)
-    cap_mb = 4096 / 2**20
-    opt = forge.attach(model, "adamw", state_dtype="fp32", bucket_cap_mb=cap_mb, **ADAMW)
-    reducer_peaks = []
-    for ids in batches:
-        peaks.append(0)
-        alive.clear()
-        opt._reducer.peak_bytes = 0
-        model(input_ids=ids, labels=ids).loss.backward()
-        reducer_peaks.append(opt._reducer.peak_bytes)
-    largest = max(p.numel() * p.element_size() for p in params)
-    layer = sum(p.numel() * p.element_size() for p in model.module.model.layers[0].parameters())
-    return {
-        "layer": layer,
-        "weakref_peaks": peaks,
-        "reducer_peaks": reducer_peaks,
-        "bound": (MAX_IN_FLIGHT + 1) * max(4096, largest),
-        "total": sum(p.numel() * p.element_size() for p in params),
-        "buckets": len(opt._reducer.buckets),
+    inputs = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(rank))
+    cases = {
+        "llama": (
+            _base(num_hidden_layers=2),
+            4096,
+            _batches(rank),
+            lambda m, ids: m(input_ids=ids, labels=ids),
+        ),
+        "stack": (_linear_stack(), 2 * 16 * 16 * 4, list(inputs), lambda m, x: m(x).pow(2).mean()),
     }
+    out = {}
+    for name, (base, cap, batches, loss_of) in cases.items():
+        model = _wrap("ddp", base)
+        names = {p: n for n, p in model.module.named_parameters()}
+        counter = _GradientBytes(names)
+        opt = forge.attach(model, "adamw", state_dtype="fp32", bucket_cap_mb=cap / 2**20, **ADAMW)
+        counted, reducer = [], []
+        try:
+            for batch in batches:
+                opt._reducer.peak_bytes = 0
+                loss = loss_of(model, batch)
+                (loss if torch.is_tensor(loss) else loss.loss).backward()
+                counted.append(counter.peak())
+                reducer.append(opt._reducer.peak_bytes)
+        finally:
+            counter.close()
+        out[name] = {
+            "counted": counted,
+            "reducer": reducer,
+            "cap": cap,
+            "largest": max(p.numel() * p.element_size() for p in names),
+            "bound": getattr(opt._reducer, "bound_bytes", None),
+            "in_flight": MAX_IN_FLIGHT,
+            "layer": sum(p.numel() * p.element_size() for p, n in names.items() if ".layers.0." in n),
+            "total": sum(p.numel() * p.element_size() for p in names),
+            "buckets": [len(b) for b in opt._reducer.buckets],
+        }
+    return out
 
 
 def _resume(kind: str, weights: torch.dtype, options: dict, rank: int, tmp) -> dict:
@@ -357,7 +435,7 @@ def _two_ranks(rank: int, world: int, tmp) -> dict:
         for dtype in ("fp32", "bf16", "int8")
     }
     out["clipped"] = _clipped(base, batches)
-    out["window"] = _gradient_window(_batches(rank))
+    out["window"] = _gradient_window(rank)
     out["buffers"] = _buffers(rank)
     out["resume"] = {
         (kind, name): _resume(kind, weights, options, rank, tmp)
@@ -501,16 +579,35 @@ def test_ddp_clips_the_global_norm_of_the_mean_gradient(two):
         assert_close_to_update(w, clipped["torch"][name], initial[name], TRANSFORMER_FP32, name)
 
 
+def _stated_bound(window: dict) -> int:
+    """docs/distributed.md's bound: (MAX_IN_FLIGHT + 1) buckets, and a bucket's copy besides."""
+    return (window["in_flight"] + 1) * max(window["cap"], window["largest"]) + window["cap"]
+
+
 def test_ddp_holds_a_bounded_window_of_gradients(two):
-    window = two[0][0]["window"]
-    assert window["buckets"] > 10  # 4 KiB buckets: every weight its own
-    counted, reducer = window["weakref_peaks"], window["reducer_peaks"]
+    window = two[0][0]["window"]["llama"]
+    assert len(window["buckets"]) > 10  # 4 KiB buckets: every weight its own
+    assert window["bound"] == _stated_bound(window)
+    counted, reducer = window["counted"], window["reducer"]
     # The first backward launches buckets in the parameters' reverse order, where a norm weight comes
     # before the projections of its layer that arrive first: up to a layer's gradients wait for it.
     assert counted[0] <= window["bound"] + window["layer"], window
     for step in range(1, len(counted)):  # then in the order they arrive: within the bound
         assert counted[step] <= window["bound"] and reducer[step] <= window["bound"], (step, window)
         assert counted[step] < 0.3 * window["total"], (step, window)
+
+
+def test_the_window_counts_each_buckets_concatenated_copy(two):
+    """Buckets of two equal weights: when the third bucket is concatenated, two buckets are in
+    flight and the third's gradients and their copy are alive, (MAX_IN_FLIGHT + 2) buckets: the
+    stated bound exactly, one bucket above (MAX_IN_FLIGHT + 1) buckets."""
+    window = two[0][0]["window"]["stack"]
+    assert set(window["buckets"]) == {2} and window["cap"] >= window["largest"]
+    assert window["bound"] == _stated_bound(window)
+    without_copy = (window["in_flight"] + 1) * window["cap"]
+    for step, (counted, reducer) in enumerate(zip(window["counted"], window["reducer"])):
+        assert reducer == counted, (step, window)  # the reducer's own count agrees, copies included
+        assert without_copy < counted <= window["bound"], (step, window)
 
 
 def test_ddp_broadcasts_buffers_before_every_forward_as_ddp_does(two):
