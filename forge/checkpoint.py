@@ -28,6 +28,9 @@ format; that every tensor the model and the optimizer hold is in it with the sam
 dtype, and nothing else is; and that no data file is shorter than DCP's metadata says (a truncated
 copy). Each refusal says what differs and what to do. A file damaged without a change of size is
 not detected: DCP keeps no checksums.
+
+Under data-parallel replicas the manifest also keeps the reducer's bucket order, which a resumed
+run needs to sum its gradients as the saved run did (`forge.data_parallel.GradientReducer`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from forge.distributed import load_optimizer_state_dict, optimizer_state_dict
+from forge.distributed import _names_by_index, load_optimizer_state_dict, optimizer_state_dict
 
 FORMAT = 1
 MANIFEST = "forge.json"
@@ -141,7 +144,18 @@ def _manifest(model: nn.Module, optimizer, state: dict[str, Any], step: int) -> 
         "options": options_of(optimizer),
         "seed": optimizer.seed,
         "tensors": tensor_specs(state),
+        "bucket_order": _bucket_order(optimizer),
     }
+
+
+def _bucket_order(optimizer) -> list[str] | None:
+    """The data-parallel reducer's learned bucket order by parameter name (None: no reducer, or none
+    learned yet): the same on every rank, since every rank buckets as rank 0 does."""
+    order = optimizer.state_dict().get("bucket_order")
+    if order is None:
+        return None
+    names = _names_by_index(optimizer)
+    return [names[i] for i in order]
 
 
 def options_of(optimizer) -> dict[str, Any]:
@@ -239,7 +253,7 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
     with _single_process_quiet():
         dcp.load(state, checkpoint_id=str(checkpoint), no_dist=not _distributed())
     _set_model_state(model, state["model"])
-    load_optimizer_state_dict(optimizer, state["optimizer"])
+    load_optimizer_state_dict(optimizer, {**state["optimizer"], "bucket_order": manifest.get("bucket_order")})
     optimizer.seed = int(manifest["seed"])  # stochastic rounding draws from it: the saved run's bits
     extra = state["extra"]
     extra = pickle.loads(extra.getvalue()) if isinstance(extra, io.BytesIO) else extra
@@ -273,8 +287,18 @@ def _check(checkpoint: Path, model: nn.Module, optimizer, state: dict[str, Any])
         )
     _check_options(checkpoint, manifest["options"], options_of(optimizer))
     _check_tensors(checkpoint, manifest["tensors"], tensor_specs(state))
+    _check_bucket_order(checkpoint, manifest.get("bucket_order"), optimizer)
     _check_files(checkpoint)
     return manifest
+
+
+def _check_bucket_order(checkpoint: Path, order: list[str] | None, optimizer) -> None:
+    if order is not None and sorted(order) != sorted(_names_by_index(optimizer).values()):
+        raise CheckpointError(
+            f"{checkpoint}/{MANIFEST} records a bucket order that does not list this optimizer's "
+            "parameters, each once: the manifest is damaged. Load an earlier checkpoint "
+            f"(forge.checkpoint.complete_checkpoints({str(checkpoint.parent)!r}))."
+        )
 
 
 def _check_options(checkpoint: Path, saved: dict[str, Any], ours: dict[str, Any]) -> None:

@@ -17,7 +17,8 @@ multiplies each by 1/P and all-reduces the bucket asynchronously, as DDP's reduc
 the bucket is reduced, updates its parameters from the mean and drops the gradients. Buckets are
 launched in one fixed order on every rank (so the collectives pair up whatever order the gradients
 arrive in): the reverse of the parameters' order for the first backward, then the order in which
-rank 0's gradients arrived in it. At most `MAX_IN_FLIGHT` buckets are being reduced while the next
+rank 0's gradients arrived in it, an order saved and restored with the optimizer's state (a resumed
+run must sum as the saved one did). At most `MAX_IN_FLIGHT` buckets are being reduced while the next
 fills, so the gradients alive at once are bounded by (MAX_IN_FLIGHT + 1) buckets, and one bucket more
 for the moment a bucket's gradients are concatenated (`GradientReducer.bound_bytes`; a parameter
 larger than a bucket is a bucket of its own). A DDP wrapper handed to `attach` is taken over: its
@@ -233,7 +234,16 @@ class GradientReducer:
     more than the cap, since only a bucket within the cap holds several. Hence `bound_bytes`,
     (MAX_IN_FLIGHT + 1) x max(cap, largest) + cap. It holds once the buckets follow the backward:
     in the first backward, in the static order, a gradient that arrives before the bucket it waits
-    for is kept beside the window (at most about a layer's gradients: docs/distributed.md)."""
+    for is kept beside the window (at most about a layer's gradients: docs/distributed.md).
+
+    The bucket order is state. With more than two ranks the all-reduce sums a gradient's terms in
+    an order set by where the gradient sits in its bucket (a ring reduces each chunk of the buffer
+    starting from another rank), so the same gradients bucketed in another order differ in the last
+    bits. A run restarted from a checkpoint must therefore bucket its first backward as the run that
+    never stopped did: `bucket_order` is saved with the optimizer's state (`ForgeOptimizer.state_dict`
+    and `forge.checkpoint`'s manifest), by parameter, and `restore_bucket_order` puts it back, as the
+    step counts and the seed are. (torch's DDP relearns its order after every restart instead; FORGE
+    promises that a resumed run continues bit for bit.)"""
 
     def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply):
         import torch.distributed as dist
@@ -243,8 +253,9 @@ class GradientReducer:
         self.apply = apply
         self.cap_bytes = int(bucket_cap_mb * 2**20)
         self.params = list(params)
+        self._index = {p: i for i, p in enumerate(self.params)}
+        self._order: list[int] | None = None  # learned at the end of the first backward
         self.buckets = self._bucket(list(reversed(self.params)))
-        self.learned_order = False  # buckets still in the static order (until the first backward ends)
         self.live_bytes = 0
         self.peak_bytes = 0
         self._task: int | None = None
@@ -258,6 +269,11 @@ class GradientReducer:
         """The most gradient bytes alive at once once the order is learned (see the class)."""
         largest = max((p.numel() * p.element_size() for p in self.params), default=0)
         return (MAX_IN_FLIGHT + 1) * max(self.cap_bytes, largest) + self.cap_bytes
+
+    @property
+    def learned_order(self) -> bool:
+        """Whether the buckets follow the learned order (else the static one, until a backward ends)."""
+        return self._order is not None
 
     def _bucket(self, ordered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Consecutive parameters of one dtype, up to `cap_bytes` a bucket (at least one each)."""
@@ -357,7 +373,7 @@ class GradientReducer:
         arrived, self._arrived = self._arrived, []
         self._ready.clear()
         self._next, self._task, self.live_bytes = 0, None, 0
-        if not self.learned_order and arrived:
+        if self._order is None and arrived:
             self._learn_order(arrived)
 
     def _learn_order(self, arrived: list[torch.Tensor]) -> None:
@@ -365,12 +381,43 @@ class GradientReducer:
         rebuild): the launch order then follows the backward, and the window stays one bucket wide."""
         import torch.distributed as dist
 
-        index = {p: i for i, p in enumerate(self.params)}
-        order = [[index[p] for p in arrived]]
+        order = [[self._index[p] for p in arrived]]
         dist.broadcast_object_list(order, src=dist.get_global_rank(self.group, 0), group=self.group)
-        seen = set(order[0])
-        ordered = [self.params[i] for i in order[0]] + [
-            p for p in reversed(self.params) if index[p] not in seen
-        ]
-        self.buckets = self._bucket(ordered)
-        self.learned_order = True
+        self._set_order(order[0])
+
+    def _set_order(self, first: list[int]) -> None:
+        """Buckets in the order of `first` (indices into `params`), then the parameters it leaves out
+        (none got a gradient in that backward) in the static order."""
+        seen = set(first)
+        order = list(first) + [i for i in reversed(range(len(self.params))) if i not in seen]
+        self.buckets = self._bucket([self.params[i] for i in order])
+        self._order = order
+
+    # ------------------------------------------------------------------ saved and restored
+
+    def bucket_order(self) -> list[torch.Tensor] | None:
+        """The parameters in the order the buckets follow, once learned; None before (the static
+        order, learned at the end of the next backward)."""
+        return None if self._order is None else [self.params[i] for i in self._order]
+
+    def restore_bucket_order(self, order: list[torch.Tensor] | None) -> None:
+        """Bucket as a saved `bucket_order` says (None: the static order, learned again in the next
+        backward, as a run that had not yet finished a backward would). Between backwards only; an
+        order `check_bucket_order` refuses changes nothing."""
+        if self._task is not None or self._ready or self._in_flight:
+            raise RuntimeError("FORGE: the bucket order can only be restored between backwards")
+        if order is None:
+            self.buckets = self._bucket(list(reversed(self.params)))
+            self._order = None
+            return
+        self.check_bucket_order(order)
+        self._set_order([self._index[p] for p in order])
+
+    def check_bucket_order(self, order: list[torch.Tensor]) -> None:
+        """Refuse an order that is not this reducer's parameters, each once."""
+        indices = [self._index.get(p) for p in order]
+        if None in indices or sorted(indices) != list(range(len(self.params))):
+            raise ValueError(
+                "the saved bucket order does not list this optimizer's parameters, each once: it was "
+                "saved from another model or another choice of trained parameters; nothing was loaded"
+            )

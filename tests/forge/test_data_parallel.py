@@ -14,9 +14,10 @@ done once); the parent compares. What is checked:
 * a taken-over DDP wrapper broadcasts rank 0's buffers before every forward as DDP does (BatchNorm's
   running statistics equal on every rank, and equal to plain DDP's), or not at all with
   broadcast_buffers=False;
-* checkpoints: saved at step 5 and resumed on the same ranks, the run continues bit for bit (DDP
-  and FSDP2; fp32, and bf16 weights with stochastic rounding); an FSDP2 checkpoint of 2 ranks loads
-  on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
+* checkpoints: saved and resumed on the same ranks, the run continues bit for bit (2 ranks: DDP and
+  FSDP2, fp32 and bf16 weights with stochastic rounding; 4 ranks: DDP, whose gradients' sums depend
+  on the bucket order, and FSDP2); a 4-rank FSDP2 checkpoint loads on 2 ranks, an FSDP2 checkpoint
+  of 2 ranks on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
 * FSDP2 over one dimension of a 2 x 2 mesh and the TP plan over the other: FORGE equals torch AdamW;
 * what FORGE refuses under data parallelism (DDP's static_graph among it, the wrapper left working),
   and its messages.
@@ -36,6 +37,9 @@ from tests.helpers import RULE_CASES, tiny_llama
 
 STEPS = 2  # a first step, and one that reads the states it wrote
 RESUME_STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10
+# 4 ranks: saved once the reducer has learned its bucket order (after the first backward), and
+# resumed for a step, which buckets in the saved order
+FOUR_RANK_RESUME_STEPS, FOUR_RANK_SAVED_AT = 3, 2
 BUFFER_STEPS = 3
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 FOUR_RANK_CASES = ("adamw", "lion")  # with the rest, every rule runs on 2 ranks
@@ -283,31 +287,52 @@ def _gradient_window(rank: int) -> dict:
     return out
 
 
-def _resume(kind: str, weights: torch.dtype, options: dict, rank: int, tmp) -> dict:
-    """A straight run of RESUME_STEPS saved at SAVED_AT, and a run resumed from that checkpoint in a
-    model built from other weights (everything must come from the checkpoint)."""
+def _resume(
+    kind: str, weights: torch.dtype, options: dict, rank: int, tmp, steps: int = RESUME_STEPS,
+    saved_at: int = SAVED_AT,
+) -> dict:  # fmt: skip
+    """A straight run of `steps` saved at `saved_at`, and a run resumed from that checkpoint in a
+    model built from other weights (everything must come from the checkpoint). Also every tensor
+    whole as it was saved, for a load on another number of ranks."""
     import forge
     import forge.checkpoint as ckpt
 
-    batches = _batches(rank, RESUME_STEPS)
+    batches = _batches(rank, steps)
     directory = tmp / f"resume-{kind}-{str(weights)[6:]}"
     model = _wrap(kind, _base(0).to(weights))
     opt = forge.attach(model, "adamw", **options, **ADAMW)
+    saved = {}
 
     def save(i):
-        if i + 1 == SAVED_AT:
-            ckpt.save(directory, model, opt, step=SAVED_AT)
+        if i + 1 == saved_at:
+            ckpt.save(directory, model, opt, step=saved_at)
+            saved.update(weights=full(model), states=full_states(opt), steps=_steps(opt))
 
     straight = _train(model, batches, on_step=save)
     resumed = _wrap(kind, _base(1).to(weights))
     opt2 = forge.attach(resumed, "adamw", **{**options, "seed": 7}, **ADAMW)
     start = ckpt.load(directory, resumed, opt2).step
+    orders = [opt.state_dict().get("bucket_order"), opt2.state_dict().get("bucket_order")]
+    if kind == "ddp":  # the reducer's learned order: ForgeOptimizer's state dict carries it too
+        fresh = forge.attach(_wrap(kind, _base(2).to(weights)), "adamw", **options, **ADAMW)
+        fresh.load_state_dict(opt.state_dict())
+        orders.append(fresh.state_dict().get("bucket_order"))
     return {
+        "orders": orders,
         "straight": straight[start:],
         "resumed": _train(resumed, batches[start:]),
+        "resumed_steps": steps - saved_at,
         "same_weights": _equal(full(model), full(resumed)),
         "same_states": _equal(full_states(opt), full_states(opt2)),
+        "same_steps": _steps(opt) == _steps(opt2),
+        "differ": sorted(k for k, v in full(model).items() if not torch.equal(v, full(resumed)[k])),
+        "saved": saved,
+        "seed": opt.seed,
     }
+
+
+def _steps(opt) -> dict[str, int]:
+    return {opt.param_names[p]: int(state["step"]) for p, state in opt.state.items()}
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -369,6 +394,18 @@ def _buffers(rank: int) -> dict:
     return out
 
 
+def _load_resharded(rank: int, checkpoints) -> dict:
+    """The 4-rank FSDP2 run's checkpoint, loaded on these 2 ranks into a model of other weights."""
+    import forge
+    import forge.checkpoint as ckpt
+
+    model = _wrap("fsdp2", _base(6))
+    opt = forge.attach(model, "adamw", state_dtype="fp32", seed=3, **ADAMW)
+    step = ckpt.load(checkpoints, model, opt).step
+    return {"step": step, "weights": full(model), "states": full_states(opt), "steps": _steps(opt),
+            "seed": opt.seed}  # fmt: skip
+
+
 def _static_graph(rank: int) -> dict:
     """forge.attach on DDP(static_graph=True): its message, and the wrapper left as DDP built it
     (still reducing gradients itself: equal on every rank after a backward of each rank's data)."""
@@ -415,7 +452,7 @@ def _refusals() -> dict[str, str]:
     return out
 
 
-def _two_ranks(rank: int, world: int, tmp) -> dict:
+def _two_ranks(rank: int, world: int, tmp, four_rank_checkpoints) -> dict:
     import forge
     from forge.data_parallel import SHARDS
 
@@ -446,6 +483,7 @@ def _two_ranks(rank: int, world: int, tmp) -> dict:
         )
     }
     out["sharded"] = _save_sharded_for_one_process(tmp, rank)
+    out["resharded"] = _load_resharded(rank, four_rank_checkpoints)
     out["refusals"] = _refusals()
     out["static_graph"] = _static_graph(rank)
     return out
@@ -481,6 +519,7 @@ def _fsdp2_with_tensor_parallelism(base) -> dict:
 
 def _four_ranks(rank: int, world: int, tmp) -> dict:
     base, batches = _base(), _batches(rank)
+    fp32 = dict(state_dtype="fp32")
     return {
         "initial": full(base),
         "exact": {
@@ -489,6 +528,10 @@ def _four_ranks(rank: int, world: int, tmp) -> dict:
             for case in FOUR_RANK_CASES
         },
         "fsdp2_tp": _fsdp2_with_tensor_parallelism(base),
+        "resume": {
+            kind: _resume(kind, torch.float32, fp32, rank, tmp, FOUR_RANK_RESUME_STEPS, FOUR_RANK_SAVED_AT)
+            for kind in ("ddp", "fsdp2")
+        },
     }
 
 
@@ -496,14 +539,21 @@ def _four_ranks(rank: int, world: int, tmp) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dp2")
-    return run_on_ranks(_two_ranks, 2, tmp), tmp
+def four_and_tmp(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dp4")
+    return run_on_ranks(_four_ranks, 4, tmp), tmp
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory):
-    return run_on_ranks(_four_ranks, 4, tmp_path_factory.mktemp("dp4"))
+def four(four_and_tmp):
+    return four_and_tmp[0]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, four_and_tmp):
+    """The 2-rank spawn; it also loads the 4-rank FSDP2 run's checkpoint (resharded 4 -> 2)."""
+    tmp = tmp_path_factory.mktemp("dp2")
+    return run_on_ranks(_two_ranks, 2, tmp, four_and_tmp[1] / "resume-fsdp2-float32"), tmp
 
 
 def _assert_forge_matches_torch(runs: list[dict], cases) -> None:
@@ -629,9 +679,32 @@ def test_ddp_broadcasts_buffers_before_every_forward_as_ddp_does(two):
 def test_a_resumed_two_rank_run_continues_bit_for_bit(two, kind, weights):
     for rank in two[0]:
         run = rank["resume"][kind, weights]
-        assert len(run["resumed"]) == RESUME_STEPS - SAVED_AT
+        assert len(run["resumed"]) == run["resumed_steps"] == RESUME_STEPS - SAVED_AT
         assert run["resumed"] == run["straight"]
-        assert run["same_weights"] and run["same_states"]
+        assert run["same_weights"] and run["same_states"] and run["same_steps"], run["differ"]
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_a_resumed_four_rank_run_continues_bit_for_bit(four, kind):
+    """With 4 ranks the all-reduce's sums depend on where a gradient sits in its bucket: the resumed
+    reducer must bucket its first backward in the order the saved run had learned."""
+    for rank in four:
+        run = rank["resume"][kind]
+        assert len(run["resumed"]) == run["resumed_steps"] == FOUR_RANK_RESUME_STEPS - FOUR_RANK_SAVED_AT
+        assert run["resumed"] == run["straight"], kind
+        assert run["same_weights"] and run["same_states"] and run["same_steps"], (kind, run["differ"])
+        # the learned order, restored by forge.checkpoint and by load_state_dict alike
+        order, *restored = run["orders"]
+        assert (order is not None) == (kind == "ddp") and restored == [order] * len(restored)
+
+
+def test_a_four_rank_fsdp2_checkpoint_loads_on_two_ranks(two, four):
+    saved = four[0]["resume"]["fsdp2"]["saved"]
+    for rank in two[0]:
+        loaded = rank["resharded"]
+        assert loaded["step"] == FOUR_RANK_SAVED_AT and loaded["seed"] == four[0]["resume"]["fsdp2"]["seed"]
+        assert _equal(loaded["weights"], saved["weights"]) and _equal(loaded["states"], saved["states"])
+        assert loaded["steps"] == saved["steps"]
 
 
 def test_an_fsdp2_checkpoint_loads_on_one_process_and_back(two):
