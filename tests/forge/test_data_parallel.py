@@ -17,7 +17,8 @@ done once); the parent compares. What is checked:
 * checkpoints: saved and resumed on the same ranks, the run continues bit for bit (2 ranks: DDP and
   FSDP2, fp32 and bf16 weights with stochastic rounding; 4 ranks: DDP, whose gradients' sums depend
   on the bucket order, and FSDP2); a 4-rank FSDP2 checkpoint loads on 2 ranks, an FSDP2 checkpoint
-  of 2 ranks on 1 process and a 1-process one on 2 ranks, every tensor whole and equal;
+  of 2 ranks on 1 process and a 1-process one on 2 ranks, every tensor whole and equal; a damaged
+  shard, or a read that fails on one rank, is refused on every rank with nothing changed;
 * FSDP2 over one dimension of a 2 x 2 mesh and the TP plan over the other: FORGE equals torch AdamW;
 * what FORGE refuses under data parallelism (DDP's static_graph among it, the wrapper left working),
   and its messages.
@@ -26,6 +27,9 @@ done once); the parent compares. What is checked:
 from __future__ import annotations
 
 import copy
+import json
+import re
+import shutil
 import weakref
 
 import pytest
@@ -394,6 +398,77 @@ def _buffers(rank: int) -> dict:
     return out
 
 
+def _damaged(rank: int, tmp, checkpoint) -> dict:
+    """The 2-rank FSDP2 checkpoint `checkpoint`, copied and damaged in rank 1's shard without a change
+    of size, loaded into another FSDP2 run on every rank: "inside", bytes flipped in a tensor's data
+    (the manifest's checksums catch it before DCP reads); "read", a record's header damaged in a copy
+    whose manifest keeps no checksums (as written before checksums were kept), so DCP's read fails on
+    rank 1 after the other tensors are read. Per case: the error each rank raised, and whether every
+    tensor, step, param group, seed and RNG state it holds is as it was."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import forge
+    import forge.checkpoint as ckpt
+
+    out = {}
+    for case in ("inside", "read"):
+        copy_of = tmp / f"damaged-{case}"
+        if rank == 0:
+            shutil.copytree(checkpoint, copy_of)
+            metadata = FileSystemReader(str(copy_of)).read_metadata()
+            items = sorted(
+                (i for i in metadata.storage_data.values() if i.relative_path.startswith("__1_")),
+                key=lambda i: i.offset,
+            )
+            # "inside": the middle of rank 1's largest tensor; "read": the header of its last record
+            item = max(items, key=lambda i: i.length) if case == "inside" else items[-1]
+            at = item.offset + (item.length // 2 if case == "inside" else 0)
+            data = copy_of / item.relative_path
+            raw = bytearray(data.read_bytes())
+            raw[at : at + 4] = bytes(b ^ 0xFF for b in raw[at : at + 4])
+            data.write_bytes(bytes(raw))
+            if case == "read":
+                manifest = json.loads((copy_of / ckpt.MANIFEST).read_text())
+                manifest.pop("files", None)
+                (copy_of / ckpt.MANIFEST).write_text(json.dumps(manifest))
+        dist.barrier()
+        model = _wrap("fsdp2", _base(4))
+        opt = forge.attach(model, "adamw", state_dtype="int8", seed=11, **ADAMW)
+        _train(model, _batches(rank, 1))
+        before = _held(model, opt)
+        try:
+            ckpt.load(copy_of, model, opt)
+            error = None
+        except (Exception, CheckpointException) as e:
+            error = (type(e).__name__, str(e))
+        out[case] = {"error": error, "unchanged": _same_held(before, _held(model, opt))}
+    return out
+
+
+def _held(model, opt) -> dict:
+    """Everything a load may change, as copies: weights, buffers, states, steps, groups, seeds, RNG."""
+    return {
+        "weights": full(model),
+        "buffers": {n: b.clone() for n, b in _inner(model).named_buffers()},
+        "states": full_states(opt),
+        "steps": _steps(opt),
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "seed": opt.seed,
+        "rng": torch.get_rng_state(),
+    }
+
+
+def _same_held(a: dict, b: dict) -> bool:
+    tensors = ("weights", "buffers", "states")
+    return (
+        all(_equal(a[k], b[k]) for k in tensors)
+        and torch.equal(a["rng"], b["rng"])
+        and all(a[k] == b[k] for k in ("steps", "groups", "seed"))
+    )
+
+
 def _load_resharded(rank: int, checkpoints) -> dict:
     """The 4-rank FSDP2 run's checkpoint, loaded on these 2 ranks into a model of other weights."""
     import forge
@@ -483,6 +558,7 @@ def _two_ranks(rank: int, world: int, tmp, four_rank_checkpoints) -> dict:
         )
     }
     out["sharded"] = _save_sharded_for_one_process(tmp, rank)
+    out["damaged"] = _damaged(rank, tmp, tmp / "sharded" / "step-00000002")
     out["resharded"] = _load_resharded(rank, four_rank_checkpoints)
     out["refusals"] = _refusals()
     out["static_graph"] = _static_graph(rank)
@@ -705,6 +781,24 @@ def test_a_four_rank_fsdp2_checkpoint_loads_on_two_ranks(two, four):
         assert loaded["step"] == FOUR_RANK_SAVED_AT and loaded["seed"] == four[0]["resume"]["fsdp2"]["seed"]
         assert _equal(loaded["weights"], saved["weights"]) and _equal(loaded["states"], saved["states"])
         assert loaded["steps"] == saved["steps"]
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("inside", r"__1_\d+\.distcp has its saved size but not its saved CRC-32.*earlier checkpoint"),
+        ("read", r"could not be read \(\w+ on rank 1;.*Nothing was loaded.*earlier one"),
+    ],
+    ids=["inside", "read"],
+)
+def test_a_damaged_shard_is_refused_on_every_rank_with_nothing_changed(two, case, message):
+    for rank in two[0]:
+        damaged = rank["damaged"][case]
+        assert damaged["error"] is not None, f"{case}: the damaged checkpoint was loaded"
+        kind, text = damaged["error"]
+        assert kind == "CheckpointError", text[:2000]
+        assert re.search(message, text, re.S), text
+        assert damaged["unchanged"], case
 
 
 def test_an_fsdp2_checkpoint_loads_on_one_process_and_back(two):
