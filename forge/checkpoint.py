@@ -25,9 +25,21 @@ next save clears the partial directory away.
 `load` checks before it touches a tensor, on every rank together (one rank's refusal is every
 rank's): that the checkpoint is FORGE's, of the same rule, state dtype, int8 group and weight
 format; that every tensor the model and the optimizer hold is in it with the same global shape and
-dtype, and nothing else is; and that no data file is shorter than DCP's metadata says (a truncated
-copy). Each refusal says what differs and what to do. A file damaged without a change of size is
-not detected: DCP keeps no checksums.
+dtype, and nothing else is; and that every file DCP wrote has the size and the CRC-32 the manifest
+records (the ranks share the reading; DCP keeps no checksums of its own, so a byte flipped inside a
+shard would otherwise load as a wrong weight). Each refusal says what differs and what to do.
+
+Then it reads the checkpoint into staging tensors laid out like the model's and the optimizer's
+own, and only once every rank has read all of it are they copied in. Whatever fails on the way, a
+file damaged after the check, an I/O error, DCP's own CheckpointException (a BaseException, which
+`except Exception` would not catch) on any rank, leaves the model's parameters and buffers, the
+optimizer's states, step counts, param groups and seed as they were, and raises CheckpointError
+(an interrupt, KeyboardInterrupt or SystemExit, is raised as itself, with nothing changed either).
+The price is memory: while it reads, `load` holds a second copy of the tensors it loads (on one GPU
+and under DDP the weights and states again; under FSDP2 the rank's shards of them).
+
+Under data-parallel replicas the manifest also keeps the reducer's bucket order, which a resumed
+run needs to sum its gradients as the saved run did (`forge.data_parallel.GradientReducer`).
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import pickle
 import re
 import shutil
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +61,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from forge.distributed import load_optimizer_state_dict, optimizer_state_dict
+from forge.distributed import _names_by_index, is_dtensor, load_optimizer_state_dict, optimizer_state_dict
 
 FORMAT = 1
 MANIFEST = "forge.json"
+METADATA = ".metadata"  # DCP's
 PARTIAL = ".partial"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_CHUNK = 16 * 2**20  # bytes read at a time for a checksum
 
 
 class CheckpointError(ValueError):
@@ -101,8 +116,9 @@ def save(
     state = _state(model, optimizer, extra or {})
     with _single_process_quiet():
         dcp.save(state, checkpoint_id=str(partial), no_dist=not _distributed())
+    files = _checksums(partial)
     if _rank() == 0:
-        manifest = _manifest(model, optimizer, state, step)
+        manifest = {**_manifest(model, optimizer, state, step), "files": files}
         _write_file(partial / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         _publish(partial, final)
         if keep is not None:
@@ -141,7 +157,40 @@ def _manifest(model: nn.Module, optimizer, state: dict[str, Any], step: int) -> 
         "options": options_of(optimizer),
         "seed": optimizer.seed,
         "tensors": tensor_specs(state),
+        "bucket_order": _bucket_order(optimizer),
     }
+
+
+def _bucket_order(optimizer) -> list[str] | None:
+    """The data-parallel reducer's learned bucket order by parameter name (None: no reducer, or none
+    learned yet): the same on every rank, since every rank buckets as rank 0 does."""
+    order = optimizer.state_dict().get("bucket_order")
+    if order is None:
+        return None
+    names = _names_by_index(optimizer)
+    return [names[i] for i in order]
+
+
+def _checksums(checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """{file name: {bytes, crc32}} of every file DCP wrote into `checkpoint`, for rank 0's manifest
+    (None elsewhere); the ranks share the reading, each a strided part of rank 0's list."""
+    names = sorted(p.name for p in checkpoint.iterdir() if p.is_file()) if _rank() == 0 else None
+    if not _distributed():
+        return {name: _file_sum(checkpoint / name) for name in names}
+    shared = [names]
+    dist.broadcast_object_list(shared, src=0)
+    mine = {name: _file_sum(checkpoint / name) for name in shared[0][_rank() :: dist.get_world_size()]}
+    gathered = [None] * dist.get_world_size() if _rank() == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    return None if gathered is None else {k: v for part in gathered for k, v in part.items()}
+
+
+def _file_sum(path: Path) -> dict[str, int]:
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return {"bytes": size, "crc32": crc}
 
 
 def options_of(optimizer) -> dict[str, Any]:
@@ -216,7 +265,7 @@ def complete_checkpoints(directory: str | os.PathLike) -> list[Path]:
     found = []
     for path in directory.iterdir():
         match = _STEP_DIR.match(path.name)
-        if match and (path / MANIFEST).is_file() and (path / ".metadata").is_file():
+        if match and (path / MANIFEST).is_file() and (path / METADATA).is_file():
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
 
@@ -228,22 +277,82 @@ def latest(directory: str | os.PathLike) -> Path | None:
 
 
 def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
-    """Load a checkpoint into `model` and FORGE's `optimizer`, in place; every rank calls it.
-    `path`: a checkpoint (`.../step-00000500`) or a directory of them (its newest complete one).
-    Raises CheckpointError, with nothing changed, when the checkpoint does not fit (see the module)."""
-    import torch.distributed.checkpoint as dcp
-
+    """Load a checkpoint into `model` and FORGE's `optimizer`; every rank calls it. `path`: a
+    checkpoint (`.../step-00000500`) or a directory of them (its newest complete one). Raises
+    CheckpointError, with nothing changed, when the checkpoint does not fit or cannot be read
+    whole (see the module): it is checked, read into staging tensors, and only then copied in."""
     checkpoint = _resolve(Path(path))
     state = _state(model, optimizer, {})
     manifest = _agree(lambda: _check(checkpoint, model, optimizer, state))
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=not _distributed())
-    _set_model_state(model, state["model"])
-    load_optimizer_state_dict(optimizer, state["optimizer"])
+    staged = _staging(state)
+    extra = _agree(lambda: _read(checkpoint, staged))
+    optimizer_state = {**staged["optimizer"], "bucket_order": manifest.get("bucket_order")}
+    try:  # its own checks run before it changes anything, and before the model is touched
+        load_optimizer_state_dict(optimizer, optimizer_state)
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(
+            f"{checkpoint}: the optimizer's saved state does not fit this optimizer ({e}); nothing was "
+            "loaded. Attach FORGE with the same parameter groups as the run that saved it."
+        ) from e
+    _set_model_state(model, staged["model"])
     optimizer.seed = int(manifest["seed"])  # stochastic rounding draws from it: the saved run's bits
-    extra = state["extra"]
-    extra = pickle.loads(extra.getvalue()) if isinstance(extra, io.BytesIO) else extra
     return Loaded(checkpoint, int(manifest["step"]), extra)
+
+
+def _staging(value: Any) -> Any:
+    """A copy of the state dict `value` for DCP to load into: every tensor a fresh one of the same
+    layout (a DTensor: the same mesh, placements and global shape), every container a new one, so
+    that nothing DCP writes reaches the model or the optimizer."""
+    if isinstance(value, torch.Tensor):
+        if is_dtensor(value):
+            from torch.distributed.tensor import DTensor
+
+            local = torch.empty_like(value.to_local())
+            return DTensor.from_local(
+                local, value.device_mesh, value.placements, run_check=False, shape=value.shape,
+                stride=value.stride(),
+            )  # fmt: skip
+        return torch.empty_like(value)
+    if isinstance(value, dict):
+        return {key: _staging(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_staging(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_staging(item) for item in value)
+    if isinstance(value, io.BytesIO):
+        return io.BytesIO(value.getvalue())
+    return value
+
+
+def _read(checkpoint: Path, staged: dict[str, Any]) -> dict[str, Any]:
+    """DCP's load of `checkpoint` into `staged`, and the `extra` saved with it; any failure of the
+    read, on any rank, as CheckpointError (an interrupt as itself)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _single_process_quiet():
+            dcp.load(staged, checkpoint_id=str(checkpoint), no_dist=not _distributed())
+        extra = staged["extra"]
+        return pickle.loads(extra.getvalue()) if isinstance(extra, io.BytesIO) else extra
+    except CheckpointException as e:  # a BaseException: every rank's failures, gathered by DCP
+        failures = [failure for failure, _ in e.failures.values()]
+        interrupt = next((f for f in failures if isinstance(f, KeyboardInterrupt | SystemExit)), None)
+        if interrupt is not None:
+            raise interrupt from e
+        rank, (first, _) = min(e.failures.items(), key=lambda item: item[0])
+        raise _unreadable(checkpoint, f"{type(first).__name__} on rank {rank}") from e
+    except Exception as e:
+        raise _unreadable(checkpoint, type(e).__name__) from e
+
+
+def _unreadable(checkpoint: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{checkpoint} could not be read ({why}; its cause is chained to this error). Nothing was "
+        "loaded: the model and optimizer are as they were. The checkpoint is damaged, or its files "
+        "changed while they were read; load an earlier one "
+        f"(forge.checkpoint.complete_checkpoints({str(checkpoint.parent)!r}))."
+    )
 
 
 def _resolve(path: Path) -> Path:
@@ -273,8 +382,47 @@ def _check(checkpoint: Path, model: nn.Module, optimizer, state: dict[str, Any])
         )
     _check_options(checkpoint, manifest["options"], options_of(optimizer))
     _check_tensors(checkpoint, manifest["tensors"], tensor_specs(state))
+    _check_bucket_order(checkpoint, manifest.get("bucket_order"), optimizer)
+    files = manifest.get("files")  # None in checkpoints written before checksums were kept
+    if files is not None:  # DCP's metadata, on every rank: each reads it next
+        _check_checksums(checkpoint, files, [METADATA])
     _check_files(checkpoint)
+    if files is not None:  # the data files, shared between the ranks
+        world, rank = (dist.get_world_size(), dist.get_rank()) if _distributed() else (1, 0)
+        _check_checksums(checkpoint, files, sorted(set(files) - {METADATA})[rank::world])
     return manifest
+
+
+def _check_bucket_order(checkpoint: Path, order: list[str] | None, optimizer) -> None:
+    if order is not None and sorted(order) != sorted(_names_by_index(optimizer).values()):
+        raise CheckpointError(
+            f"{checkpoint}/{MANIFEST} records a bucket order that does not list this optimizer's "
+            "parameters, each once: the manifest is damaged. Load an earlier checkpoint "
+            f"(forge.checkpoint.complete_checkpoints({str(checkpoint.parent)!r}))."
+        )
+
+
+def _check_checksums(checkpoint: Path, files: dict[str, dict[str, int]], names: list[str]) -> None:
+    """Each of `names` of the size and CRC-32 the manifest records for it in `files`."""
+    for name in names:
+        file, saved = checkpoint / name, files.get(name)
+        try:
+            found = _file_sum(file)
+        except OSError as e:
+            found = {"error": f"cannot be read ({type(e).__name__})"}
+        if found != saved:
+            if saved is None:
+                what = f"is not among the files {MANIFEST} records"
+            elif "error" in found:
+                what = found["error"]
+            elif found["bytes"] != saved["bytes"]:
+                what = f"has {found['bytes']} bytes, not the {saved['bytes']} it was saved with"
+            else:
+                what = "has its saved size but not its saved CRC-32 (bytes changed inside it)"
+            raise CheckpointError(
+                f"{file} {what}: the checkpoint is damaged. Nothing was loaded; load an earlier checkpoint "
+                f"(forge.checkpoint.complete_checkpoints({str(checkpoint.parent)!r}))."
+            )
 
 
 def _check_options(checkpoint: Path, saved: dict[str, Any], ours: dict[str, Any]) -> None:

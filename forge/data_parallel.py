@@ -17,11 +17,14 @@ multiplies each by 1/P and all-reduces the bucket asynchronously, as DDP's reduc
 the bucket is reduced, updates its parameters from the mean and drops the gradients. Buckets are
 launched in one fixed order on every rank (so the collectives pair up whatever order the gradients
 arrive in): the reverse of the parameters' order for the first backward, then the order in which
-rank 0's gradients arrived in it. At most `MAX_IN_FLIGHT` buckets are being reduced while the next
-fills, so the gradients alive at once are bounded by about (MAX_IN_FLIGHT + 1) buckets (a parameter
+rank 0's gradients arrived in it, an order saved and restored with the optimizer's state (a resumed
+run must sum as the saved one did). At most `MAX_IN_FLIGHT` buckets are being reduced while the next
+fills, so the gradients alive at once are bounded by (MAX_IN_FLIGHT + 1) buckets, and one bucket more
+for the moment a bucket's gradients are concatenated (`GradientReducer.bound_bytes`; a parameter
 larger than a bucket is a bucket of its own). A DDP wrapper handed to `attach` is taken over: its
 own gradient synchronization is switched off and its reducer, whose bucket buffers hold a whole
-gradient, is released (`take_over_ddp`); its forward (and buffer broadcast) stays as it was.
+gradient, is released (`take_over_ddp`); its forward stays as it was, and so does its broadcast of
+rank 0's buffers before each forward.
 
 Shards, FSDP2 (`torch.distributed.fsdp.fully_shard`, then `forge.attach(model, ...)`). FSDP2
 reduce-scatters each group's gradients itself and, since torch 2.5, runs the post-accumulate-grad
@@ -156,7 +159,11 @@ class _NoReducer:
 
 def take_over_ddp(ddp: nn.parallel.DistributedDataParallel) -> None:
     """Switch off `ddp`'s own gradient synchronization and release its reducer (and the bucket
-    buffers it allocated, a whole gradient's size); its forward and buffer broadcast keep working."""
+    buffers it allocated, a whole gradient's size); its forward keeps working, and so does its
+    broadcast of rank 0's buffers before each forward (`_sync_buffers_as_ddp_does`).
+
+    Refused, before anything changes: a wrapper built with static_graph=True (its first backward
+    goes through the reducer FORGE releases), a Python reducer or delayed all-reduce (compiled DDP)."""
     remove_hooks = getattr(ddp, "_remove_autograd_hooks", None)
     if remove_hooks is None or not hasattr(ddp, "reducer"):
         raise RuntimeError(
@@ -169,11 +176,34 @@ def take_over_ddp(ddp: nn.parallel.DistributedDataParallel) -> None:
             "(compiled DDP). Attach FORGE to the plain model instead: forge.attach(model, ..., "
             "process_group=pg)."
         )
+    if getattr(ddp, "static_graph", False):
+        raise RuntimeError(
+            "FORGE cannot take over a DDP wrapper built with static_graph=True: in static-graph mode DDP "
+            "all-reduces the first backward's gradients from its own reducer, which FORGE releases. Wrap "
+            "the model without it (DistributedDataParallel(model)); FORGE's reducer fixes its bucket order "
+            "after the first backward by itself. Or attach FORGE to the plain model: forge.attach(model, "
+            "..., process_group=pg). The wrapper was left as it was."
+        )
     ddp.require_backward_grad_sync = False
     if not isinstance(ddp.reducer, _NoReducer):
         remove_hooks()
         ddp.reducer = _NoReducer()
         ddp.logger = None  # it holds the reducer too
+        ddp.register_forward_hook(_sync_buffers_as_ddp_does)
+
+
+def _sync_buffers_as_ddp_does(ddp: nn.parallel.DistributedDataParallel, args, output) -> None:
+    """After each forward of a taken-over wrapper: whether its next forward broadcasts rank 0's
+    buffers, as DDP decides it when it synchronizes gradients itself.
+
+    DDP broadcasts its buffers (BatchNorm's running statistics) at the start of a forward when
+    `require_forward_param_sync` is set, and its forward sets that flag to whether this forward will
+    synchronize gradients: `torch.is_grad_enabled() and require_backward_grad_sync`. FORGE turns
+    `require_backward_grad_sync` off for good, which alone would stop the broadcast after the first
+    forward and let each replica's statistics drift on its own data. FORGE reduces every gradient of
+    every backward, so the flag is set as plain DDP sets it: from grad mode alone. `broadcast_buffers=
+    False` (`forward_sync_buffers`) still turns the broadcast off, in DDP's own check."""
+    ddp.require_forward_param_sync = torch.is_grad_enabled()
 
 
 @torch.no_grad()
@@ -193,7 +223,27 @@ class GradientReducer:
     bucket's parameters are then updated through `apply(p, mean)` and its gradients dropped.
 
     `params`: every parameter that will get a gradient, in the optimizer's order (all ranks alike).
-    `peak_bytes` is the most gradient bytes this reducer held at once (kept since construction)."""
+    `peak_bytes` is the most gradient bytes this reducer held at once (kept since construction),
+    a bucket's concatenated copy included; `bound_bytes` is what it stays within.
+
+    The window. A bucket holds at most max(cap, the largest parameter) bytes (a parameter larger
+    than the cap is a bucket of its own), and at most MAX_IN_FLIGHT buckets are being reduced while
+    the next one fills: (MAX_IN_FLIGHT + 1) buckets of gradients. A bucket of several gradients is
+    concatenated into one buffer before its all-reduce (a bucket of one is reduced in place), and
+    for that moment its gradients and their copy are both alive: one bucket more, briefly, and no
+    more than the cap, since only a bucket within the cap holds several. Hence `bound_bytes`,
+    (MAX_IN_FLIGHT + 1) x max(cap, largest) + cap. It holds once the buckets follow the backward:
+    in the first backward, in the static order, a gradient that arrives before the bucket it waits
+    for is kept beside the window (at most about a layer's gradients: docs/distributed.md).
+
+    The bucket order is state. With more than two ranks the all-reduce sums a gradient's terms in
+    an order set by where the gradient sits in its bucket (a ring reduces each chunk of the buffer
+    starting from another rank), so the same gradients bucketed in another order differ in the last
+    bits. A run restarted from a checkpoint must therefore bucket its first backward as the run that
+    never stopped did: `bucket_order` is saved with the optimizer's state (`ForgeOptimizer.state_dict`
+    and `forge.checkpoint`'s manifest), by parameter, and `restore_bucket_order` puts it back, as the
+    step counts and the seed are. (torch's DDP relearns its order after every restart instead; FORGE
+    promises that a resumed run continues bit for bit.)"""
 
     def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply):
         import torch.distributed as dist
@@ -203,8 +253,9 @@ class GradientReducer:
         self.apply = apply
         self.cap_bytes = int(bucket_cap_mb * 2**20)
         self.params = list(params)
+        self._index = {p: i for i, p in enumerate(self.params)}
+        self._order: list[int] | None = None  # learned at the end of the first backward
         self.buckets = self._bucket(list(reversed(self.params)))
-        self.learned_order = False  # buckets still in the static order (until the first backward ends)
         self.live_bytes = 0
         self.peak_bytes = 0
         self._task: int | None = None
@@ -212,6 +263,17 @@ class GradientReducer:
         self._arrived: list[torch.Tensor] = []  # this backward's arrival order
         self._next = 0  # the next bucket to launch
         self._in_flight: deque = deque()
+
+    @property
+    def bound_bytes(self) -> int:
+        """The most gradient bytes alive at once once the order is learned (see the class)."""
+        largest = max((p.numel() * p.element_size() for p in self.params), default=0)
+        return (MAX_IN_FLIGHT + 1) * max(self.cap_bytes, largest) + self.cap_bytes
+
+    @property
+    def learned_order(self) -> bool:
+        """Whether the buckets follow the learned order (else the static one, until a backward ends)."""
+        return self._order is not None
 
     def _bucket(self, ordered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Consecutive parameters of one dtype, up to `cap_bytes` a bucket (at least one each)."""
@@ -244,11 +306,14 @@ class GradientReducer:
             )
         self._ready[p] = grad
         self._arrived.append(p)
-        self.live_bytes += grad.numel() * grad.element_size()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._count(grad.numel() * grad.element_size())
         self._launch_ready()
         if self._task == -1:  # called outside any backward: the step is this gradient alone
             self.finish()
+
+    def _count(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def _begin(self) -> None:
         """At the first gradient of a backward: queue `finish` for when the backward ends."""
@@ -272,7 +337,12 @@ class GradientReducer:
         if not members:
             return
         grads = [self._ready.pop(p) for p in members]
-        flat = grads[0] if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
+        if len(grads) == 1:
+            flat = grads[0]
+        else:  # the copy and the gradients it was made from, both alive until `del grads`
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self._count(flat.numel() * flat.element_size())
+            self.live_bytes -= sum(g.numel() * g.element_size() for g in grads)
         del grads
         flat.mul_(1.0 / self.world_size)  # as DDP's reducer scales each gradient before the sum
         work = dist.all_reduce(flat, group=self.group, async_op=True)
@@ -303,7 +373,7 @@ class GradientReducer:
         arrived, self._arrived = self._arrived, []
         self._ready.clear()
         self._next, self._task, self.live_bytes = 0, None, 0
-        if not self.learned_order and arrived:
+        if self._order is None and arrived:
             self._learn_order(arrived)
 
     def _learn_order(self, arrived: list[torch.Tensor]) -> None:
@@ -311,12 +381,43 @@ class GradientReducer:
         rebuild): the launch order then follows the backward, and the window stays one bucket wide."""
         import torch.distributed as dist
 
-        index = {p: i for i, p in enumerate(self.params)}
-        order = [[index[p] for p in arrived]]
+        order = [[self._index[p] for p in arrived]]
         dist.broadcast_object_list(order, src=dist.get_global_rank(self.group, 0), group=self.group)
-        seen = set(order[0])
-        ordered = [self.params[i] for i in order[0]] + [
-            p for p in reversed(self.params) if index[p] not in seen
-        ]
-        self.buckets = self._bucket(ordered)
-        self.learned_order = True
+        self._set_order(order[0])
+
+    def _set_order(self, first: list[int]) -> None:
+        """Buckets in the order of `first` (indices into `params`), then the parameters it leaves out
+        (none got a gradient in that backward) in the static order."""
+        seen = set(first)
+        order = list(first) + [i for i in reversed(range(len(self.params))) if i not in seen]
+        self.buckets = self._bucket([self.params[i] for i in order])
+        self._order = order
+
+    # ------------------------------------------------------------------ saved and restored
+
+    def bucket_order(self) -> list[torch.Tensor] | None:
+        """The parameters in the order the buckets follow, once learned; None before (the static
+        order, learned at the end of the next backward)."""
+        return None if self._order is None else [self.params[i] for i in self._order]
+
+    def restore_bucket_order(self, order: list[torch.Tensor] | None) -> None:
+        """Bucket as a saved `bucket_order` says (None: the static order, learned again in the next
+        backward, as a run that had not yet finished a backward would). Between backwards only; an
+        order `check_bucket_order` refuses changes nothing."""
+        if self._task is not None or self._ready or self._in_flight:
+            raise RuntimeError("FORGE: the bucket order can only be restored between backwards")
+        if order is None:
+            self.buckets = self._bucket(list(reversed(self.params)))
+            self._order = None
+            return
+        self.check_bucket_order(order)
+        self._set_order([self._index[p] for p in order])
+
+    def check_bucket_order(self, order: list[torch.Tensor]) -> None:
+        """Refuse an order that is not this reducer's parameters, each once."""
+        indices = [self._index.get(p) for p in order]
+        if None in indices or sorted(indices) != list(range(len(self.params))):
+            raise ValueError(
+                "the saved bucket order does not list this optimizer's parameters, each once: it was "
+                "saved from another model or another choice of trained parameters; nothing was loaded"
+            )

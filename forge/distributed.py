@@ -140,14 +140,16 @@ def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> None:
-    """Inverse of `optimizer_state_dict` (names back to the optimizer's own indices)."""
+    """Inverse of `optimizer_state_dict` (names back to the optimizer's own indices); a data-parallel
+    reducer's "bucket_order" by name, where `sd` has one, likewise (`ForgeOptimizer.state_dict`)."""
     index = {n: i for i, n in _names_by_index(optimizer).items()}
-    optimizer.load_state_dict(
-        {
-            "state": {index[n]: s for n, s in sd["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]],
-        }
-    )
+    loaded = {
+        "state": {index[n]: s for n, s in sd["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]],
+    }
+    if sd.get("bucket_order") is not None:
+        loaded["bucket_order"] = [index[n] for n in sd["bucket_order"]]
+    optimizer.load_state_dict(loaded)
 
 
 def _names_by_index(optimizer: torch.optim.Optimizer) -> dict[int, str]:

@@ -498,8 +498,14 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """torch.optim's state dict, and under "forge" the options its states only make sense
-        under (rule, state dtype, int8 group, weight format): `load_state_dict` checks them."""
-        return {**super().state_dict(), "forge": self.storage_options()}
+        under (rule, state dtype, int8 group, weight format): `load_state_dict` checks them. Under
+        data-parallel replicas, "bucket_order" too: the reducer's learned order (parameter indices,
+        None before the first backward), which a resumed run needs to sum as the saved run did."""
+        state = {**super().state_dict(), "forge": self.storage_options()}
+        if self._reducer is not None:
+            order, index = self._reducer.bucket_order(), {p: i for i, p in enumerate(self.params_in_order())}
+            state["bucket_order"] = None if order is None else [index[p] for p in order]
+        return state
 
     def storage_options(self) -> dict:
         weights = "bf16+kahan" if self.kahan else "bf16+sr" if self.stochastic_rounding else "bf16"
@@ -525,6 +531,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError("loaded state dict has a group of a different size than this optimizer's")
             id_to_param.update(zip(saved["params"], group["params"]))
+        bucket_order = self._saved_bucket_order(state_dict, id_to_param)
         if convert:
             for pid, saved_state in state_dict["state"].items():
                 p = id_to_param[pid]
@@ -537,6 +544,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 self.storage.load(self.state[p], saved_state)
         for saved, group in zip(saved_groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params" and (not convert or k in group)})
+        if self._reducer is not None:
+            self._reducer.restore_bucket_order(bucket_order)
+
+    def _saved_bucket_order(self, state_dict: dict, id_to_param: dict) -> list | None:
+        """The reducer's saved order as parameters (None: none saved, learned in the next backward),
+        checked before anything loads."""
+        saved = state_dict.get("bucket_order")
+        if self._reducer is None or saved is None:
+            return None
+        order = [id_to_param.get(i) for i in saved]
+        self._reducer.check_bucket_order(order)
+        return order
 
     def _check_saved(self, state_dict: dict, id_to_param: dict) -> None:
         """Refuse a FORGE state dict saved under other options or holding other shapes, whole."""

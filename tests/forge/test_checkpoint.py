@@ -1,9 +1,13 @@
 """`forge.checkpoint` on one process: a resumed run continues bit for bit; every checkpoint that does
-not fit is refused before anything changes; a save killed half-way leaves the previous one loadable.
-(Two ranks, DDP and FSDP2, and resharding between rank counts: tests/forge/test_data_parallel.py.)"""
+not fit, or is damaged, is refused before anything changes, and a read that fails half-way (or is
+interrupted) changes nothing either; a save killed half-way leaves the previous one loadable.
+(Two and four ranks, DDP and FSDP2, resharding between rank counts, a damaged shard on one rank:
+tests/forge/test_data_parallel.py.)"""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import signal
 import subprocess
@@ -99,6 +103,105 @@ def test_the_newest_complete_checkpoint_is_loaded_and_keep_prunes(tmp_path):
     other, opt2 = _build(1)
     assert ckpt.load(tmp_path, other, opt2).step == 4
     assert ckpt.load(tmp_path / "step-00000003", other, opt2).step == 3  # a checkpoint by its path
+
+
+def _batch_norm_model(init: int):
+    """Linear layers around a BatchNorm: running statistics (buffers) beside the weights."""
+    torch.manual_seed(init)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.GELU(), torch.nn.Linear(16, 4)
+    )
+    opt = forge.attach(model, "adamw", state_dtype="bf16", seed=init, **HPARAMS)
+    for _ in range(2):
+        model(torch.randn(6, 8)).pow(2).mean().backward()
+    return model, opt
+
+
+def _held(model, opt) -> dict:
+    """Copies of everything a load may change: weights, buffers, states, steps, groups, seed, RNG."""
+    return {
+        **_everything(model, opt),
+        **{f"buffer.{n}": b.clone() for n, b in model.named_buffers()},
+        "groups": copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]),
+        "seed": opt.seed,
+        "rng": torch.get_rng_state(),
+    }
+
+
+def _damage(path: Path, item: str, where: str) -> None:
+    """Flip four bytes of the checkpoint's data file, keeping its size: inside `item` ("largest" or
+    "last" of its records) at `where` ("middle" or "header")."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    records = sorted(
+        FileSystemReader(str(path)).read_metadata().storage_data.values(), key=lambda i: i.offset
+    )
+    record = max(records, key=lambda i: i.length) if item == "largest" else records[-1]
+    at = record.offset + (record.length // 2 if where == "middle" else 0)
+    data = path / record.relative_path
+    raw = bytearray(data.read_bytes())
+    raw[at : at + 4] = bytes(b ^ 0xFF for b in raw[at : at + 4])
+    data.write_bytes(bytes(raw))
+
+
+def _without_checksums(path: Path) -> None:
+    """The manifest as a checkpoint written before checksums were kept has it."""
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    manifest.pop("files", None)
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("file", ["data", "metadata"])
+def test_bytes_flipped_inside_a_file_are_refused_before_anything_changes(tmp_path, file):
+    model, opt = _batch_norm_model(0)
+    path = ckpt.save(tmp_path, model, opt, step=2)
+    if file == "data":  # the middle of the largest tensor: without checksums it would load as it is
+        _damage(path, "largest", "middle")
+        damaged = next(path.glob("*.distcp"))
+    else:
+        damaged = path / ".metadata"
+        raw = bytearray(damaged.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        damaged.write_bytes(bytes(raw))
+    other, opt2 = _batch_norm_model(1)
+    before = _held(other, opt2)
+    message = rf"{damaged.name} has its saved size but not its saved CRC-32.*earlier checkpoint"
+    with pytest.raises(ckpt.CheckpointError, match=message):
+        ckpt.load(path, other, opt2)
+    _assert_same(_held(other, opt2), before)
+
+
+def test_a_read_that_fails_half_way_changes_nothing(tmp_path):
+    """A checkpoint without checksums whose last record is damaged: DCP has read the others when it
+    fails, with a CheckpointException (a BaseException); what it read never reaches the model."""
+    model, opt = _batch_norm_model(0)
+    path = ckpt.save(tmp_path, model, opt, step=2)
+    _without_checksums(path)
+    _damage(path, "last", "header")
+    other, opt2 = _batch_norm_model(1)
+    before = _held(other, opt2)
+    with pytest.raises(ckpt.CheckpointError, match=r"could not be read \(\w+ on rank 0;.*Nothing was loaded"):
+        ckpt.load(path, other, opt2)
+    _assert_same(_held(other, opt2), before)
+
+
+def test_an_interrupt_during_the_read_is_raised_as_itself_and_changes_nothing(tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    model, opt = _batch_norm_model(0)
+    path = ckpt.save(tmp_path, model, opt, step=2)
+    read = FileSystemReader.read_data
+
+    def interrupted(self, plan, planner):  # the whole plan read into place, then Ctrl-C
+        read(self, plan, planner).wait()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FileSystemReader, "read_data", interrupted)
+    other, opt2 = _batch_norm_model(1)
+    before = _held(other, opt2)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.load(path, other, opt2)
+    _assert_same(_held(other, opt2), before)
 
 
 def _saved(tmp_path, **options):
