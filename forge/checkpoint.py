@@ -36,7 +36,10 @@ file damaged after the check, an I/O error, DCP's own CheckpointException (a Bas
 optimizer's states, step counts, param groups and seed as they were, and raises CheckpointError
 (an interrupt, KeyboardInterrupt or SystemExit, is raised as itself, with nothing changed either).
 The price is memory: while it reads, `load` holds a second copy of the tensors it loads (on one GPU
-and under DDP the weights and states again; under FSDP2 the rank's shards of them).
+and under DDP the weights and states again; under FSDP2 the rank's shards of them). On a GPU the
+copy goes where it fits: on the device when it has room beside what it holds, else, for plain
+tensors (one GPU, DDP), in host memory; sharded DTensors stage on their device only, and where
+their copy does not fit the load is refused before it changes anything, saying so.
 
 Under data-parallel replicas the manifest also keeps the reducer's bucket order, which a resumed
 run needs to sum its gradients as the saved run did (`forge.data_parallel.GradientReducer`).
@@ -284,7 +287,7 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
     checkpoint = _resolve(Path(path))
     state = _state(model, optimizer, {})
     manifest = _agree(lambda: _check(checkpoint, model, optimizer, state))
-    staged = _staging(state)
+    staged = _staging(state, _stage_on_host(checkpoint, state))
     extra = _agree(lambda: _read(checkpoint, staged))
     optimizer_state = {**staged["optimizer"], "bucket_order": manifest.get("bucket_order")}
     try:  # its own checks run before it changes anything, and before the model is touched
@@ -299,10 +302,48 @@ def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
     return Loaded(checkpoint, int(manifest["step"]), extra)
 
 
-def _staging(value: Any) -> Any:
+STAGING_MARGIN = 2**30  # device bytes left free beside the staging copy, for DCP's own buffers
+
+
+def _device_bytes(value: Any) -> tuple[int, int]:
+    """(bytes of plain tensors, bytes of DTensors' local shards) on a GPU in the state dict `value`."""
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if is_dtensor(value) else value
+        size = local.numel() * local.element_size() if local.is_cuda else 0
+        return (0, size) if is_dtensor(value) else (size, 0)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    sizes = [_device_bytes(item) for item in items]
+    return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+
+
+def _stage_on_host(checkpoint: Path, state: dict[str, Any]) -> bool:
+    """Whether the staging copy of a GPU rank's plain tensors goes to host memory: where the device
+    has not room for all of it beside what it holds. DTensors (FSDP2, tensor parallelism) stage on
+    their mesh's device only; where their shards do not fit, the load is refused before anything
+    changes, with what to do."""
+    plain, sharded = _device_bytes(state)
+    if plain + sharded == 0:
+        return False
+    free = torch.cuda.mem_get_info()[0] - STAGING_MARGIN
+    if plain + sharded <= free:
+        return False
+    if sharded > free:
+        raise CheckpointError(
+            f"{checkpoint}: loading reads the checkpoint into a staging copy first, so that a failed read "
+            f"changes nothing; this rank's shards need {sharded / 2**30:.1f} GiB of cuda:"
+            f"{torch.cuda.current_device()} and {max(free, 0) / 2**30:.1f} GiB are free beside what it "
+            "holds. "
+            "Nothing was loaded: load before building what else the device holds (activations, caches; "
+            "torch.cuda.empty_cache() returns the allocator's unused blocks), or on more ranks."
+        )
+    return True
+
+
+def _staging(value: Any, host: bool = False) -> Any:
     """A copy of the state dict `value` for DCP to load into: every tensor a fresh one of the same
     layout (a DTensor: the same mesh, placements and global shape), every container a new one, so
-    that nothing DCP writes reaches the model or the optimizer."""
+    that nothing DCP writes reaches the model or the optimizer. `host`: plain tensors in host memory
+    (`_stage_on_host`), copied to their device when swapped in."""
     if isinstance(value, torch.Tensor):
         if is_dtensor(value):
             from torch.distributed.tensor import DTensor
@@ -312,13 +353,13 @@ def _staging(value: Any) -> Any:
                 local, value.device_mesh, value.placements, run_check=False, shape=value.shape,
                 stride=value.stride(),
             )  # fmt: skip
-        return torch.empty_like(value)
+        return torch.empty_like(value, device="cpu" if host else value.device)
     if isinstance(value, dict):
-        return {key: _staging(item) for key, item in value.items()}
+        return {key: _staging(item, host) for key, item in value.items()}
     if isinstance(value, list):
-        return [_staging(item) for item in value]
+        return [_staging(item, host) for item in value]
     if isinstance(value, tuple):
-        return tuple(_staging(item) for item in value)
+        return tuple(_staging(item, host) for item in value)
     if isinstance(value, io.BytesIO):
         return io.BytesIO(value.getvalue())
     return value

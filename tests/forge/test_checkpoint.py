@@ -204,6 +204,49 @@ def test_an_interrupt_during_the_read_is_raised_as_itself_and_changes_nothing(tm
     _assert_same(_held(other, opt2), before)
 
 
+@pytest.mark.parametrize(
+    "free_gib, plain_gib, sharded_gib, expected",
+    [
+        (10, 4, 0, "device"),
+        (10, 10.5, 0, "host"),
+        (10, 6, 3, "device"),
+        (10, 8, 2.5, "host"),
+        (10, 0, 10.5, "refused"),
+    ],
+    ids=["fits", "plain-to-host", "both-fit", "plain-to-host-shards-fit", "shards-do-not-fit"],
+)
+def test_the_staging_copy_goes_where_it_fits(
+    tmp_path, monkeypatch, free_gib, plain_gib, sharded_gib, expected
+):
+    """On a GPU the staging copy stays on the device where it fits beside what the device holds;
+    plain tensors (one GPU, DDP) otherwise stage in host memory; sharded DTensors stage on their
+    device only, and a load whose shards do not fit is refused before anything changes."""
+    gib = 2**30
+    monkeypatch.setattr(ckpt, "_device_bytes", lambda state: (int(plain_gib * gib), int(sharded_gib * gib)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(free_gib * gib) + ckpt.STAGING_MARGIN, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    if expected == "refused":
+        with pytest.raises(
+            ckpt.CheckpointError, match=r"shards need 10\.5 GiB of cuda:0.*Nothing was loaded"
+        ):
+            ckpt._stage_on_host(tmp_path, {})
+    else:
+        assert ckpt._stage_on_host(tmp_path, {}) == (expected == "host")
+
+
+def test_a_load_staged_in_host_memory_equals_one_staged_beside_the_model(tmp_path, monkeypatch):
+    """What a host-staged load leaves equals what a load staged beside the model leaves."""
+    model, opt = _batch_norm_model(0)
+    path = ckpt.save(tmp_path, model, opt, step=2)
+    loaded = []
+    for host in (False, True):
+        monkeypatch.setattr(ckpt, "_stage_on_host", lambda checkpoint, state, host=host: host)
+        other, opt2 = _batch_norm_model(1)
+        ckpt.load(path, other, opt2)
+        loaded.append(_held(other, opt2))
+    _assert_same(loaded[1], loaded[0])
+
+
 def _saved(tmp_path, **options):
     model, opt = _build(0, **options)
     _step(model, _batches(1)[0])
