@@ -22,7 +22,11 @@ from forge import checkpoint, head
 from forge.attach import attach, detach
 from forge.baseline import Lion, torch_optimizer
 from forge.nn import ForgeLinear
-from forge.optim import ForgeOptimizer
+from forge.optim import MASTER_WEIGHTS, ForgeOptimizer
+from forge.states import INT8_GROUPS, state_bytes
+from forge.states import STATE_DTYPES as _STORAGE
+
+STATE_DTYPES = tuple(_STORAGE)  # the state dtypes a caller can name: "fp32", "bf16", "int8"
 
 __all__ = [
     "attach",
@@ -32,6 +36,11 @@ __all__ = [
     "Lion",
     "torch_optimizer",
     "RULES",
+    "STATE_DTYPES",
+    "INT8_GROUPS",
+    "MASTER_WEIGHTS",
+    "FP8_RECIPES",
+    "state_bytes",
     "checkpoint",
     "head",
 ]
@@ -43,4 +52,8 @@ def __getattr__(name: str):
         from forge.rules import RULES
 
         return RULES
+    if name == "FP8_RECIPES":  # forge.fp8's, imported on first use
+        from forge.fp8 import RECIPES
+
+        return RECIPES
     raise AttributeError(f"module 'forge' has no attribute {name!r}")

@@ -1,8 +1,9 @@
 """The torch.optim optimizer that each FORGE rule must match, in one place.
 
 Tests use these as the oracle and the harness as its "torch" baselines, so the two cannot drift
-apart. Every rule maps to torch.optim's own class, except Lion, which torch does not ship: `Lion`
-below follows the paper (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms").
+apart. Each rule names its class (`forge.rules.Rule.torch_class`): torch.optim's own, except Lion,
+which torch does not ship: `Lion` below follows the paper (Chen et al. 2023, "Symbolic Discovery of
+Optimization Algorithms").
 """
 
 from __future__ import annotations
@@ -43,23 +44,12 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-_TORCH_CLASSES = {
-    "adamw": torch.optim.AdamW,
-    "nadam": torch.optim.NAdam,
-    "radam": torch.optim.RAdam,
-    "rmsprop": torch.optim.RMSprop,
-    "adagrad": torch.optim.Adagrad,
-    "sgd": torch.optim.SGD,
-    "lion": Lion,
-}
-
-
 def torch_optimizer(rule: str, params: Iterable, **hparams) -> torch.optim.Optimizer:
     """The reference optimizer for `rule` with torch.optim's defaults overridden by `hparams`."""
     from forge.rules import IGNORED_OPTIONS, UNSUPPORTED_OPTIONS, get_rule
 
-    get_rule(rule)  # a clear error for unknown names
+    found = get_rule(rule)  # a clear error for unknown names
     # flags the Lion class does not take: the no-ops, and the unsupported ones where off
     dropped = lambda k, v: k in IGNORED_OPTIONS or (k in UNSUPPORTED_OPTIONS and not v)  # noqa: E731
     options = {k: v for k, v in hparams.items() if rule != "lion" or not dropped(k, v)}
-    return _TORCH_CLASSES[rule.lower()](params, **options)
+    return found.torch_class()(params, **options)

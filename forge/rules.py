@@ -188,14 +188,33 @@ class StateSlot:
 
 @dataclass(frozen=True)
 class Rule:
-    """An element-wise update rule: defaults, state slots, host coefficients, PyTorch reference."""
+    """An element-wise update rule: every fact about it that the library and the harness use.
+
+    `name` (what `forge.attach` takes), `title` (what tables show), `defaults` (torch.optim's
+    hyperparameters and defaults), `slots` (its state tensors for given hyperparameters),
+    `torch_class` (where the torch.optim optimizer it must match lives, "module:Class"), the host
+    half `coefficients_fn` and the PyTorch reference `reference_fn`."""
 
     name: str
+    title: str
     defaults: dict[str, Any]
     slots: Callable[[dict], tuple[StateSlot | None, StateSlot | None, StateSlot | None]]
     coefficients_fn: Callable[[dict, int, dict], tuple[float, ...]]
     reference_fn: Callable
+    torch_path: str
     host_state: dict[str, float] = field(default_factory=dict)  # scalar per-param state, e.g. NAdam's mu_product
+
+    def torch_class(self) -> type:
+        """The torch.optim class this rule is exact against (Lion, which torch lacks: `forge.baseline.Lion`)."""
+        import importlib
+
+        module, name = self.torch_path.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def state_count(self, hparams: dict | None = None) -> int:
+        """How many full-size state tensors a parameter keeps under `hparams` (torch.optim's defaults
+        for what is left out): what a memory model counts."""
+        return sum(slot is not None for slot in self.slots({**self.defaults, **(hparams or {})}))
 
     def coefficients(self, hparams: dict, step: int, host_state: dict) -> tuple[float, ...]:
         """The kernel's scalar arguments for step `step`, padded to NUM_COEFFICIENTS. Call it once
@@ -223,22 +242,25 @@ def _rmsprop_slots(h: dict):
 RULES: dict[str, Rule] = {
     r.name: r
     for r in (
-        Rule("adamw", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
-             lambda h: _ADAM_SLOTS, _coefficients_adamw, _ref_adamw),
-        Rule("nadam", dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
-                           decoupled_weight_decay=False),
-             lambda h: _ADAM_SLOTS, _coefficients_nadam, _ref_nadam, host_state={"mu_product": 1.0}),
-        Rule("radam", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False),
-             lambda h: _ADAM_SLOTS, _coefficients_radam, _ref_radam),
-        Rule("lion", dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
-             lambda h: (_SIGNED["exp_avg"], None, None), _coefficients_lion, _ref_lion),
-        Rule("rmsprop", dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False),
-             _rmsprop_slots, _coefficients_rmsprop, _ref_rmsprop),
-        Rule("adagrad", dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10),
-             lambda h: (_POSITIVE["sum"], None, None), _coefficients_adagrad, _ref_adagrad),
-        Rule("sgd", dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
+        Rule("adamw", "AdamW", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+             lambda h: _ADAM_SLOTS, _coefficients_adamw, _ref_adamw, "torch.optim:AdamW"),
+        Rule("nadam", "NAdam", dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+                                    decoupled_weight_decay=False),
+             lambda h: _ADAM_SLOTS, _coefficients_nadam, _ref_nadam, "torch.optim:NAdam",
+             host_state={"mu_product": 1.0}),
+        Rule("radam", "RAdam", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                    decoupled_weight_decay=False),
+             lambda h: _ADAM_SLOTS, _coefficients_radam, _ref_radam, "torch.optim:RAdam"),
+        Rule("lion", "Lion", dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
+             lambda h: (_SIGNED["exp_avg"], None, None), _coefficients_lion, _ref_lion, "forge.baseline:Lion"),
+        Rule("rmsprop", "RMSprop", dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False),
+             _rmsprop_slots, _coefficients_rmsprop, _ref_rmsprop, "torch.optim:RMSprop"),
+        Rule("adagrad", "Adagrad", dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0,
+                                        eps=1e-10),
+             lambda h: (_POSITIVE["sum"], None, None), _coefficients_adagrad, _ref_adagrad, "torch.optim:Adagrad"),
+        Rule("sgd", "SGD", dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
              lambda h: (_SIGNED["momentum_buffer"] if h["momentum"] != 0 else None, None, None),
-             _coefficients_sgd, _ref_sgd),
+             _coefficients_sgd, _ref_sgd, "torch.optim:SGD"),
     )
 }  # fmt: skip
 

@@ -29,6 +29,14 @@ STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 INT8_GROUPS = (64, 128)  # elements per int8 scale (forge.kernels.quant)
 
 
+def state_bytes(state_dtype: str, int8_group: int = 64) -> float:
+    """Bytes a state tensor takes per element of its parameter: 4, 2, or an int8 code and its share
+    of a bf16 scale (a memory model's figure; vectors keep bf16 states under int8, `dtype_of`)."""
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype={state_dtype!r} is not supported; choose one of {list(STATE_DTYPES)}")
+    return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 2.0 / int8_group}[state_dtype]
+
+
 class StateStorage:
     """The storage of one optimizer's states: `state_dtype`, `int8_group`, and whether bf16 weights
     carry a residual (`kahan`)."""
