@@ -159,10 +159,11 @@ def cmd_list(argv: list[str]) -> int:
         heading = f"{LIST_GROUPS[group]} (conf/{group}/, {LIST_HOW[group]}):"
         blocks.append("\n".join([heading, *_rows(entries)]))
     if "implementation" in wanted:
-        from harness.run.methods import SUMMARIES
+        from harness.run.methods import registry
 
         heading = "method implementations (the `name:` of a conf/method file):"
-        blocks.append("\n".join([heading, *_rows(SUMMARIES)]))
+        summaries = {name: cls.summary or "(no summary given)" for name, cls in registry().items()}
+        blocks.append("\n".join([heading, *_rows(summaries)]))
     print("\n\n".join(blocks))
     return 0
 

@@ -25,6 +25,7 @@ from harness.points import display_name, graphed, method_rank, options_dict, opt
 from harness.records import Record, interpreted, on_cpu
 from harness.report import expectations as ex
 from harness.report.markup import NONE, Table, fmt_float, fmt_gib, fmt_ms, to_markdown
+from harness.run.methods.footprint import AFTER_BACKWARD
 
 STEP_TEXT = (
     "FORGE never writes the weight gradient to memory: it saves the gradient's 2 B/param (bf16) "
@@ -291,7 +292,7 @@ def token_overhead_preamble(records: Sequence[Record]) -> str:
             )
             if fp is None or record.get("method") == "no_optimizer":
                 continue
-            separate = record.get("method") in tm.SEPARATE_UPDATES
+            separate = fp.update == AFTER_BACKWARD
             hides = "never (after the backward)" if separate else f"{tm.hiding_tokens(fp.update_traffic):.0f}"
             over = tm.overhead(str(record.get("method")), record.get("method_options"), arch, n, counts[0])
             rows.append(

@@ -7,7 +7,7 @@ returns None when no record fits it, so a table without data is skipped cleanly.
 Rules every table follows:
 - one record per configuration: the latest (`harness.points.latest_by_key`); in the step-time
   tables the latest measured beside its fused AdamW, where one is;
-- rows sorted by configuration, methods in `harness.points.METHOD_ORDER`;
+- rows sorted by configuration, methods in their declared order (`harness.points.method_rank`);
 - a point that did not run is shown by its status in every measured cell (`OOM`, `error [n]`,
   `unavailable [n]`, `diverged`), with the error or reason as footnote n: never as zero;
 - ratios compare a method with fused AdamW measured in the same sweep at the same configuration,

@@ -84,11 +84,10 @@ from typing import Any
 
 from harness.points import loss_mode, options_dict
 from harness.report import expectations as ex
+from harness.run.methods.footprint import AFTER_BACKWARD, IN_GEMM, NONE
 
 GIB = ex.GIB
 DIRECT_NORM_COST = 1.5  # the direct norm's time per multiply-add against the GEMM's (forge.clip.DIRECT_COST)
-PERSISTENT_GRADIENTS = {"fused_adamw_fp32grad"}  # main_grad buffers alive through the whole step
-SEPARATE_UPDATES = {"fused_adamw", "fused_adamw_fp32grad", "adamw8bit_bnb", "adamw8bit_torchao"}
 
 
 @dataclass(frozen=True)
@@ -197,12 +196,12 @@ def overhead(method: str, options: Any, arch: Architecture, n_params: float, tok
     fp, floor = ex.footprint(method, options), ex.footprint("no_optimizer")
     if fp is None or floor is None:
         return None
-    if method == "no_optimizer":
+    if fp.update == NONE:
         return Overhead(0.0, 0.0)
-    if method in SEPARATE_UPDATES:
+    if fp.update == AFTER_BACKWARD:
         ms = update_ms(fp.update_traffic - floor.update_traffic, n_params)
         return Overhead(ms, ms)
-    if method != "forge":
+    if fp.update != IN_GEMM:
         return None
     fused = arch.fused_params()
     rest = update_ms(fp.update_traffic, max(0.0, n_params - fused))
@@ -301,7 +300,7 @@ def peak_gib(
     static = (fp.weights + fp.states) * n_params
     activations = tokens * _per_token(arch, checkpointing, _loss(options))
     gradients = fp.grads * n_params
-    if method in PERSISTENT_GRADIENTS:
+    if fp.grads_persist:
         return (static + gradients + activations) / GIB
     if not gradients:
         return (static + max(activations, embedding_gradient_bytes(arch))) / GIB
@@ -338,7 +337,7 @@ def largest_tokens(
     capacity = capacity_gib * GIB
     static = (fp.weights + fp.states) * n_params
     gradients = fp.grads * n_params
-    if method in PERSISTENT_GRADIENTS:
+    if fp.grads_persist:
         static, gradients = static + gradients, 0.0
     transient = 0.0 if fp.grads else embedding_gradient_bytes(arch)  # as in peak_gib
     if static + max(gradients, transient) > capacity:

@@ -50,6 +50,7 @@ from harness.report.tables import (
     _step_median,
     render_rows,
 )
+from harness.run.methods.footprint import AFTER_BACKWARD
 
 SCALING_SWEEP = "scaling_tokens_h200"
 PEAK_SWEEP = "peak_vs_tokens_h200"
@@ -333,7 +334,7 @@ def analytic_times(records: Sequence[Record]) -> dict[tuple, Times]:
         fp = ex.footprint(method, record.get("method_options"))
         if fp is None or method == FLOOR or not graphed(record):
             continue
-        if method in tm.SEPARATE_UPDATES:
+        if fp.update == AFTER_BACKWARD:
             floor = ex.footprint(FLOOR)
             label = f"{display_name(record)} update (after the backward)"
             updates.setdefault(label, tm.update_ms(fp.update_traffic - floor.update_traffic, n))

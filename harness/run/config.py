@@ -72,7 +72,7 @@ class ModelConfig:
 class MethodConfig:
     """One training method: `name` picks the implementation, `options` are its own settings."""
 
-    name: str = MISSING  # a key of harness.run.methods.REGISTRY, or "package.module:Class"
+    name: str = MISSING  # a method of harness.run.methods.registry(), or "package.module:Class"
     label: str = MISSING  # unique within a sweep; by convention the conf/method file name
     lr: float = 1e-4
     options: dict[str, Any] = field(default_factory=dict)
@@ -448,17 +448,16 @@ def validate(cfg: DictConfig) -> None:
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "
-            + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
+            + ", ".join(n for n, c in methods.registry().items() if c.tensor_parallel)
         )
     _validate_data_parallel(cfg)
     _validate_chunked_head(cfg)
 
 
-CHUNKED_HEAD_REFUSED = ("fused_adamw_fp32grad", "adamw_in_backward_fp32grad")  # main_grad from lm_head's GEMM
-
-
 def _validate_chunked_head(cfg: DictConfig) -> None:
     """What `model.chunked_head` does not run with, refused before anything is built."""
+    from harness.run import methods
+
     if not cfg.model.chunked_head:
         return
     if cfg.model.chunked_loss:
@@ -473,8 +472,8 @@ def _validate_chunked_head(cfg: DictConfig) -> None:
         refused = "method.compile=true (the head's loss runs eagerly)"
     elif cfg.method.options.get("max_grad_norm") is not None:
         refused = "method.options.max_grad_norm (clipping needs every gradient before any update)"
-    elif cfg.method.name in CHUNKED_HEAD_REFUSED:
-        refused = f"method {cfg.method.label!r} (its main_grad comes from lm_head's own dW GEMM)"
+    elif (why := methods.get(cfg.method.name).refuses_chunked_head) is not None:
+        refused = f"method {cfg.method.label!r} ({why})"
     if refused:
         raise ConfigError(
             f"model.chunked_head=true does not run with {refused}; set model.chunked_head=false"
