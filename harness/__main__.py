@@ -65,12 +65,13 @@ examples:
 """
 
 LIST_HELP = f"""\
-usage: {PROG} list [GROUP ...]
+usage: {PROG} list [GROUP ...] [hydra.searchpath=[file://DIR]]
 
 Say what each experiment (conf/exp/), method (conf/method/), model (conf/model/), GPU
 (conf/gpu/) and launcher (conf/launcher/) is, one line each, and which method implementations a
 conf/method file can name. GROUP is one of: exp, method, model, gpu, launcher, implementation
-(default: all of them).
+(default: all of them). A hydra.searchpath override lists the configs of DIR's groups too, as a
+sweep given it composes them.
 
 examples:
   {PROG} list
@@ -146,16 +147,17 @@ def _rows(entries: dict[str, str]) -> list[str]:
 
 
 def cmd_list(argv: list[str]) -> int:
-    from harness.run.config import describe_choice, group_choices
+    from harness.run.config import SEARCH_PATH_OVERRIDE, describe_choice, group_choices
 
-    wanted = argv or [*LIST_GROUPS, "implementation"]
+    overrides = [a for a in argv if a.startswith(SEARCH_PATH_OVERRIDE)]
+    wanted = [a for a in argv if a not in overrides] or [*LIST_GROUPS, "implementation"]
     unknown = [g for g in wanted if g not in LIST_GROUPS and g != "implementation"]
     if unknown:
         print(f"{PROG} list: unknown group {unknown[0]!r}\n\n{LIST_HELP}", file=sys.stderr, end="")
         return 2
     blocks = []
     for group in (g for g in LIST_GROUPS if g in wanted):
-        entries = {name: describe_choice(group, name) for name in group_choices(group)}
+        entries = {name: describe_choice(group, name, overrides) for name in group_choices(group, overrides)}
         heading = f"{LIST_GROUPS[group]} (conf/{group}/, {LIST_HOW[group]}):"
         blocks.append("\n".join([heading, *_rows(entries)]))
     if "implementation" in wanted:

@@ -43,9 +43,9 @@ import math
 import time
 from pathlib import Path
 
-import forge
 import torch
 
+import forge
 from harness import results
 from harness.kernels import regress_suite
 from harness.kernels.layers import (

@@ -12,13 +12,18 @@ replayed from a CUDA graph. The full benchmark (`bench`), the regression check's
 
 from __future__ import annotations
 
-import forge
 import torch
+
+import forge
 
 LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
 QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
 MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
-TIMED_RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
+TIMED_RULES = {
+    "adamw": dict(lr=1e-4, weight_decay=0.01),
+    "lion": dict(lr=1e-5),
+    "sgd": dict(lr=1e-3, momentum=0.9),
+}
 
 
 def timed_rules() -> tuple[str, ...]:

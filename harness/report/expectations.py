@@ -21,21 +21,56 @@ and can hide even that under the weight-gradient GEMM. So the best FORGE can do 
 of 'no optimizer' (forward + backward alone), and fused AdamW's best is that plus its update
 traffic over the copy bandwidth.
 
-The ceilings are H200 figures measured on the machines behind these results: 790-814 TFLOP/s bf16
-matmul and 4.25-4.29 TB/s device copy; we use 800 TFLOP/s and 4.27 TB/s.
+The ceilings are those measured on the card the records ran on, as its conf/gpu file states them
+(`matmul_tflops`, `copy_tbps`; `ceilings`): for the H200, 800 TFLOP/s and 4.27 TB/s.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from harness.points import options_dict
-from harness.run import methods
+from harness.run import gpus, methods
 from harness.run.methods.footprint import DTYPE_BYTES, Footprint
 
 GIB = 2**30
-H200_MATMUL_FLOPS = 800e12
-H200_COPY_BYTES_PER_S = 4.27e12
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The rates a step's floors are drawn at: a card's measured bf16 matmul and device copy."""
+
+    gpu: str  # how text names the card ("H200")
+    matmul_tflops: float
+    copy_tbps: float
+
+    @property
+    def matmul_flops(self) -> float:
+        return float(round(self.matmul_tflops * 1e12))  # whole FLOP/s: 4.27 * 1e12 is off by an ulp
+
+    @property
+    def copy_bytes_per_s(self) -> float:
+        return float(round(self.copy_tbps * 1e12))
+
+    @property
+    def rates(self) -> str:
+        """The two rates as text: "800 TFLOP/s, 4.27 TB/s"."""
+        return f"{self.matmul_tflops:g} TFLOP/s, {self.copy_tbps:g} TB/s"
+
+
+def ceilings(records: Iterable[Mapping[str, Any]]) -> Ceilings | None:
+    """The ceilings of the card the records ran on (`gpus.ran_on`: its conf/gpu file, or the copy a
+    record keeps), the card most of them ran on where several did; None where no record ran on a
+    card whose ceilings are known (CPU points, a card without measured ceilings)."""
+    found: Counter[Ceilings] = Counter()
+    for record in records:
+        kind = gpus.ran_on(record)
+        if kind is not None and kind.matmul_tflops is not None and kind.copy_tbps is not None:
+            found[Ceilings(gpus.title(kind), float(kind.matmul_tflops), float(kind.copy_tbps))] += 1
+    return found.most_common(1)[0][0] if found else None
 
 
 def footprint(method: str, options: Any = None, master_weights: Any = None) -> Footprint | None:
@@ -52,14 +87,15 @@ def static_gib(fp: Footprint, n_params: float) -> float:
     return fp.total * n_params / GIB
 
 
-def update_floor_ms(fp: Footprint, n_params: float, bandwidth: float = H200_COPY_BYTES_PER_S) -> float:
-    """Least time the optimizer update's memory traffic takes, in ms."""
-    return fp.update_traffic * n_params / bandwidth * 1e3
+def update_floor_ms(fp: Footprint, n_params: float, ceilings: Ceilings) -> float:
+    """Least time the optimizer update's memory traffic takes at the copy rate, in ms."""
+    return fp.update_traffic * n_params / ceilings.copy_bytes_per_s * 1e3
 
 
 def compute_floor_ms(
-    n_params: float, tokens: float, checkpointing: bool = False, flops: float = H200_MATMUL_FLOPS
+    n_params: float, tokens: float, ceilings: Ceilings, checkpointing: bool = False
 ) -> float:
-    """Least time the step's matrix work takes (6 or 8 FLOPs per parameter per token), in ms."""
+    """Least time the step's matrix work takes (6 or 8 FLOPs per parameter per token) at the matmul
+    rate, in ms."""
     per_token = 8.0 if checkpointing else 6.0
-    return per_token * n_params * tokens / flops * 1e3
+    return per_token * n_params * tokens / ceilings.matmul_flops * 1e3

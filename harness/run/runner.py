@@ -25,12 +25,10 @@ import torch
 from omegaconf import DictConfig
 
 from harness import results
-from harness.run import chunked_loss, data_parallel, env, measure, methods, models, peak_pools
+from harness.run import chunked_loss, data_parallel, env, gpus, measure, methods, models, peak_pools
 from harness.run import config as config_mod
 from harness.run.measure import GIB, gib
 
-# Dense bf16 tensor-core peaks (TFLOP/s) for MFU, by a substring of the GPU's name.
-PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 SNAPSHOT_ELEMENTS = 4096  # per parameter, to check that it moved
 
 
@@ -46,11 +44,12 @@ def resolve_device(requested: str) -> str:
 
 
 def peak_tflops(cfg: DictConfig, gpu_name: str | None) -> float | None:
-    """The dense bf16 peak of all the GPUs a point uses (`gpus` of them under tensor parallelism)."""
-    if cfg.gpu.peak_tflops is not None:
-        return float(cfg.gpu.peak_tflops) * cfg.gpus
-    one = next((v for k, v in PEAK_TFLOPS.items() if gpu_name and k in gpu_name), None)
-    return None if one is None else one * cfg.gpus
+    """The dense bf16 peak of all the GPUs a point uses (`gpus` of them under tensor parallelism):
+    its card's `gpu.peak_tflops`, or, for an emulated card (a memory cap on a larger one), that of
+    the card it runs on, recognized by its name among conf/gpu's kinds."""
+    card = cfg.gpu if cfg.gpu.memory_cap_gib is None else gpus.recognize(gpu_name)
+    one = None if card is None else card.peak_tflops
+    return None if one is None else float(one) * cfg.gpus
 
 
 def point_config(cfg: DictConfig) -> dict[str, Any]:
