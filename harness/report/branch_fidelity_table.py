@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 from harness.points import display_name, latest_by_key, seed_of
 from harness.records import Record, is_branched
-from harness.report.convergence_table import _order
+from harness.report.convergence_table import row_order
 from harness.report.fidelity_table import (
     MIN_SEEDS,
     TARGET_NATS,
@@ -119,7 +119,7 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
     bf16_controls: set[tuple] = set()  # fp32 masters under bf16 autocast
     for record in latest_by_key(runs).values():
         for phase, values in branch_deviations(record).items():
-            key = (str(record.get("sweep")), str(record.get("model")), phase, _order(record))
+            key = (str(record.get("sweep")), str(record.get("model")), phase, row_order(record))
             seeds.setdefault(key, {}).setdefault(seed_of(record), []).extend(values)
             labels[key] = display_name(record)
             if _is_control(record):
@@ -196,7 +196,7 @@ def branch_fidelity_by_start(records: Sequence[Record]) -> Selection | None:
     labels: dict[tuple, str] = {}
     for record in latest_by_key(runs).values():
         for (phase, start), values in deviations_by_start(record).items():
-            key = (str(record.get("sweep")), str(record.get("model")), phase, start, _order(record))
+            key = (str(record.get("sweep")), str(record.get("model")), phase, start, row_order(record))
             draws.setdefault(key, []).extend(values)
             labels[key] = display_name(record)
     rows = []

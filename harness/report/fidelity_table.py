@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from harness import points
 from harness.points import display_name
 from harness.records import HELDOUT_FIELDS, Record, is_branched, is_convergence
-from harness.report.convergence_table import _order, curve, groups_of, phases_of, reference_of
+from harness.report.convergence_table import curve, groups_of, phases_of, reference_of, row_order
 from harness.report.markup import NONE, Table
 from harness.report.tables import Selection
 
@@ -102,14 +102,14 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
                 deviation = heldout_deviation(record, reference, start, end)
                 if deviation is None:
                     continue
-                key = (sweep, model, phase, _order(record))
+                key = (sweep, model, phase, row_order(record))
                 by_seed.setdefault(key, {})[seed] = deviation
                 labels[key] = display_name(record)
                 if _is_control(record, arithmetic):
                     controls.add(key)
                 paired = None if twin is None else heldout_deviation(record, twin, start, end)
                 if paired is not None:
-                    key = (sweep, model, phase, _order(record) + (" vs bf16",))
+                    key = (sweep, model, phase, row_order(record) + (" vs bf16",))
                     by_seed.setdefault(key, {})[seed] = paired
                     labels[key] = f"{display_name(record)} - {display_name(twin)}"
                     pairs.add(key)

@@ -46,9 +46,9 @@ from harness.report.tables import (
     Notes,
     Row,
     Selection,
-    _ok,
-    _step_median,
+    ok,
     render_rows,
+    step_median,
 )
 from harness.run.methods.footprint import AFTER_BACKWARD
 
@@ -177,7 +177,7 @@ COL_STEP_MODE = Col("Step", lambda r: "graphed" if graphed(r.record) else "eager
 COL_AC = Col(
     "Act. ckpt", lambda r: "on" if r.record.get("activation_checkpointing") else "off", "l", measured=False
 )
-COL_STEP_MS = Col("Step ms (median)", lambda r: fmt_ms(_step_median(r.record)))
+COL_STEP_MS = Col("Step ms (median)", lambda r: fmt_ms(step_median(r.record)))
 COL_PEAK = Col("Peak alloc GiB", lambda r: fmt_gib(_float(r.record.get("peak_alloc_gib"))))
 
 
@@ -194,9 +194,9 @@ def _floor_cell(row: Row, value: Any) -> str:
     floor = row.ref
     if floor is None:
         return NONE + " " + row.notes.mark(FLOOR_MISSING)
-    if not _ok(floor):
+    if not ok(floor):
         return f"floor {_status(floor)}"
-    mine, base = _step_median(row.record), _step_median(floor)
+    mine, base = step_median(row.record), step_median(floor)
     return NONE if mine is None or not base else value(mine, base)
 
 
@@ -284,8 +284,8 @@ def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
             label, Series(label, is_graphed, linestyle="-" if is_graphed else "-.")
         )
         floor = _twin(record, chosen, FLOOR)
-        base = _step_median(floor) if floor is not None and _ok(floor) else None
-        mine = _step_median(record) if _ok(record) else None
+        base = step_median(floor) if floor is not None and ok(floor) else None
+        mine = step_median(record) if ok(record) else None
         value = mine / base if mine is not None and base else None
         series.points.append((tokens(record), value, None if value is not None else _status(record)))
         predicted = _prediction(record, chosen, c) if is_graphed else None
@@ -397,7 +397,7 @@ def _saving_cell(row: Row) -> str:
     ref = row.ref
     if ref is None:
         return NONE
-    if not _ok(ref):
+    if not ok(ref):
         return f"ref {_status(ref)}"
     mine, base = _float(row.record.get("peak_alloc_gib")), _float(ref.get("peak_alloc_gib"))
     return NONE if mine is None or base is None else fmt_gib(base - mine)
@@ -457,7 +457,7 @@ def peak_series(records: Sequence[Record]) -> dict[tuple, dict[bool, list[Series
         by_label = out.setdefault(group_of(record), {}).setdefault(ac, {})
         series = by_label.setdefault(display_name(record), Series(display_name(record), graphed(record)))
         likes.setdefault(id(series), record)
-        value = _float(record.get("peak_alloc_gib")) if _ok(record) else None
+        value = _float(record.get("peak_alloc_gib")) if ok(record) else None
         series.points.append((tokens(record), value, None if value is not None else _status(record)))
     for by_ac in out.values():
         for by_label in by_ac.values():
@@ -481,7 +481,7 @@ def largest_ok(points: Sequence[Record]) -> tuple[Record | None, Record | None]:
     ooms = [r for r in ordered if r.get("status") == "oom"]
     first_oom = ooms[0] if ooms else None
     limit = tokens(first_oom) if first_oom else None
-    fits = [r for r in ordered if _ok(r) and (limit is None or tokens(r) < limit)]
+    fits = [r for r in ordered if ok(r) and (limit is None or tokens(r) < limit)]
     return (fits[-1] if fits else None), first_oom
 
 
