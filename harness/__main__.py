@@ -110,6 +110,7 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_run(argv: list[str]) -> int:
     from harness import results
     from harness.run import env, grid, hardware, local, sweep
+    from harness.run import record as point_record
     from harness.run.config import compose_config
     from harness.run.summary import summary_table
 
@@ -118,7 +119,7 @@ def cmd_run(argv: list[str]) -> int:
     hardware.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
     point = grid.make_point(overrides)
     path = sweep.results_path(cfg)
-    record = {**local.run_isolated(point, env.git_info()), **local.job_fields("local")}
+    record = {**local.run_isolated(point, env.git_info()), **point_record.job_fields("local")}
     results.append(path, record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "env", "losses")}, indent=1))
     print(summary_table([record], path))

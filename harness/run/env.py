@@ -57,6 +57,15 @@ def _stamped_commit(stamp: Path) -> dict[str, Any]:
     }
 
 
+def resolve_device(requested: str) -> str:
+    """'auto' becomes 'cuda' when torch sees a GPU, else 'cpu'; any other device as given."""
+    if requested == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
 def gpu_info() -> dict[str, Any]:
     """GPU name, count and driver from NVML; None values on a machine without NVIDIA GPUs."""
     try:

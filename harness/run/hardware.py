@@ -111,11 +111,11 @@ _n_params: dict[tuple[str, str | None], int | None] = {}
 def _memory_problem(cfg: DictConfig, here: dict[str, Any]) -> str | None:
     """Why the point's model cannot fit here: its weights alone exceed the memory it would use
     (the GPU's, or its cap; the host's on a CPU). Every method holds at least the weights."""
-    from harness.run import models
+    from harness.run.architecture import n_params_of  # transformers: only when a model is sized
 
     key = (cfg.model.name, cfg.model.path)
     if key not in _n_params:
-        _n_params[key] = models.n_params_of(cfg.model)
+        _n_params[key] = n_params_of(cfg.model)
     n = _n_params[key]
     if n is None:  # a checkpoint: its size would have to be read
         return None

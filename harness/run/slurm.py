@@ -52,7 +52,8 @@ from harness.run.env import REPO
 from harness.run.errors import ConfigError
 from harness.run.grid import Point
 from harness.run.hardware import hardware_problem
-from harness.run.local import crash_record, job_fields, run_here
+from harness.run.local import crash_record, run_here
+from harness.run.record import job_fields
 
 PREEMPTION_RETRIES = 1  # a preempted job is submitted again this many times
 POLL_S = {"slurm": 10.0, "local": 1.0, "debug": 0.0}  # how often the finished jobs are looked for

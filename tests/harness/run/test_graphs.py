@@ -9,7 +9,7 @@ import pytest
 from harness.points import reference_index, reference_key
 from harness.records import load_records, split_kinds
 from harness.report.tables import _reference_capacity, t1_llama
-from harness.run import grid, methods, runner, sweep
+from harness.run import grid, methods, record, runner, sweep
 from harness.run.config import ConfigError, compose_config
 from tests.harness import FIXTURES
 
@@ -58,8 +58,8 @@ def test_only_capturable_methods_say_so():
 
 def test_method_options_record_cuda_graph_only_when_on():
     """Old records have no `cuda_graph` key: an eager point must keep matching them."""
-    eager = runner.base_record(compose_config([*TINY, "method=fused_adamw"]), "p", "cpu")
-    graphed = runner.base_record(compose_config([*TINY, "method=fused_adamw_graph"]), "p", "cpu")
+    eager = record.for_point(compose_config([*TINY, "method=fused_adamw"]), "p", "cpu").to_json()
+    graphed = record.for_point(compose_config([*TINY, "method=fused_adamw_graph"]), "p", "cpu").to_json()
     assert "cuda_graph" not in eager["method_options"]
     assert graphed["method_options"] == {**eager["method_options"], "cuda_graph": True}
 
