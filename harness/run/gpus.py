@@ -67,13 +67,15 @@ def of_record(record: Mapping[str, Any]) -> GpuConfig | None:
     (a kernel record) is of the kind its `gpu_name` is."""
     config = record.get("config")
     kept = config.get("gpu") if isinstance(config, Mapping) else None
-    kept = kept if isinstance(kept, Mapping) else {}
+    known = {f.name for f in fields(GpuConfig)}
+    kept = (
+        {k: v for k, v in kept.items() if k in known and v is not None} if isinstance(kept, Mapping) else {}
+    )
     name = record.get("gpu") or kept.get("name")
     kind = _load(str(name)) if name else recognize(record.get("gpu_name"))
-    if kind is None:
-        return None
-    known = {f.name for f in fields(GpuConfig)}
-    return replace(kind, **{k: v for k, v in kept.items() if k in known and v is not None})
+    if kind is None:  # a kind whose file is not here: what the record keeps of it, if anything
+        return GpuConfig(**kept) if "name" in kept else None
+    return replace(kind, **kept)
 
 
 def ran_on(record: Mapping[str, Any]) -> GpuConfig | None:
