@@ -269,6 +269,33 @@ def test_no_module_imports_a_private_name_of_another():
     assert found == []
 
 
+def _forge_imports(lab: bool) -> set[str]:
+    """The forge modules the kernel lab's modules (or, `lab` false, all the others) import from."""
+    found = set()
+    for module, tree in TREES.items():
+        if module.startswith("harness.kernels") != lab:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.split(".")[0] == "forge"}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "forge":
+                found.add(node.module)
+    return found
+
+
+def test_the_kernel_lab_imports_exactly_the_forge_modules_it_names():
+    from harness.kernels import FORGE_MODULES
+
+    assert _forge_imports(lab=True) == set(FORGE_MODULES)
+
+
+def test_the_rest_of_the_harness_imports_forge_public_modules():
+    """Outside the kernel lab: `forge` (attach, RULES, the storage lists, torch_optimizer), and the
+    documented modules forge.head (the chunked loss), forge.fp8 (which layers take FP8) and
+    forge.data_parallel (the reducer's MAX_IN_FLIGHT)."""
+    assert _forge_imports(lab=False) <= {"forge", "forge.head", "forge.fp8", "forge.data_parallel"}
+
+
 def _imports(module: str, tree: ast.Module) -> set[str]:
     """The harness modules `module` imports anywhere in it, and the packages each import loads."""
     named = set()
