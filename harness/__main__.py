@@ -65,12 +65,13 @@ examples:
 """
 
 LIST_HELP = f"""\
-usage: {PROG} list [GROUP ...]
+usage: {PROG} list [GROUP ...] [hydra.searchpath=[file://DIR]]
 
 Say what each experiment (conf/exp/), method (conf/method/), model (conf/model/), GPU
 (conf/gpu/) and launcher (conf/launcher/) is, one line each, and which method implementations a
 conf/method file can name. GROUP is one of: exp, method, model, gpu, launcher, implementation
-(default: all of them).
+(default: all of them). A hydra.searchpath override lists the configs of DIR's groups too, as a
+sweep given it composes them.
 
 examples:
   {PROG} list
@@ -109,6 +110,7 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_run(argv: list[str]) -> int:
     from harness import results
     from harness.run import env, grid, hardware, local, sweep
+    from harness.run import record as point_record
     from harness.run.config import compose_config
     from harness.run.summary import summary_table
 
@@ -117,7 +119,7 @@ def cmd_run(argv: list[str]) -> int:
     hardware.check_hardware([cfg], _overrides(argv), env.machine(), verb="run")  # before any work
     point = grid.make_point(overrides)
     path = sweep.results_path(cfg)
-    record = {**local.run_isolated(point, env.git_info()), **local.job_fields("local")}
+    record = {**local.run_isolated(point, env.git_info()), **point_record.job_fields("local")}
     results.append(path, record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "env", "losses")}, indent=1))
     print(summary_table([record], path))
@@ -146,23 +148,25 @@ def _rows(entries: dict[str, str]) -> list[str]:
 
 
 def cmd_list(argv: list[str]) -> int:
-    from harness.run.config import describe_choice, group_choices
+    from harness.run.config import SEARCH_PATH_OVERRIDE, describe_choice, group_choices
 
-    wanted = argv or [*LIST_GROUPS, "implementation"]
+    overrides = [a for a in argv if a.startswith(SEARCH_PATH_OVERRIDE)]
+    wanted = [a for a in argv if a not in overrides] or [*LIST_GROUPS, "implementation"]
     unknown = [g for g in wanted if g not in LIST_GROUPS and g != "implementation"]
     if unknown:
         print(f"{PROG} list: unknown group {unknown[0]!r}\n\n{LIST_HELP}", file=sys.stderr, end="")
         return 2
     blocks = []
     for group in (g for g in LIST_GROUPS if g in wanted):
-        entries = {name: describe_choice(group, name) for name in group_choices(group)}
+        entries = {name: describe_choice(group, name, overrides) for name in group_choices(group, overrides)}
         heading = f"{LIST_GROUPS[group]} (conf/{group}/, {LIST_HOW[group]}):"
         blocks.append("\n".join([heading, *_rows(entries)]))
     if "implementation" in wanted:
-        from harness.run.methods import SUMMARIES
+        from harness.run.methods import registry
 
         heading = "method implementations (the `name:` of a conf/method file):"
-        blocks.append("\n".join([heading, *_rows(SUMMARIES)]))
+        summaries = {name: cls.summary or "(no summary given)" for name, cls in registry().items()}
+        blocks.append("\n".join([heading, *_rows(summaries)]))
     print("\n\n".join(blocks))
     return 0
 

@@ -8,8 +8,9 @@ both match records by this key, so it lives in one place.
 `method_options` arrives as a dict (or None, or already a string); it is turned into a canonical
 string (sorted JSON) so that equal options compare equal and sort the same way on every run.
 
-Methods are listed in a fixed order (the baseline first, the floor and FORGE last) so that tables
-and plots come out in the same order however the results files were written.
+Methods are listed in the order each declares (`Method.order`: the baseline first, the floor and
+FORGE last) and named by their `title`, so that tables and plots come out in the same order however
+the results files were written.
 
 A method's ratios compare it with fused AdamW of the same sweep and configuration whose step runs
 the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not, compiled or not,
@@ -23,6 +24,8 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from harness.run import methods
 
 CONFIG_FIELDS = (
     "method",
@@ -50,32 +53,6 @@ OPTIONS_ADDED_LATER = {"forge": {"int8_group": 64, "update_stream": False, "debu
 
 # Methods recorded under another name before they got their registry name: keyed as the new one.
 METHOD_ALIASES = {"harness.methods.torch_rule:TorchRule": "torch_rule"}
-
-METHOD_ORDER = (
-    "fused_adamw",
-    "fused_adamw_fp32grad",
-    "adamw_in_backward",
-    "adamw_in_backward_fp32grad",
-    "flashoptim",
-    "adamw8bit_bnb",
-    "adamw8bit_torchao",
-    "lomo",
-    "no_optimizer",
-    "forge",
-)
-
-METHOD_NAMES = {
-    "fused_adamw": "fused AdamW",
-    "fused_adamw_fp32grad": "fused AdamW, fp32 gradients",
-    "adamw_in_backward": "AdamW in backward",
-    "adamw_in_backward_fp32grad": "AdamW in backward, fp32 gradients",
-    "flashoptim": "FlashOptim",
-    "adamw8bit_bnb": "bnb AdamW8bit",
-    "adamw8bit_torchao": "torchao AdamW8bit",
-    "lomo": "LOMO",
-    "no_optimizer": "no optimizer",
-    "forge": "FORGE",
-}
 
 
 def missing(value: Any) -> bool:
@@ -110,7 +87,8 @@ def options_key(options: Any) -> str:
 
 def method_label(method: str, options: Any = None) -> str:
     """Readable method name with its options, e.g. 'FORGE (state_dtype=int8)'."""
-    name = METHOD_NAMES.get(method, method)
+    known = methods.registry().get(method)
+    name = known.display_title() if known is not None else method
     opts = options_dict(options)
     if not opts:
         return name
@@ -146,10 +124,11 @@ def _short(value: Any) -> str:
 
 
 def method_rank(method: str) -> tuple[int, str]:
-    """Sort key that puts methods in METHOD_ORDER, unknown ones after, by name."""
-    if method in METHOD_ORDER:
-        return (METHOD_ORDER.index(method), "")
-    return (len(METHOD_ORDER), str(method))
+    """Sort key that puts methods in their declared order (`Method.order`), unknown ones after, by name."""
+    known = list(methods.registry())
+    if method in known:
+        return (known.index(method), "")
+    return (len(known), str(method))
 
 
 def _plain(value: Any) -> Any:
@@ -189,7 +168,7 @@ def seed_of(record: Mapping[str, Any]) -> int:
 
 
 def sort_key(key: tuple) -> tuple:
-    """Total order over config keys (None sorts first, methods in METHOD_ORDER)."""
+    """Total order over config keys (None sorts first, methods in their declared order)."""
     out = []
     for field, value in zip(CONFIG_FIELDS, key):
         if field == "method":

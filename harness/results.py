@@ -1,10 +1,10 @@
 """Results records: the JSONL row format, atomic appends and one-call loading.
 
-One sweep point gives one record, one JSON object on one line of `results/<sweep>.jsonl`. The
-field names in `FIELDS` are fixed (docs/harness.md lists them; the report and the regression
-checker read them); a record may carry more fields, never fewer. Units are in the names: `_ms`
-is milliseconds, `_gib` is GiB (2**30 bytes). A figure that could not be measured is `None`
-(null), never a made-up zero.
+One sweep point gives one record, one JSON object on one line of `results/<sweep>.jsonl`. `Record`
+declares its fields, typed, and `SCHEMA_VERSION`; their names (`FIELDS`) are fixed (docs/harness.md
+lists them; the report and the regression checker read them); a record may carry more fields
+(`OPTIONAL_FIELDS`), never fewer. Units are in the names: `_ms` is milliseconds, `_gib` is GiB
+(2**30 bytes). A figure that could not be measured is `None` (null), never a made-up zero.
 
 Writing is crash-safe: `append` takes an exclusive lock, writes one whole line, flushes and
 fsyncs, so a killed sweep leaves at worst one truncated last line. Reading tolerates that line:
@@ -24,6 +24,7 @@ import logging
 import math
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,84 +36,157 @@ SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "oom", "error", "diverged", "unavailable")
 
-# The fixed fields every record carries, in this order (other tools read them by these names).
-DESIGN_FIELDS = (
-    "schema",
-    "sweep",
-    "point",
-    "time",
-    "status",
-    "error",
-    "method",
-    "method_options",
-    "model",
-    "n_params",
-    "batch_size",
-    "seq_len",
-    "activation_checkpointing",
-    "gpu_name",
-    "gpu_count",
-    "memory_cap_gib",
-    "env",
-    "steps",
-    "warmup_steps",
-    "step_time_ms_median",
-    "step_time_ms_min",
-    "step_time_ms_p90",
-    "tokens_per_s",
-    "mfu",
-    "peak_alloc_gib",
-    "peak_reserved_gib",
-    "peak_nvml_gib",
-    "weights_gib",
-    "grads_gib",
-    "optimizer_state_gib",
-    "activations_gib",
-    "loss_first",
-    "loss_last",
-)
 
-# Fields this harness adds; same rules (units in names, null when not measured).
-EXTRA_FIELDS = (
-    "method_label",  # the conf/method file the point used, unique within a sweep ("forge_int8")
-    "master_weights",  # precision of the weights the update is applied to ("bf16", "fp32", "bf16+8")
-    "emulated",  # True when gpu= emulates a smaller card with a memory cap
-    "cuda_alloc_conf",  # PYTORCH_CUDA_ALLOC_CONF of the point's process (None: torch's default)
-    "gpu",  # the conf/gpu choice ("h200", "a100_40gb", "cpu")
-    "device",  # "cuda" or "cpu"
-    "dtype",  # dtype of the model weights
-    "sweep_mode",  # "grid" or "capacity"
-    "concurrent_points",  # points of the sweep sharing the GPU at once (>1: losses only, no timing)
-    "step_times_ms",  # every timed step (warm-up dropped), in order
-    "losses",  # loss of every step, warm-up included
-    "params_moved_frac",  # fraction of trainable parameter tensors that changed
-    "nvml_baseline_gib",  # device memory in use before this point's process touched CUDA
-    "forward_end_alloc_gib",  # allocated when the forward returns (largest over steps; static + saved)
+@dataclass
+class Record:
+    """One record: every field of the schema, typed, in the order a results line writes them.
+
+    A field is None until set, and stays None where it could not be measured. The first fields,
+    `schema` to `loss_last`, are the design's (other tools read them by these names); the rest are
+    this harness's. `extra` holds the fields beyond the schema: those a kind of record adds
+    (`OPTIONAL_FIELDS`: a convergence run's curves, a multi-GPU point's per-rank peaks) and, in a
+    record read from a file, whatever another version of the harness wrote there. `set` refuses a
+    name that is neither, so a record carries no field that is not declared here.
+    Making a sweep point's record is `harness.run.record`'s job."""
+
+    schema: int = SCHEMA_VERSION
+    sweep: str | None = None
+    point: str | None = None  # the point's id (harness.run.grid.point_id): the key a sweep resumes on
+    time: str | None = None  # when the point started, UTC, ISO 8601 to the second
+    status: str | None = None  # one of STATUSES
+    error: str | None = None  # the message, or why the method could not run (None when ok)
+    method: str | None = None  # the implementation (`forge`)
+    method_options: dict[str, Any] | None = None  # lr and every option, defaults filled in
+    model: str | None = None
+    n_params: int | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    activation_checkpointing: bool | None = None
+    gpu_name: str | None = None  # as NVML names the card ("NVIDIA H200"); None on a CPU
+    gpu_count: int | None = None  # GPUs the point used (0 on a CPU)
+    memory_cap_gib: float | None = None
+    env: dict[str, Any] | None = None  # versions, driver, GPU, git commit (harness.run.env.collect)
+    steps: int | None = None
+    warmup_steps: int | None = None
+    step_time_ms_median: float | None = None
+    step_time_ms_min: float | None = None
+    step_time_ms_p90: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None  # model FLOP utilization, a fraction of `peak_tflops`
+    peak_alloc_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    peak_nvml_gib: float | None = None
+    weights_gib: float | None = None
+    grads_gib: float | None = None  # modelled (Method.gradient_bytes)
+    optimizer_state_gib: float | None = None
+    activations_gib: float | None = None  # the peak less the other three
+    loss_first: float | None = None
+    loss_last: float | None = None
+    # this harness's fields; same rules (units in names, None when not measured)
+    # the conf/method file the point used, unique within a sweep ("forge_int8")
+    method_label: str | None = None
+    # precision of the weights the update is applied to ("bf16", "fp32", "bf16+8")
+    master_weights: str | None = None
+    emulated: bool | None = None  # True when gpu= emulates a smaller card with a memory cap
+    # PYTORCH_CUDA_ALLOC_CONF of the point's process (None: torch's default)
+    cuda_alloc_conf: str | None = None
+    gpu: str | None = None  # the conf/gpu choice ("h200", "a100_40gb", "cpu")
+    device: str | None = None  # "cuda" or "cpu"
+    dtype: str | None = None  # dtype of the model weights
+    sweep_mode: str | None = None  # "grid" or "capacity"
+    # points of the sweep sharing the GPU at once (>1: losses only, no timing)
+    concurrent_points: int | None = None
+    step_times_ms: list[float] | None = None  # every timed step (warm-up dropped), in order
+    losses: list[float] | None = None  # loss of every step, warm-up included
+    params_moved_frac: float | None = None  # fraction of trainable parameter tensors that changed
+    nvml_baseline_gib: float | None = None  # device memory in use before this point's process touched CUDA
+    forward_end_alloc_gib: float | None = None  # allocated when the forward returns (largest over steps)
     # measure.peak_pools: the memory at the peak of one more, recorded, step (harness.run.peak_pools):
-    "peak_pools_gib",  # {weights, states, gradients, activations, other}, from the allocator's record
-    "peak_pools_phase",  # where that peak fell: "forward", "backward", "after backward"
-    "peak_pools_alloc_gib",  # the allocator's own peak over that step (the pools' total, rounded up)
-    "peak_tflops",  # the per-GPU peak used for mfu
+    peak_pools_gib: dict[str, float] | None = None  # {weights, states, gradients, activations, other}
+    peak_pools_phase: str | None = None  # where that peak fell: "forward", "backward", "after backward"
+    peak_pools_alloc_gib: float | None = None  # the allocator's own peak over that step (rounded up)
+    peak_tflops: float | None = None  # the dense bf16 peak mfu is of: one GPU's (gpu.peak_tflops) x gpus
     # the mask the model's SDPA attention got: "is_causal" (none: SDPA's causal flag, for the harness's
     # whole-sequence batches, harness.run.models); absent from records made before the harness set it,
     # whose captured and compiled steps ran with transformers' full causal mask
-    "attention_mask",
-    "notes",  # list of remarks the method or runner made (fallbacks, caveats)
-    "config",  # the full resolved config of the point (its `launcher` aside)
-    "launcher",  # how the point was started: "local", "slurm", or submitit's "local"/"debug" executors
+    attention_mask: str | None = None
+    notes: list[str] | None = None  # remarks the method or runner made (fallbacks, caveats)
+    config: dict[str, Any] | None = None  # the full resolved config of the point (its `launcher` aside)
+    # how the point was started: "local", "slurm", or submitit's "local"/"debug" executors
     # ("submitit-local", "submitit-debug")
-    "slurm_job_id",  # the Slurm job (array jobs: ARRAY_TASK) that ran it; None when run locally
-    "node",  # the hostname of the machine the point ran on
+    launcher: str | None = None
+    # the Slurm job (array jobs: ARRAY_TASK) that ran it; None when run locally
+    slurm_job_id: str | None = None
+    node: str | None = None  # the hostname of the machine the point ran on
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def set(self, **values: Any) -> Record:
+        """Set fields by name (a schema field, or one of `OPTIONAL_FIELDS`); returns the record."""
+        for name, value in values.items():
+            if name in _FIELD_SET:
+                setattr(self, name, value)
+            elif name in OPTIONAL_FIELDS:
+                self.extra[name] = value
+            else:
+                raise KeyError(
+                    f"{name!r} is not a record field: declare it in harness.results (a field of Record, "
+                    "or OPTIONAL_FIELDS with what it means)"
+                )
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as its results line holds it: the schema's fields in order, then the extra ones."""
+        return {**{name: getattr(self, name) for name in FIELDS}, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        """A record from a results line (or a worker's file): a field it lacks is None, and a field
+        the schema does not know goes to `extra` as it is (a line of another version still loads)."""
+        known = {k: v for k, v in data.items() if k in _FIELD_SET}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in _FIELD_SET})
+
+
+FIELDS = tuple(f.name for f in fields(Record) if f.name != "extra")
+_FIELD_SET = frozenset(FIELDS)
+
+# Per-GPU peaks of a multi-GPU point: the record keeps the largest rank's, and each rank's in
+# `<field>_per_rank` (harness.run.record.merge_ranks).
+PEAK_FIELDS = (
+    "peak_alloc_gib",
+    "peak_reserved_gib",
+    "peak_nvml_gib",
+    "activations_gib",
+    "forward_end_alloc_gib",
 )
 
-FIELDS = DESIGN_FIELDS + EXTRA_FIELDS
+# Fields beyond the schema that a kind of record adds, and what each means.
+OPTIONAL_FIELDS = {
+    "chunked_loss": "the loss in chunks of tokens (model.chunked_loss): every step record says",
+    "chunked_head": "lm_head and the loss in chunks of the vocabulary (model.chunked_head): when on",
+    "convergence_reference": "a convergence point: whether its method is the run's reference",
+    # a convergence run (harness.run.convergence)
+    "heldout_steps": "the steps the held-out loss was taken at",
+    "heldout_losses": "the held-out loss at each of them",
+    "heldout_by_corpus": "{corpus: {steps, losses}}: the held-out loss per corpus",
+    "phases": "the run's phases (corpus, steps, learning rate)",
+    "tokens_trained": "tokens the run trained on",
+    "data": "the text it trained on: python, vocab_size and each file's SHA-256",
+    # a branched fidelity run (harness.run.branches)
+    "branches": "each branch from the reference: its start, losses and distances",
+    "branch_steps": "steps a branch runs",
+    "reference_losses": "the reference trajectory's losses",
+    "reference": "the folder of the reference trajectory",
+    # a point of several processes (torchrun: harness.run.launch)
+    "rank": "the process's rank (a rank's own record)",
+    "world_size": "processes the point ran in",
+    "ranks_reported": "ranks whose record the merged one was made from",
+    **{f"{name}_per_rank": f"{name} of each rank (the record keeps the largest)" for name in PEAK_FIELDS},
+}
 
 
 def empty_record() -> dict[str, Any]:
     """A record with every field present and unset (None), `schema` filled in."""
-    record: dict[str, Any] = dict.fromkeys(FIELDS)
-    record["schema"] = SCHEMA_VERSION
-    return record
+    return Record().to_json()
 
 
 def _json_safe(value: Any) -> Any:

@@ -20,6 +20,26 @@
     tp_exactness      tensor-parallel FORGE against torch.optim at a real size (2 GPUs, torchrun)
 
 Each tool is a module with a `main` (or a `--flag` of bench); README.md in this folder says what
-each answers. The lab uses forge's public API only (`forge`, `forge.kernels`), like the rest of the
-harness.
+each answers.
+
+What the lab reads of forge. It builds, times and compiles forge's kernels one at a time, so beyond
+forge's public API (`forge`, as the rest of the harness uses it) it reaches the modules that hold
+them and their launch path, and only these (`FORGE_MODULES`; a test checks every import of the
+lab against it, and that none imports a name forge keeps private, one starting with `_`): a
+change to one of them is a change the lab follows.
 """
+
+FORGE_MODULES = (
+    "forge",  # attach, ForgeOptimizer, RULES, STATE_DTYPES, state_bytes, fp8, functional
+    "forge.rules",  # get_rule, resolve_hparams: a rule's kernel coefficients (launch_breakdown)
+    "forge.functional",  # the fused and element-wise launches, the dW norm (clip_norms)
+    "forge.clip",  # GlobalNormClip, gram, norm_method: the ways of taking a dW norm (clip_norms)
+    "forge.distributed",  # local, save_optimizer, load_optimizer (tp_exactness)
+    "forge.kernels",  # the kernels, KernelConfig, pick_config, configs, the epilogue's arguments
+    "forge.kernels.launch",  # FP_FUSION: the compile options every launch passes (build)
+    "forge.kernels.update_tile",  # slot_arguments, step_arguments (overlap)
+    "forge.kernels.wgrad_tile",  # tile_origin (overlap's probe kernels)
+    "forge.kernels.wgrad_update_ws",  # the warp-specialized kernel and mma_warps (build, overlap)
+    "forge.kernels.wgrad_update_split",  # the split kernel (build)
+    "forge.kernels.fp8_cast",  # cast_kernel, MAX_PARTIALS: the FP8 cast (build)
+)

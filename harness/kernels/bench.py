@@ -17,7 +17,8 @@ token count T, side by side in one process on one GPU, timed with
                              work alone, without the host's launches, which on small layers can
                              move (b) by 2x from one run to the next; a stricter baseline than (b),
                              as FORGE stays eager;
-  (c) forge                  the fused kernel, per rule (adamw, lion, sgd-momentum) and state dtype.
+  (c) forge                  the fused kernel, per rule (`layers.TIMED_RULES`: adamw, lion,
+                             sgd-momentum) and state dtype.
 
 The floor of a point is max(FLOPs / measured bf16 matmul rate, minimum bytes / measured copy
 bandwidth), both ceilings measured at the start of the same run. The minimum bytes of the fused
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+import forge
 from harness import results
 from harness.kernels import regress_suite
 from harness.kernels.layers import (
@@ -52,13 +54,12 @@ from harness.kernels.layers import (
     capture_graphed_baseline,
     forge_layer,
     linear_shapes,
+    state_count,
+    timed_rules,
 )
 from harness.run import env
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
-STATE_DTYPES = ("fp32", "bf16", "int8")
-RULES = ("adamw", "lion", "sgd")  # the rules the kernel table times (at `layers.RULES`' hyperparameters)
-STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 2.0 / 64}
 
 
 def measure_ceilings() -> dict[str, float]:
@@ -76,8 +77,7 @@ def measure_ceilings() -> dict[str, float]:
 
 def update_bytes(N: int, K: int, rule: str, state_dtype: str) -> float:
     """What an update of a bf16 (N, K) weight moves at the least: W and each state read and written once."""
-    n_states = {"adamw": 2, "lion": 1, "sgd": 1}[rule]
-    return N * K * (2 * 2 + 2 * n_states * STATE_BYTES[state_dtype])
+    return N * K * (2 * 2 + 2 * state_count(rule) * forge.state_bytes(state_dtype))
 
 
 def forge_min_bytes(T: int, N: int, K: int, rule: str, state_dtype: str) -> float:
@@ -361,7 +361,7 @@ def main(argv: list[str]) -> int:
         "--state-dtypes",
         nargs="*",
         default=["bf16", "int8"],
-        choices=list(STATE_DTYPES),
+        choices=list(forge.STATE_DTYPES),
         help="with --tune: optimizer state dtypes to time the candidates with",
     )
     parser.add_argument(
@@ -375,9 +375,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rules",
         nargs="*",
-        default=list(RULES),
-        choices=list(RULES),
-        help="the rules the fused kernel is timed with (default all three)",
+        default=list(timed_rules()),
+        choices=list(timed_rules()),
+        help="the rules the fused kernel is timed with (harness.kernels.layers.TIMED_RULES; default all)",
     )
     parser.add_argument(
         "--tokens",
@@ -461,7 +461,7 @@ def main(argv: list[str]) -> int:
         f"{ceilings['copy_tbps']:.2f} TB/s copy"
     )
     out = Path(args.out or "results/kernels") / f"kernels-{stamp}.jsonl"
-    variants = list(itertools.product(args.rules, STATE_DTYPES))
+    variants = list(itertools.product(args.rules, forge.STATE_DTYPES))
     for model in args.models:
         shapes = linear_shapes(MODELS[model])
         tokens = args.tokens or list(TOKENS)

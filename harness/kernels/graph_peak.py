@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from harness.run import methods, models, runner
+from harness.run import env, methods, models, runner
 from harness.run.config import compose_config
 from harness.run.graphs import WARMUP_STEPS, CapturedStep
 from harness.run.grid import point_id
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
             "*_graph config (python -m harness list)"
         )
         return 2
-    device = runner.resolve_device(cfg.device)
+    device = env.resolve_device(cfg.device)
     if device != "cuda":
         print("graph_peak: needs CUDA: it reads the CUDA allocator's history and captures a CUDA graph")
         return 2

@@ -1,8 +1,9 @@
 """What the kernel benchmarks time: the models' linear layers, and the layers they build on the GPU.
 
 `MODELS` holds the decoder shapes of Llama-3.1-8B and Qwen3-14B; `linear_shapes` turns one into
-the (out_features, in_features) of each linear layer of a block, and lm_head. `RULES` are the
-hyperparameters every benchmark gives each update rule. On a GPU, `forge_layer` builds a bf16
+the (out_features, in_features) of each linear layer of a block, and lm_head. `TIMED_RULES` are
+the rules the benchmarks time and the hyperparameters they give each: a choice of the lab's, every
+name one of `forge.RULES` (`timed_rules` checks). On a GPU, `forge_layer` builds a bf16
 layer with FORGE attached, and `baseline_weight` and `capture_graphed_baseline` what the baseline
 pays for the same layer: the weight-gradient GEMM into .grad, then torch's fused AdamW, eager or
 replayed from a CUDA graph. The full benchmark (`bench`), the regression check's suite
@@ -13,10 +14,32 @@ from __future__ import annotations
 
 import torch
 
+import forge
+
 LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, layers=32)
 QWEN3_14B = dict(hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936, layers=40)
 MODELS = {"llama3.1-8b": LLAMA_8B, "qwen3-14b": QWEN3_14B}
-RULES = {"adamw": dict(lr=1e-4, weight_decay=0.01), "lion": dict(lr=1e-5), "sgd": dict(lr=1e-3, momentum=0.9)}
+TIMED_RULES = {
+    "adamw": dict(lr=1e-4, weight_decay=0.01),
+    "lion": dict(lr=1e-5),
+    "sgd": dict(lr=1e-3, momentum=0.9),
+}
+
+
+def timed_rules() -> tuple[str, ...]:
+    """The rules the benchmarks time (`TIMED_RULES`), each checked against forge's registry."""
+    unknown = sorted(set(TIMED_RULES) - set(forge.RULES))
+    if unknown:
+        raise ValueError(
+            f"harness.kernels.layers.TIMED_RULES names {unknown}, which forge.RULES lacks; "
+            f"time rules of {', '.join(forge.RULES)}"
+        )
+    return tuple(TIMED_RULES)
+
+
+def state_count(rule: str) -> int:
+    """Full-size state tensors `rule` keeps at the benchmarks' hyperparameters."""
+    return forge.RULES[rule].state_count(TIMED_RULES[rule])
 
 
 def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
@@ -37,12 +60,10 @@ def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
 
 def forge_layer(N: int, K: int, rule: str, state_dtype: str):
     """A bf16 (N, K) nn.Linear on the GPU (weights ~ N(0, 0.02)) with FORGE attached: `rule` at the
-    benchmarks' hyperparameters (`RULES`), states in `state_dtype`. Returns (layer, optimizer)."""
-    import forge
-
+    benchmarks' hyperparameters (`TIMED_RULES`), states in `state_dtype`. Returns (layer, optimizer)."""
     layer = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(layer.weight, std=0.02)
-    opt = forge.attach(layer, rule, state_dtype=state_dtype, **RULES[rule])
+    opt = forge.attach(layer, rule, state_dtype=state_dtype, **TIMED_RULES[rule])
     return layer, opt
 
 

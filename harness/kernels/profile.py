@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from harness.run import models, runner, tensor_parallel
+from harness.run import env, models, runner, tensor_parallel
 from harness.run.config import compose_config
 from harness.run.grid import point_id
 from harness.run.measure import ClockSampler
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
     warmup = int(os.environ.get("PROFILE_WARMUP", 3))
     steps = int(os.environ.get("PROFILE_STEPS", 3))
     cfg = compose_config(argv)
-    device = runner.resolve_device(cfg.device)
+    device = env.resolve_device(cfg.device)
     world = tensor_parallel.world_size()
     if world > 1:
         tensor_parallel.init(device)  # models.build then shards onto its mesh, as in a sweep point

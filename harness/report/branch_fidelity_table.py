@@ -41,13 +41,13 @@ from collections.abc import Sequence
 
 from harness.points import display_name, latest_by_key, seed_of
 from harness.records import Record, is_branched
-from harness.report.convergence_table import _order
+from harness.report.convergence_table import row_order
 from harness.report.fidelity_table import (
     MIN_SEEDS,
     TARGET_NATS,
-    _is_control,
-    _verdict,
+    band_verdict,
     interval,
+    is_control,
     noise_bands,
     statistics_cells,
 )
@@ -119,12 +119,12 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
     bf16_controls: set[tuple] = set()  # fp32 masters under bf16 autocast
     for record in latest_by_key(runs).values():
         for phase, values in branch_deviations(record).items():
-            key = (str(record.get("sweep")), str(record.get("model")), phase, _order(record))
+            key = (str(record.get("sweep")), str(record.get("model")), phase, row_order(record))
             seeds.setdefault(key, {}).setdefault(seed_of(record), []).extend(values)
             labels[key] = display_name(record)
-            if _is_control(record):
+            if is_control(record):
                 controls.add(key)
-            elif _is_control(record, "bf16"):
+            elif is_control(record, "bf16"):
                 bf16_controls.add(key)
     draws = {key: [d for values in by_seed.values() for d in values] for key, by_seed in seeds.items()}
     bands, bf16_bands = noise_bands(draws, controls), noise_bands(draws, bf16_controls)
@@ -139,12 +139,12 @@ def branch_fidelity(records: Sequence[Record]) -> Selection | None:
             str(len(values)),
             NONE if effect is None else f"{effect:.2f}",
             *statistics_cells(values, band, ".2e"),
-            _verdict(values, key in controls, band, unit="branch", fmt=".2e")[0],
+            band_verdict(values, key in controls, band, unit="branch", fmt=".2e")[0],
         ]
         if key in controls:  # fp32 arithmetic: neither the bf16 band nor the target is theirs
             rows.append(row + [NONE, NONE, NONE])
             continue
-        bf16_cells = _verdict(
+        bf16_cells = band_verdict(
             values, key in bf16_controls, bf16_band, "branch", ".2e", kind="bf16-arithmetic"
         )
         band_cell = NONE if bf16_band is None else f"+-{bf16_band:.2e}"
@@ -196,7 +196,7 @@ def branch_fidelity_by_start(records: Sequence[Record]) -> Selection | None:
     labels: dict[tuple, str] = {}
     for record in latest_by_key(runs).values():
         for (phase, start), values in deviations_by_start(record).items():
-            key = (str(record.get("sweep")), str(record.get("model")), phase, start, _order(record))
+            key = (str(record.get("sweep")), str(record.get("model")), phase, start, row_order(record))
             draws.setdefault(key, []).extend(values)
             labels[key] = display_name(record)
     rows = []

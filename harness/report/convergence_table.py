@@ -198,7 +198,9 @@ def _positive_cell(values: Sequence[float]) -> str:
     return f"{sum(v > 0 for v in values)} of {len(values)}" if values else NONE
 
 
-def _order(record: Record) -> tuple:
+def row_order(record: Record) -> tuple:
+    """Where a convergence record's row goes: its method in display order, then its master weights
+    and options (the fidelity tables list their rows the same way)."""
     return (
         method_rank(record.get("method")),
         str(record.get("master_weights")),
@@ -234,7 +236,7 @@ def _group_rows(group: list[Record]) -> list[tuple[list[str], dict[str, Any] | N
     ref_curve = curve(reference) if reference else None
     ref_heldout = curve(reference, HELDOUT_FIELDS) if reference else None
     rows = []
-    for record in sorted(group, key=_order):
+    for record in sorted(group, key=row_order):
         losses = curve(record) or []
         heldout = curve(record, HELDOUT_FIELDS)
         label = display_name(record) + (" (ref)" if record is reference else "")
@@ -244,7 +246,7 @@ def _group_rows(group: list[Record]) -> list[tuple[list[str], dict[str, Any] | N
             stats = None
             if record is not reference and part and ref_part:
                 stats = {
-                    "order": _order(record),
+                    "order": row_order(record),
                     "phase": phase,
                     "abs_all": mean_abs_delta(part, ref_part),
                     "abs_tail": mean_abs_delta(part, ref_part, 0.1),

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import load_records
-from harness.report.doc_probes import OVERLAP, _read_jsonl
+from harness.report.doc_probes import OVERLAP, read_jsonl
 from harness.report.doc_tables import BASE, HEADLINE, TOKENS, headline_run, tokens_run
 from harness.report.markup import fmt_ratio
 from harness.report.runs import Where, needs, one_run
-from harness.report.tables import _step_median
+from harness.report.tables import step_median
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _eager_base_spread(root: Path) -> list[str]:
     records = load_records([root / "results"], exclude_dirs=("baselines",))
     where = Where()
     steps = [
-        _step_median(r)
+        step_median(r)
         for r in records
         if r.get("method_label") == BASE and r.get("status") == "ok" and where.matches(r)
     ]
@@ -82,7 +82,7 @@ def _eager_base_spread(root: Path) -> list[str]:
 
 def _operand_reads(root: Path) -> list[str]:
     """What operand reads cost the kernel at T >= 1024: 1 - (no operand reads) / full."""
-    costs = [1 - r["ws_first_lap_ms"] / r["ws_ms"] for r in _read_jsonl(root / OVERLAP) if r["T"] >= 1024]
+    costs = [1 - r["ws_first_lap_ms"] / r["ws_ms"] for r in read_jsonl(root / OVERLAP) if r["T"] >= 1024]
     return [f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"]
 
 
@@ -177,7 +177,7 @@ MASKED = "results/device-logs/graphed-vs-eager-b8-20261203-{}.jsonl"
 def _masked_attention(root: Path) -> list[str]:
     """What the masked attention cost a graphed 8,192-token step: before (b75d62b) over after (debfb64)."""
     before, after = (
-        {r["method_label"]: r for r in _read_jsonl(root / MASKED.format(c))} for c in ("b75d62b", "debfb64")
+        {r["method_label"]: r for r in read_jsonl(root / MASKED.format(c))} for c in ("b75d62b", "debfb64")
     )
     cost = [
         before[m]["step_time_ms_median"] / after[m]["step_time_ms_median"] - 1

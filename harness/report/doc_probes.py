@@ -27,7 +27,8 @@ from harness.report.markup import Table, to_markdown
 PROFILES_B1 = "results/device-logs/profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Every JSON line of a probe's output file (results/device-logs/), in order."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -69,7 +70,7 @@ def _source(path: str, records: list[dict]) -> str:
 def kernel_overlap(root: Path) -> str:
     """The shipped kernel against its roofline, its halves apart, what operand reads cost, and the
     multiprocessor-specialized kernel at its best split (`python -m harness.kernels.overlap`)."""
-    records = _read_jsonl(root / OVERLAP)
+    records = read_jsonl(root / OVERLAP)
     rows = []
     for r in records:
         roof = r["roofline_ms"]
@@ -91,7 +92,7 @@ def kernel_overlap(root: Path) -> str:
     header = ["point", "roofline ms", "shipped / roofline", "MMA half / roofline", "update half / roofline"]
     header += ["together / larger half", "half the dy reads", "no operand reads", "split kernel, best (U)"]
     table = _table(header, rows, "l" + "r" * 8)
-    t39 = {(r["shape_name"], r["T"]): r for r in _read_jsonl(root / OVERLAP_T39)}
+    t39 = {(r["shape_name"], r["T"]): r for r in read_jsonl(root / OVERLAP_T39)}
     t36 = {(r["shape_name"], r["T"]): r for r in records}
     versions = "; ".join(
         f"{shape} T = {t}: {_ms(t36[(shape, t)]['shipped_ms'])} ms under triton 3.6,"

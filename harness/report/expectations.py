@@ -2,7 +2,8 @@
 
 Memory. At the peak of a training step every method holds its weights and optimizer states; a
 method that runs the optimizer after backward also holds the whole weight gradient (the "gradient
-floor"). Per parameter, with bf16 weights:
+floor"). Each method declares its model (`Method.footprint`, harness.run.methods.footprint). Per
+parameter, with bf16 weights:
 
     fused AdamW (bf16 states)   2 weights + 2 gradient + 2x2 states        = 8 B
     FORGE (bf16 states)         2 weights + 0 gradient + 2x2 states        = 6 B  (-2 B: the gradient)
@@ -20,89 +21,65 @@ and can hide even that under the weight-gradient GEMM. So the best FORGE can do 
 of 'no optimizer' (forward + backward alone), and fused AdamW's best is that plus its update
 traffic over the copy bandwidth.
 
-The ceilings are H200 figures measured on the machines behind these results: 790-814 TFLOP/s bf16
-matmul and 4.25-4.29 TB/s device copy; we use 800 TFLOP/s and 4.27 TB/s.
+The ceilings are those measured on the card the records ran on, as its conf/gpu file states them
+(`matmul_tflops`, `copy_tbps`; `ceilings`): for the H200, 800 TFLOP/s and 4.27 TB/s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from harness.points import options_dict
+from harness.run import gpus, methods
+from harness.run.methods.footprint import DTYPE_BYTES, Footprint
 
 GIB = 2**30
-H200_MATMUL_FLOPS = 800e12
-H200_COPY_BYTES_PER_S = 4.27e12
-
-DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "int8": 1.0}
-RULE_STATES = {"adamw": 2, "nadam": 2, "radam": 2, "lion": 1, "rmsprop": 1, "adagrad": 1, "sgd": 1}
 
 
 @dataclass(frozen=True)
-class Footprint:
-    """Bytes per parameter held at the step's peak, and moved by the optimizer update."""
+class Ceilings:
+    """The rates a step's floors are drawn at: a card's measured bf16 matmul and device copy."""
 
-    weights: float
-    grads: float
-    states: float
-    update_traffic: float
+    gpu: str  # how text names the card ("H200")
+    matmul_tflops: float
+    copy_tbps: float
 
     @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.states
+    def matmul_flops(self) -> float:
+        return float(round(self.matmul_tflops * 1e12))  # whole FLOP/s: 4.27 * 1e12 is off by an ulp
+
+    @property
+    def copy_bytes_per_s(self) -> float:
+        return float(round(self.copy_tbps * 1e12))
+
+    @property
+    def rates(self) -> str:
+        """The two rates as text: "800 TFLOP/s, 4.27 TB/s"."""
+        return f"{self.matmul_tflops:g} TFLOP/s, {self.copy_tbps:g} TB/s"
 
 
-def _state_bytes(dtype: str, block: int | None = None, scale_bytes: float = 4.0) -> float:
-    """Bytes per element of one optimizer state, with its per-block scale where quantized."""
-    base = DTYPE_BYTES.get(dtype, 2.0)
-    return base + scale_bytes / block if dtype == "int8" and block else base
-
-
-def _separate(weights: float, grads: float, states: float) -> Footprint:
-    """A method whose optimizer reads a gradient the backward wrote to memory."""
-    return Footprint(weights, grads, states, 2 * grads + 2 * weights + 2 * states)
+def ceilings(records: Iterable[Mapping[str, Any]]) -> Ceilings | None:
+    """The ceilings of the card the records ran on (`gpus.ran_on`: its conf/gpu file, or the copy a
+    record keeps), the card most of them ran on where several did; None where no record ran on a
+    card whose ceilings are known (CPU points, a card without measured ceilings)."""
+    found: Counter[Ceilings] = Counter()
+    for record in records:
+        kind = gpus.ran_on(record)
+        if kind is not None and kind.matmul_tflops is not None and kind.copy_tbps is not None:
+            found[Ceilings(gpus.title(kind), float(kind.matmul_tflops), float(kind.copy_tbps))] += 1
+    return found.most_common(1)[0][0] if found else None
 
 
 def footprint(method: str, options: Any = None, master_weights: Any = None) -> Footprint | None:
-    """Expected bytes per parameter of `method`, or None for a method we have no model of."""
+    """Expected bytes per parameter of `method` (its class's `Method.footprint`, from the options
+    and master weights a record keeps), or None for a method without a model or not registered."""
     opts = options_dict(options)
     w = DTYPE_BYTES.get(str(master_weights or opts.get("master_weights") or "bf16").split("+")[0], 2.0)
-    adam_state = _state_bytes(str(opts.get("state_dtype") or ("fp32" if w == 4.0 else "bf16")))
-    builders = {
-        "fused_adamw": lambda: _separate(w, w, 2 * adam_state),
-        "fused_adamw_fp32grad": lambda: _separate(w, 4.0, 2 * _state_bytes("bf16")),
-        "adamw_in_backward": lambda: Footprint(w, 0.0, 2 * adam_state, 4.0 + 2 * w + 4 * adam_state),
-        "adamw_in_backward_fp32grad": lambda: Footprint(w, 0.0, 4.0, 8.0 + 2 * w + 8.0),
-        "adamw8bit_bnb": lambda: _separate(w, 2.0, 2 * _state_bytes("int8", 256)),
-        "adamw8bit_torchao": lambda: _separate(w, 2.0, 2 * _state_bytes("int8", 256)),
-        "flashoptim": lambda: _flashoptim(opts),
-        "lomo": lambda: Footprint(w, 0.0, 0.0, 4.0 + 2 * w),
-        "no_optimizer": lambda: Footprint(w, 0.0, 0.0, 2.0),
-        "forge": lambda: _forge(opts, w),
-    }
-    build = builders.get(method)
-    return build() if build else None
-
-
-def _forge(opts: Mapping[str, Any], weights: float) -> Footprint:
-    rule = str(opts.get("rule") or "adamw")
-    n_states = RULE_STATES.get(rule, 2)
-    hparams = opts.get("hparams") if isinstance(opts.get("hparams"), Mapping) else {}
-    if rule == "sgd" and not (opts.get("momentum") or hparams.get("momentum")):
-        n_states = 0
-    block = int(opts.get("int8_group") or 64)
-    states = n_states * _state_bytes(str(opts.get("state_dtype") or "bf16"), block=block, scale_bytes=2.0)
-    return Footprint(weights, 0.0, states, 2 * weights + 2 * states)
-
-
-def _flashoptim(opts: Mapping[str, Any]) -> Footprint:
-    """FlashAdamW: int8 states with an fp16 scale per 32, bf16 weights + 8-bit master correction."""
-    states = 2 * _state_bytes("int8", block=32, scale_bytes=2.0)
-    if opts.get("gradient_release") or opts.get("enable_gradient_release"):
-        return Footprint(3.0, 0.0, states, 4.0 + 6.0 + 2 * states)
-    return _separate(3.0, 2.0, states)
+    known = methods.registry().get(str(method))
+    return known.footprint(opts, w) if known is not None else None
 
 
 def static_gib(fp: Footprint, n_params: float) -> float:
@@ -110,14 +87,15 @@ def static_gib(fp: Footprint, n_params: float) -> float:
     return fp.total * n_params / GIB
 
 
-def update_floor_ms(fp: Footprint, n_params: float, bandwidth: float = H200_COPY_BYTES_PER_S) -> float:
-    """Least time the optimizer update's memory traffic takes, in ms."""
-    return fp.update_traffic * n_params / bandwidth * 1e3
+def update_floor_ms(fp: Footprint, n_params: float, ceilings: Ceilings) -> float:
+    """Least time the optimizer update's memory traffic takes at the copy rate, in ms."""
+    return fp.update_traffic * n_params / ceilings.copy_bytes_per_s * 1e3
 
 
 def compute_floor_ms(
-    n_params: float, tokens: float, checkpointing: bool = False, flops: float = H200_MATMUL_FLOPS
+    n_params: float, tokens: float, ceilings: Ceilings, checkpointing: bool = False
 ) -> float:
-    """Least time the step's matrix work takes (6 or 8 FLOPs per parameter per token), in ms."""
+    """Least time the step's matrix work takes (6 or 8 FLOPs per parameter per token) at the matmul
+    rate, in ms."""
     per_token = 8.0 if checkpointing else 6.0
-    return per_token * n_params * tokens / flops * 1e3
+    return per_token * n_params * tokens / ceilings.matmul_flops * 1e3

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from harness import points
 from harness.points import display_name
 from harness.records import HELDOUT_FIELDS, Record, is_branched, is_convergence
-from harness.report.convergence_table import _order, curve, groups_of, phases_of, reference_of
+from harness.report.convergence_table import curve, groups_of, phases_of, reference_of, row_order
 from harness.report.markup import NONE, Table
 from harness.report.tables import Selection
 
@@ -75,7 +75,7 @@ def _by_step(record: Record, start: int, end: int) -> dict[int, float]:
     return {int(s): v for v, s in zip(values, steps) if start <= int(s) < end}
 
 
-def _is_control(record: Record, autocast: str | None = None) -> bool:
+def is_control(record: Record, autocast: str | None = None) -> bool:
     """fp32 master weights and states, the forward under `autocast` (None: all fp32): against a
     reference of that arithmetic, the same update with other rounding."""
     return str(record.get("master_weights")) == "fp32" and points.autocast(record) == autocast
@@ -102,14 +102,14 @@ def fidelity(records: Sequence[Record]) -> Selection | None:
                 deviation = heldout_deviation(record, reference, start, end)
                 if deviation is None:
                     continue
-                key = (sweep, model, phase, _order(record))
+                key = (sweep, model, phase, row_order(record))
                 by_seed.setdefault(key, {})[seed] = deviation
                 labels[key] = display_name(record)
-                if _is_control(record, arithmetic):
+                if is_control(record, arithmetic):
                     controls.add(key)
                 paired = None if twin is None else heldout_deviation(record, twin, start, end)
                 if paired is not None:
-                    key = (sweep, model, phase, _order(record) + (" vs bf16",))
+                    key = (sweep, model, phase, row_order(record) + (" vs bf16",))
                     by_seed.setdefault(key, {})[seed] = paired
                     labels[key] = f"{display_name(record)} - {display_name(twin)}"
                     pairs.add(key)
@@ -158,7 +158,7 @@ def _row(
 ) -> list[str]:
     sweep, model, phase, _ = key
     row = [sweep, model, phase, label, str(len(values)), *statistics_cells(values, band)]
-    verdict, target = _verdict(values, control, band)
+    verdict, target = band_verdict(values, control, band)
     return row + [verdict, NONE if pair else target]
 
 
@@ -183,7 +183,7 @@ def statistics_cells(values: list[float], band: float | None, fmt: str = ".4f") 
     return cells + [NONE if band is None else f"+-{band:{fmt}}"]
 
 
-def _verdict(
+def band_verdict(
     values: list[float],
     control: bool,
     band: float | None,

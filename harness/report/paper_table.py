@@ -20,7 +20,7 @@ from harness.points import latest_by_key, loss_mode
 from harness.records import Record
 from harness.report import paper
 from harness.report.markup import NONE, Table
-from harness.report.tables import STATUS_LABELS, Selection, _billions, _ok, _step_median
+from harness.report.tables import STATUS_LABELS, Selection, billions, ok, step_median
 
 PAPER_SWEEP, SCALING_SWEEP = "paper_h200", "qwen3_scaling_h200"
 LLAMA, QWEN14B = "llama3.1-8b", "qwen3-14b"
@@ -46,14 +46,14 @@ def _points(records: Sequence[Record], sweep: str, chunked: bool = False) -> dic
 def _state(record: Record | None) -> str:
     if record is None:
         return "not measured"
-    return "ok" if _ok(record) else STATUS_LABELS.get(str(record.get("status")), str(record.get("status")))
+    return "ok" if ok(record) else STATUS_LABELS.get(str(record.get("status")), str(record.get("status")))
 
 
 def _pair(
     base: Record | None, forge: Record | None, value: Callable[[Record], float | None], unit: str
 ) -> tuple[str, float | None]:
     """'74.9 → 38.1 GiB (0.51x)' and the ratio, or the status of whichever point did not run."""
-    if not (_ok(base) and _ok(forge)):
+    if not (ok(base) and ok(forge)):
         return f"baseline {_state(base)}, FORGE {_state(forge)}", None
     a, b = value(base), value(forge)
     if a is None or b is None or not a:
@@ -109,7 +109,7 @@ def _llama_rows(points: dict) -> list[list[str]]:
             step,
             graph,
             f"forge_int8{graph}",
-            (_step_median, "ms"),
+            (step_median, "ms"),
             paper.TARGET_STEP_RATIO,
         )
         for graph, how in (("_graph", "graphed"), ("", "eager"))
@@ -118,7 +118,7 @@ def _llama_rows(points: dict) -> list[list[str]]:
 
 
 def _fits(record: Record | None) -> str:
-    if not _ok(record):
+    if not ok(record):
         return _state(record)
     return f"fits, {_peak(record):.1f} GiB"
 
@@ -134,7 +134,7 @@ def _qwen_rows(points: dict) -> list[list[str]]:
     rows = [["Qwen3-14B fused AdamW", "OOM", _fits(base), _fits(ours), "OOM", verdict]]
     forge = points.get((QWEN14B, "forge_int8"))
     target = paper.TARGET_QWEN14B_GIB
-    if not _ok(forge):
+    if not ok(forge):
         verdict = f"not measured: forge_int8 on Qwen3-14B {_state(forge)}"
     elif _peak(forge) is not None and _peak(forge) <= target:
         verdict = f"reproduced ({_peak(forge):.1f} ≤ {target:.1f} GiB)"
@@ -161,7 +161,7 @@ def _cuts(points: dict, base_label: str, forge_label: str) -> tuple[str, list[fl
     models = sorted({m for m, _ in points}, key=lambda m: (_size(points, m), m))
     for model in models:
         base, forge = points.get((model, base_label)), points.get((model, forge_label))
-        if _ok(base) and _ok(forge) and _peak(base):
+        if ok(base) and ok(forge) and _peak(base):
             cut = 1 - _peak(forge) / _peak(base)
             cuts.append(cut)
             parts.append(f"{model.removeprefix('qwen3-')} {100 * cut:.0f}%")
@@ -174,7 +174,7 @@ def _cuts(points: dict, base_label: str, forge_label: str) -> tuple[str, list[fl
 
 
 def _size(points: dict, model: str) -> float:
-    return max((_billions(r) or 0.0 for (m, _), r in points.items() if m == model), default=0.0)
+    return max((billions(r) or 0.0 for (m, _), r in points.items() if m == model), default=0.0)
 
 
 def _scaling_rows(points: dict) -> list[list[str]]:
@@ -202,7 +202,7 @@ def _gib(record: Record, field: str) -> float:
 
 def _why_memory(forge: Record | None, paper_gib: float) -> str | None:
     """Where FORGE's peak goes, pool by pool, against what the paper's figure leaves for the rest."""
-    if not _ok(forge) or _peak(forge) is None or _peak(forge) <= paper_gib:
+    if not ok(forge) or _peak(forge) is None or _peak(forge) <= paper_gib:
         return None
     weights, states = _gib(forge, "weights_gib"), _gib(forge, "optimizer_state_gib")
     grads, acts = _gib(forge, "grads_gib"), _gib(forge, "activations_gib")
@@ -226,7 +226,7 @@ def _llama_b1(records: Sequence[Record], label: str) -> list[Record]:
         and r.get("model") == LLAMA
         and r.get("batch_size") == 1
         and r.get("seq_len") == 1024
-        and _ok(r)
+        and ok(r)
     ]
 
 
@@ -256,8 +256,8 @@ def _step_points_of_one_run(records: Sequence[Record]) -> tuple[Record, Record, 
 
 def _paper_step_target_met(forge: Record | None, base: Record | None) -> bool:
     """Whether the paper sweep's FORGE int8 step is within the paper's ratio of its baseline."""
-    forge_ms, base_ms = _step_median(forge), _step_median(base)
-    if not (_ok(forge) and _ok(base)) or forge_ms is None or not base_ms:
+    forge_ms, base_ms = step_median(forge), step_median(base)
+    if not (ok(forge) and ok(base)) or forge_ms is None or not base_ms:
         return False
     return forge_ms / base_ms <= paper.TARGET_STEP_RATIO
 
@@ -278,10 +278,10 @@ def _why_step(records: Sequence[Record], points: dict) -> str | None:
     else:
         floor = max(_llama_b1(records, "no_optimizer_graph"), key=_time, default=None)
         forge, base = paper_forge, paper_base
-    if not (_ok(floor) and _ok(forge) and _ok(base)):
+    if not (ok(floor) and ok(forge) and ok(base)):
         return None
     lo, hi = paper.LLAMA_STEP_MS
-    floor_ms, forge_ms, base_ms = _step_median(floor), _step_median(forge), _step_median(base)
+    floor_ms, forge_ms, base_ms = step_median(floor), step_median(forge), step_median(base)
     if floor_ms is None or forge_ms is None or base_ms is None:
         return None
     where = (
@@ -307,11 +307,11 @@ def _chunked_note(chunked: dict, points: dict) -> str | None:
     parts = []
     for model, base in ((LLAMA, PAPER_BASE), (QWEN14B, None)):
         forge, plain = chunked.get((model, "forge_int8")), points.get((model, "forge_int8"))
-        if not (_ok(forge) and _ok(plain)):
+        if not (ok(forge) and ok(plain)):
             continue
         text = f"{model} {_peak(forge):.1f} GiB (with transformers' loss {_peak(plain):.1f})"
         ref = chunked.get((model, base)) if base else None
-        if _ok(ref):
+        if ok(ref):
             ratio = _peak(forge) / _peak(ref)
             text += f", against {_peak(ref):.1f} for {base} with the same loss ({ratio:.2f}x)"
         parts.append(text)

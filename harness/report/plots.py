@@ -39,6 +39,7 @@ from harness.records import (  # noqa: E402
     interpreted,
 )
 from harness.report.convergence_table import curve, reference_of  # noqa: E402
+from harness.run import gpus  # noqa: E402
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
@@ -55,8 +56,6 @@ POOLS = (  # the modelled split of records without forward_end_alloc_gib
     ("activations_gib", "activations (the remainder)"),
 )
 STATUS_TEXT = {"oom": "OOM", "error": "error", "diverged": "diverged", "unavailable": "unavailable"}
-# Usable memory per GPU in GiB, for the capacity line when a record does not carry it.
-KNOWN_CAPACITY_GIB = {"H200": 139.8, "H100": 79.2, "A100-SXM4-80GB": 79.2, "A100-SXM4-40GB": 39.4}
 
 
 def save(fig: Any, path: Path) -> Path:
@@ -118,16 +117,16 @@ def _status(record: Record) -> str:
 
 
 def capacity_gib(record: Record) -> float | None:
-    """The memory the point could use: its cap, the GPU's size if recorded, or a known size."""
+    """The memory the point could use: its cap, the GPU's size if recorded, or the memory of the
+    card it ran on as its conf/gpu kind states it (`gpus.ran_on`)."""
     if record.get("memory_cap_gib") is not None:
         return float(record["memory_cap_gib"])
     env = record.get("env") or {}
     for name in ("gpu_memory_gib", "gpu_total_memory_gib"):
         if isinstance(env, dict) and env.get(name):
             return float(env[name])
-    gpu = str(record.get("gpu_name") or "")
-    matches = [size for key, size in KNOWN_CAPACITY_GIB.items() if key in gpu]
-    return matches[0] if matches else None
+    card = gpus.ran_on(record)
+    return None if card is None or card.memory_gib is None else float(card.memory_gib)
 
 
 def _mark_failures(ax: Any, records: Sequence[Record]) -> None:
@@ -530,7 +529,8 @@ def overhead_vs_tokens(
             f"{key[0]}, {key[1]}: graphed (solid), eager (dash-dot), predicted (dashed, dotted)", fontsize=9
         )
 
-        gemm, updates = times.get(key, ([], {}))
+        parts = times.get(key)
+        gemm, updates = (parts.gemm, parts.updates) if parts is not None else ([], {})
         if gemm:
             right.plot(
                 [t for t, _ in gemm], [ms for _, ms in gemm], color="black", marker=".", label="dW GEMMs"
@@ -540,7 +540,7 @@ def overhead_vs_tokens(
             right.axhline(ms, color=color, linestyle="--", linewidth=0.9, label=label)
         _tokens_axis(right, [t for t, _ in gemm])
         right.set_ylim(bottom=0)
-        right.set_ylabel("ms a step (800 TFLOP/s, 4.27 TB/s)")
+        right.set_ylabel(f"ms a step ({parts.rates})" if parts is not None else "ms a step")
         right.set_title("Predicted parts: FORGE's update can hide where it lies below the GEMMs", fontsize=9)
         _legend(right)
     fig.tight_layout()

@@ -25,6 +25,7 @@ from harness.points import display_name, graphed, method_rank, options_dict, opt
 from harness.records import Record, interpreted, on_cpu
 from harness.report import expectations as ex
 from harness.report.markup import NONE, Table, fmt_float, fmt_gib, fmt_ms, to_markdown
+from harness.run.methods.footprint import AFTER_BACKWARD
 
 STEP_TEXT = (
     "FORGE never writes the weight gradient to memory: it saves the gradient's 2 B/param (bf16) "
@@ -100,7 +101,7 @@ def bytes_table(
     return Table("expected_bytes", "Expected bytes per parameter", header, rows)
 
 
-def floors_table(records: Sequence[Record]) -> Table | None:
+def floors_table(records: Sequence[Record], ceilings: ex.Ceilings) -> Table | None:
     """Per (model, batch, seq, checkpointing): matrix floor and update floors of the step."""
     points = set()
     for r in records:
@@ -120,8 +121,8 @@ def floors_table(records: Sequence[Record]) -> Table | None:
         tokens = batch * seq
         rows.append(
             [model, fmt_float(n / 1e9, 2), str(batch), str(seq), "on" if ckpt else "off", str(tokens)]
-            + [fmt_ms(ex.compute_floor_ms(n, tokens, ckpt))]
-            + [fmt_ms(ex.update_floor_ms(fused, n)), fmt_ms(ex.update_floor_ms(forge, n))]
+            + [fmt_ms(ex.compute_floor_ms(n, tokens, ceilings, ckpt))]
+            + [fmt_ms(ex.update_floor_ms(fused, n, ceilings)), fmt_ms(ex.update_floor_ms(forge, n, ceilings))]
             + [fmt_gib(2.0 * n / ex.GIB)]
         )
     if not rows:
@@ -147,20 +148,22 @@ INTERPRETER_TEXT = (
 
 def step_preamble(records: Sequence[Record]) -> str:
     """Expectation text and tables for a step table (T1, T2, T5, other points). The step floors
-    (matrix work and update traffic at the H200's measured rates) are drawn for GPU points only;
-    CPU points get what a CPU run shows instead, and where Triton's interpreter ran their kernels,
-    the warning that their times mean nothing for speed."""
+    (matrix work and update traffic at the measured rates of the card the points ran on,
+    `ex.ceilings`) are drawn for GPU points only; CPU points get what a CPU run shows instead, and
+    where Triton's interpreter ran their kernels, the warning that their times mean nothing for speed."""
     gpu = [r for r in records if not on_cpu(r)]
+    ceilings = ex.ceilings(gpu)
     parts = [STEP_TEXT] if gpu else []
     if len(gpu) < len(records):
         parts.append(CPU_TEXT)
         if any(interpreted(r) for r in records if r.get("status") == "ok"):
             parts.append(INTERPRETER_TEXT)
-    for table in (bytes_table(records), floors_table(gpu)):
+    floors = floors_table(gpu, ceilings) if ceilings is not None else None
+    for table in (bytes_table(records), floors):
         if table is not None:
             parts.append(to_markdown(table).rstrip())
-    if gpu:
-        parts.append(_ceilings_line())
+    if ceilings is not None:
+        parts.append(_ceilings_line(ceilings))
     return "\n\n".join(parts)
 
 
@@ -209,29 +212,38 @@ def capacity_preamble(records: Sequence[Record], known: dict[str, float] | None 
     return "\n\n".join(parts)
 
 
-def kernel_preamble() -> str:
-    """Expectation for T4, with one worked example."""
+def kernel_preamble(records: Sequence[Record]) -> str:
+    """Expectation for T4, with one worked example at the ceilings of the card the records ran on."""
+    c = ex.ceilings(records)
+    if c is None:
+        return KERNEL_TEXT
     t, n, k = 16384, 4096, 4096
-    flops_ms = 2 * t * n * k / ex.H200_MATMUL_FLOPS * 1e3
+    flops_ms = 2 * t * n * k / c.matmul_flops * 1e3
     gemm_bytes = 2 * t * (n + k) + 2 * n * k
     update_bytes = n * k * (2 + 2 + 2 * 4)
+    copy = c.copy_bytes_per_s
     return (
-        "The dW GEMM does 2 x T x N x K FLOPs; FORGE adds the update, which reads and writes the weight "
-        "(2 + 2 B in bf16) and the states (2 x 4 B for AdamW in bf16), and never writes dW. The floor "
-        "of a point is the larger of its FLOP time at the measured matmul rate and its minimum bytes "
-        f"at the measured copy bandwidth. Example, T={t}, N=K={n}: {flops_ms:.3f} ms of matrix work "
-        f"at 800 TFLOP/s against {(gemm_bytes + update_bytes) / ex.H200_COPY_BYTES_PER_S * 1e3:.3f} ms "
-        "of traffic at 4.27 TB/s: compute-bound, so a FORGE kernel that hides its update costs what "
-        "the GEMM costs, and beats GEMM + fused AdamW by the whole optimizer pass "
-        f"({(update_bytes + 4 * n * k) / ex.H200_COPY_BYTES_PER_S * 1e3:.3f} ms of traffic at that shape)."
+        f"{KERNEL_TEXT} Example, T={t}, N=K={n}: {flops_ms:.3f} ms of matrix work "
+        f"at {c.matmul_tflops:g} TFLOP/s against {(gemm_bytes + update_bytes) / copy * 1e3:.3f} ms "
+        f"of traffic at {c.copy_tbps:g} TB/s: compute-bound, so a FORGE kernel that hides its update "
+        "costs what the GEMM costs, and beats GEMM + fused AdamW by the whole optimizer pass "
+        f"({(update_bytes + 4 * n * k) / copy * 1e3:.3f} ms of traffic at that shape)."
     )
 
 
-def _ceilings_line() -> str:
+KERNEL_TEXT = (
+    "The dW GEMM does 2 x T x N x K FLOPs; FORGE adds the update, which reads and writes the weight "
+    "(2 + 2 B in bf16) and the states (2 x 4 B for AdamW in bf16), and never writes dW. The floor "
+    "of a point is the larger of its FLOP time at the measured matmul rate and its minimum bytes "
+    "at the measured copy bandwidth."
+)
+
+
+def _ceilings_line(c: ex.Ceilings) -> str:
     return (
-        "Floors use the H200 ceilings measured in this workplace: 800 TFLOP/s bf16 matmul, 4.27 TB/s "
-        "device copy; the matrix floor counts 6 FLOPs per parameter per token (8 with activation "
-        "checkpointing) and leaves out attention."
+        f"Floors use the {c.gpu} ceilings measured in this workplace: {c.matmul_tflops:g} TFLOP/s bf16 "
+        f"matmul, {c.copy_tbps:g} TB/s device copy; the matrix floor counts 6 FLOPs per parameter per "
+        "token (8 with activation checkpointing) and leaves out attention."
     )
 
 
@@ -277,13 +289,16 @@ def token_overhead_preamble(records: Sequence[Record]) -> str:
     a step at each token count measured, and from how many tokens each update can hide."""
     from harness.report import token_model as tm
 
+    c = ex.ceilings(records)
+    if c is None:  # no card with measured ceilings: nothing to predict at
+        return TOKENS_TEXT
     rows, lines = [], []
     for model, like, n in _token_models(records):
         arch = tm.architecture(like)
         counts = sorted(
             {int(r["batch_size"]) * int(r["seq_len"]) for r in records if r.get("model") == model}
         )
-        gemm = ", ".join(f"{fmt_ms(tm.gemm_ms(arch, t))} ms at {t}" for t in counts)
+        gemm = ", ".join(f"{fmt_ms(tm.gemm_ms(arch, t, c))} ms at {t}" for t in counts)
         lines.append(f"dW GEMMs a step, {model}: {gemm} tokens.")
         for record in _variants([r for r in records if r.get("model") == model]):
             fp = ex.footprint(
@@ -291,13 +306,15 @@ def token_overhead_preamble(records: Sequence[Record]) -> str:
             )
             if fp is None or record.get("method") == "no_optimizer":
                 continue
-            separate = record.get("method") in tm.SEPARATE_UPDATES
-            hides = "never (after the backward)" if separate else f"{tm.hiding_tokens(fp.update_traffic):.0f}"
-            over = tm.overhead(str(record.get("method")), record.get("method_options"), arch, n, counts[0])
+            separate = fp.update == AFTER_BACKWARD
+            hides = (
+                "never (after the backward)" if separate else f"{tm.hiding_tokens(fp.update_traffic, c):.0f}"
+            )
+            over = tm.overhead(str(record.get("method")), record.get("method_options"), arch, n, counts[0], c)
             rows.append(
                 [model, display_name(record), fmt_float(fp.update_traffic, 3)]
                 + [
-                    fmt_ms(tm.update_ms(fp.update_traffic, n)),
+                    fmt_ms(tm.update_ms(fp.update_traffic, n, c)),
                     fmt_ms(over.exposed_ms if over else None),
                     hides,
                 ]
@@ -309,9 +326,9 @@ def token_overhead_preamble(records: Sequence[Record]) -> str:
         parts.append(to_markdown(Table("expected_tokens", "Expected", header, rows, align="llrrrr")).rstrip())
     parts += lines
     parts.append(
-        "At the H200 ceilings measured in this workplace: 800 TFLOP/s bf16 matmul for the dW GEMMs (2 T "
-        "FLOPs a weight of every linear layer and lm_head), 4.27 TB/s device copy for the updates; the "
-        "model is harness.report.token_model."
+        f"At the {c.gpu} ceilings measured in this workplace: {c.matmul_tflops:g} TFLOP/s bf16 matmul "
+        f"for the dW GEMMs (2 T FLOPs a weight of every linear layer and lm_head), {c.copy_tbps:g} TB/s "
+        "device copy for the updates; the model is harness.report.token_model."
     )
     return "\n\n".join(parts)
 

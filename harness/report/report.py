@@ -263,7 +263,7 @@ def _kernel_section(sels: list[Selection], out: Path) -> Section:
     if not sels:
         return section
     section.selections = sels
-    section.preamble = preambles.kernel_preamble()
+    section.preamble = preambles.kernel_preamble([r for s in sels for r in s.records])
     for model, series in kernel_series(sels[0].records).items():
         name = f"t4_kernel_speed_{slug(model)}.png"
         section.plots.append(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.points import loss_mode, missing
 from harness.records import Record, load_records
-from harness.report.tables import _step_median
+from harness.report.tables import step_median
 
 LLAMA = "llama3.1-8b"
 
@@ -71,7 +71,7 @@ class Run:
 
     def step(self, label: str, where: Where = Where()) -> float:
         """A point's median step time in ms (a ValueError when it did not run)."""
-        return _measured(self.point(label, where), _step_median, self.path)
+        return _measured(self.point(label, where), step_median, self.path)
 
     def peak(self, label: str, where: Where = Where()) -> float:
         """A point's peak allocated GiB (a ValueError when it did not run)."""

@@ -7,7 +7,7 @@ returns None when no record fits it, so a table without data is skipped cleanly.
 Rules every table follows:
 - one record per configuration: the latest (`harness.points.latest_by_key`); in the step-time
   tables the latest measured beside its fused AdamW, where one is;
-- rows sorted by configuration, methods in `harness.points.METHOD_ORDER`;
+- rows sorted by configuration, methods in their declared order (`harness.points.method_rank`);
 - a point that did not run is shown by its status in every measured cell (`OOM`, `error [n]`,
   `unavailable [n]`, `diverged`), with the error or reason as footnote n: never as zero;
 - ratios compare a method with fused AdamW measured in the same sweep at the same configuration,
@@ -114,7 +114,8 @@ def status_cell(row: Row) -> str:
     return label
 
 
-def _ok(record: Record | None) -> bool:
+def ok(record: Record | None) -> bool:
+    """Whether there is a record and it measured its point (status ok)."""
     return record is not None and record.get("status") == "ok"
 
 
@@ -127,7 +128,7 @@ def _ratio(row: Row, name: str) -> str:
     value, ref = _num(row.record, name), row.ref
     if ref is None:
         return NONE
-    if not _ok(ref):
+    if not ok(ref):
         return f"ref {STATUS_LABELS.get(str(ref.get('status')), ref.get('status'))}"
     base = _num(ref, name)
     return NONE if value is None or not base else fmt_ratio(value / base)
@@ -136,13 +137,13 @@ def _ratio(row: Row, name: str) -> str:
 def _change(row: Row, name: str) -> str:
     """Relative change against the reference, e.g. '-41.2%'."""
     value, ref = _num(row.record, name), row.ref
-    if ref is None or not _ok(ref):
+    if ref is None or not ok(ref):
         return _ratio(row, name)
     base = _num(ref, name)
     return NONE if value is None or not base else fmt_pct(value / base - 1)
 
 
-def _step_median(record: Record) -> float | None:
+def step_median(record: Record) -> float | None:
     """The record's own median (as the harness computed it), else the samples'."""
     if record.get("step_time_ms_median") is not None:
         return float(record["step_time_ms_median"])
@@ -161,9 +162,9 @@ def _spread(record: Record) -> str:
 def _time_ratio(row: Row) -> str:
     if row.ref is None:
         return NONE
-    if not _ok(row.ref):
+    if not ok(row.ref):
         return _ratio(row, "step_time_ms_median")
-    mine, base = _step_median(row.record), _step_median(row.ref)
+    mine, base = step_median(row.record), step_median(row.ref)
     return NONE if mine is None or not base else fmt_ratio(mine / base)
 
 
@@ -173,7 +174,7 @@ def _int_cell(name: str) -> Callable[[Row], str]:
 
 COL_MODEL = Col("Model", lambda r: str(r.record.get("model")), "l", measured=False)
 COL_GPU = Col("GPU", lambda r: str(r.record.get("gpu_name") or r.record.get("gpu") or NONE), "l", False)
-COL_PARAMS = Col("Params (B)", lambda r: fmt_float(_billions(r.record), 2), measured=False)
+COL_PARAMS = Col("Params (B)", lambda r: fmt_float(billions(r.record), 2), measured=False)
 COL_GPUS = Col("GPUs", lambda r: fmt_int(gpus(r.record)), measured=False)
 COL_BATCH = Col("Batch", _int_cell("batch_size"), measured=False)
 COL_SEQ = Col("Seq", _int_cell("seq_len"), measured=False)
@@ -208,18 +209,18 @@ def method_cell(row: Row) -> str:
     name = display_name(row.record)
     if masked_attention(row.record):
         return f"{name} {row.notes.mark(MASKED_ATTENTION)}"
-    if interpreted(row.record) and _ok(row.record):
+    if interpreted(row.record) and ok(row.record):
         return f"{name} {row.notes.mark(INTERPRETED)}"
     return name
 
 
 COL_METHOD = Col("Method", method_cell, "l", measured=False)
-COL_STATUS = Col("Status", lambda r: "ok" if _ok(r.record) else status_cell(r), "l", measured=False)
+COL_STATUS = Col("Status", lambda r: "ok" if ok(r.record) else status_cell(r), "l", measured=False)
 COL_ALLOC = Col("Peak alloc GiB", lambda r: fmt_gib(_num(r.record, "peak_alloc_gib")))
 COL_RESERVED = Col("Peak reserved GiB", lambda r: fmt_gib(_num(r.record, "peak_reserved_gib")))
 COL_NVML = Col("NVML peak GiB", lambda r: fmt_gib(_num(r.record, "peak_nvml_gib")))
 COL_ACTS = Col("Activations GiB", lambda r: fmt_gib(activations_gib(r.record)))
-COL_STEP = Col("Step ms (median)", lambda r: fmt_ms(_step_median(r.record)))
+COL_STEP = Col("Step ms (median)", lambda r: fmt_ms(step_median(r.record)))
 COL_SPREAD = Col("Step ms (min-p90)", lambda r: _spread(r.record))
 COL_TOKENS = Col("Tokens/s", lambda r: fmt_int(_num(r.record, "tokens_per_s")))
 COL_SWEEP = Col("Sweep", lambda r: str(r.record.get("sweep")), "l", measured=False)
@@ -228,7 +229,8 @@ COL_TIME_RATIO = Col("Step time vs fused AdamW", _time_ratio)
 COL_PAPER = Col("Paper", lambda r: r.paper or NONE, "l", measured=False)
 
 
-def _billions(record: Record) -> float | None:
+def billions(record: Record) -> float | None:
+    """The record's parameters in billions (None where it does not say)."""
     n = _num(record, "n_params")
     return None if n is None else n / 1e9
 
@@ -244,7 +246,7 @@ def render_rows(
     """Apply the column functions to every row; failed points show their status."""
     body = []
     for row in rows:
-        failed = not _ok(row.record)
+        failed = not ok(row.record)
         body.append([status_cell(row) if failed and col.measured else col.cell(row) for col in cols])
     return Table(
         name=name,
@@ -283,7 +285,7 @@ def dedupe_sorted(records: Iterable[Record], with_references: bool = False) -> l
     order = ("model", "gpu_name", "batch_size", "seq_len", "activation_checkpointing", "memory_cap_gib")
     sizes: dict[Any, float] = {}
     for record in chosen.values():  # failed points may lack n_params: size a model by any of its points
-        sizes[record.get("model")] = max(sizes.get(record.get("model"), 0.0), _billions(record) or 0.0)
+        sizes[record.get("model")] = max(sizes.get(record.get("model"), 0.0), billions(record) or 0.0)
 
     def key(item: tuple[tuple, Record]) -> tuple:
         sk = dict(zip(CONFIG_FIELDS, sort_key(item[0])))
@@ -551,10 +553,10 @@ def largest_batches(records: Sequence[Record]) -> dict[tuple, list[tuple[str, in
 def _capacity(points: list[Record]) -> tuple[Record | None, Record | None]:
     """(largest ok point, smallest failed point above it) of one method's batch sizes."""
     by_batch = sorted(points, key=lambda r: _int(r.get("batch_size")) or 0)
-    fits = [r for r in by_batch if _ok(r)]
+    fits = [r for r in by_batch if ok(r)]
     largest = fits[-1] if fits else None
     floor = _int(largest.get("batch_size")) if largest else 0
-    failures = [r for r in by_batch if not _ok(r) and (_int(r.get("batch_size")) or 0) > floor]
+    failures = [r for r in by_batch if not ok(r) and (_int(r.get("batch_size")) or 0) > floor]
     return largest, failures[0] if failures else None
 
 
@@ -594,7 +596,7 @@ def _capacity_row(key: tuple, best: dict, notes: Notes) -> list[str]:
         cells = [
             batch,
             fmt_gib(_num(largest, "peak_alloc_gib")),
-            fmt_ms(_step_median(largest)),
+            fmt_ms(step_median(largest)),
             fmt_int(tokens),
             fmt_ratio(tokens / base) if tokens is not None and base else NONE,
         ]

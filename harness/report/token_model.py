@@ -1,15 +1,17 @@
 """What a step should cost as its tokens grow, before it is measured: time over the floor, and the peak.
 
 Both models take a decoder's architecture numbers (a record's `config.model`, `Architecture`) and
-the bytes per parameter of `harness.report.expectations.footprint`, at the H200 ceilings used
-there (800 TFLOP/s bf16 matmul, 4.27 TB/s device copy).
+the bytes per parameter of `harness.report.expectations.footprint`; the time model takes the
+ceilings of the card (`expectations.Ceilings`: its measured bf16 matmul and device copy rates, from
+its conf/gpu file; 800 TFLOP/s and 4.27 TB/s on the H200).
 
 Time over the floor. The no-optimizer step (forward and backward, gradients dropped) is the floor;
 a method's step is the floor plus what its update adds. With T tokens a step, a linear layer's
 weight-gradient GEMM does 2 T N K FLOPs, so the dW GEMMs of a step take `gemm_ms` = 2 T P_gemm /
 peak, growing with T, while the update moves b bytes a parameter (`footprint().update_traffic`),
 whatever T is (`update_ms` = b P / bandwidth).
-- A separate optimizer (fused AdamW on bf16 or fp32 gradients) runs after the backward: nothing
+- A separate optimizer (fused AdamW on bf16 or fp32 gradients: a footprint whose update runs
+  `AFTER_BACKWARD`) runs after the backward: nothing
   overlaps it. It adds its traffic less the floor's own (the floor's GEMM writes dW too, 2 B a
   parameter): 14 B a parameter for fused AdamW, 18 on fp32 gradients.
 - FORGE runs the update inside the dW GEMM of each linear layer. At best the update hides under
@@ -84,11 +86,10 @@ from typing import Any
 
 from harness.points import loss_mode, options_dict
 from harness.report import expectations as ex
+from harness.run.methods.footprint import AFTER_BACKWARD, IN_GEMM, NONE
 
 GIB = ex.GIB
 DIRECT_NORM_COST = 1.5  # the direct norm's time per multiply-add against the GEMM's (forge.clip.DIRECT_COST)
-PERSISTENT_GRADIENTS = {"fused_adamw_fp32grad"}  # main_grad buffers alive through the whole step
-SEPARATE_UPDATES = {"fused_adamw", "fused_adamw_fp32grad", "adamw8bit_bnb", "adamw8bit_torchao"}
 
 
 @dataclass(frozen=True)
@@ -167,48 +168,51 @@ class Overhead:
     exposed_ms: float
 
 
-def gemm_ms(arch: Architecture, tokens: int, flops: float = ex.H200_MATMUL_FLOPS) -> float:
+def gemm_ms(arch: Architecture, tokens: int, ceilings: ex.Ceilings) -> float:
     """The dW GEMMs of one step at the matmul rate."""
-    return 2.0 * tokens * arch.gemm_params() / flops * 1e3
+    return 2.0 * tokens * arch.gemm_params() / ceilings.matmul_flops * 1e3
 
 
-def update_ms(bytes_per_param: float, n_params: float, bandwidth: float = ex.H200_COPY_BYTES_PER_S) -> float:
+def update_ms(bytes_per_param: float, n_params: float, ceilings: ex.Ceilings) -> float:
     """An update's traffic over `n_params` parameters at the copy rate."""
-    return bytes_per_param * n_params / bandwidth * 1e3
+    return bytes_per_param * n_params / ceilings.copy_bytes_per_s * 1e3
 
 
-def norms_ms(arch: Architecture, tokens: int, flops: float = ex.H200_MATMUL_FLOPS) -> float:
+def norms_ms(arch: Architecture, tokens: int, ceilings: ex.Ceilings) -> float:
     """The clipped step's gradient norms, each layer's the cheaper of Gram and direct."""
 
     def layer(n: int, k: int) -> float:
         return min(2.0 * tokens**2 * (n + k), DIRECT_NORM_COST * 2.0 * tokens * n * k)
 
     total = arch.layers * sum(layer(n, k) for n, k in arch.block_shapes()) + layer(arch.vocab, arch.hidden)
-    return total / flops * 1e3
+    return total / ceilings.matmul_flops * 1e3
 
 
-def hiding_tokens(bytes_per_param: float) -> float:
+def hiding_tokens(bytes_per_param: float, ceilings: ex.Ceilings) -> float:
     """Tokens a step from which an update of `bytes_per_param` fits under the dW GEMM it rides on."""
-    return bytes_per_param * ex.H200_MATMUL_FLOPS / (2.0 * ex.H200_COPY_BYTES_PER_S)
+    return bytes_per_param * ceilings.matmul_flops / (2.0 * ceilings.copy_bytes_per_s)
 
 
-def overhead(method: str, options: Any, arch: Architecture, n_params: float, tokens: int) -> Overhead | None:
+def overhead(
+    method: str, options: Any, arch: Architecture, n_params: float, tokens: int, ceilings: ex.Ceilings
+) -> Overhead | None:
     """The update's cost over the floor for `method` at `tokens` a step; None where unmodelled."""
     fp, floor = ex.footprint(method, options), ex.footprint("no_optimizer")
     if fp is None or floor is None:
         return None
-    if method == "no_optimizer":
+    if fp.update == NONE:
         return Overhead(0.0, 0.0)
-    if method in SEPARATE_UPDATES:
-        ms = update_ms(fp.update_traffic - floor.update_traffic, n_params)
+    if fp.update == AFTER_BACKWARD:
+        ms = update_ms(fp.update_traffic - floor.update_traffic, n_params, ceilings)
         return Overhead(ms, ms)
-    if method != "forge":
+    if fp.update != IN_GEMM:
         return None
     fused = arch.fused_params()
-    rest = update_ms(fp.update_traffic, max(0.0, n_params - fused))
-    hidden = max(0.0, update_ms(fp.update_traffic, fused) - 2.0 * tokens * fused / ex.H200_MATMUL_FLOPS * 1e3)
-    clip = norms_ms(arch, tokens) if options_dict(options).get("max_grad_norm") else 0.0
-    return Overhead(hidden + rest + clip, update_ms(fp.update_traffic, n_params) + clip)
+    rest = update_ms(fp.update_traffic, max(0.0, n_params - fused), ceilings)
+    gemm = 2.0 * tokens * fused / ceilings.matmul_flops * 1e3
+    hidden = max(0.0, update_ms(fp.update_traffic, fused, ceilings) - gemm)
+    clip = norms_ms(arch, tokens, ceilings) if options_dict(options).get("max_grad_norm") else 0.0
+    return Overhead(hidden + rest + clip, update_ms(fp.update_traffic, n_params, ceilings) + clip)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +305,7 @@ def peak_gib(
     static = (fp.weights + fp.states) * n_params
     activations = tokens * _per_token(arch, checkpointing, _loss(options))
     gradients = fp.grads * n_params
-    if method in PERSISTENT_GRADIENTS:
+    if fp.grads_persist:
         return (static + gradients + activations) / GIB
     if not gradients:
         return (static + max(activations, embedding_gradient_bytes(arch))) / GIB
@@ -338,7 +342,7 @@ def largest_tokens(
     capacity = capacity_gib * GIB
     static = (fp.weights + fp.states) * n_params
     gradients = fp.grads * n_params
-    if method in PERSISTENT_GRADIENTS:
+    if fp.grads_persist:
         static, gradients = static + gradients, 0.0
     transient = 0.0 if fp.grads else embedding_gradient_bytes(arch)  # as in peak_gib
     if static + max(gradients, transient) > capacity:

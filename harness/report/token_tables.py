@@ -46,10 +46,11 @@ from harness.report.tables import (
     Notes,
     Row,
     Selection,
-    _ok,
-    _step_median,
+    ok,
     render_rows,
+    step_median,
 )
+from harness.run.methods.footprint import AFTER_BACKWARD
 
 SCALING_SWEEP = "scaling_tokens_h200"
 PEAK_SWEEP = "peak_vs_tokens_h200"
@@ -176,7 +177,7 @@ COL_STEP_MODE = Col("Step", lambda r: "graphed" if graphed(r.record) else "eager
 COL_AC = Col(
     "Act. ckpt", lambda r: "on" if r.record.get("activation_checkpointing") else "off", "l", measured=False
 )
-COL_STEP_MS = Col("Step ms (median)", lambda r: fmt_ms(_step_median(r.record)))
+COL_STEP_MS = Col("Step ms (median)", lambda r: fmt_ms(step_median(r.record)))
 COL_PEAK = Col("Peak alloc GiB", lambda r: fmt_gib(_float(r.record.get("peak_alloc_gib"))))
 
 
@@ -193,24 +194,27 @@ def _floor_cell(row: Row, value: Any) -> str:
     floor = row.ref
     if floor is None:
         return NONE + " " + row.notes.mark(FLOOR_MISSING)
-    if not _ok(floor):
+    if not ok(floor):
         return f"floor {_status(floor)}"
-    mine, base = _step_median(row.record), _step_median(floor)
+    mine, base = step_median(row.record), step_median(floor)
     return NONE if mine is None or not base else value(mine, base)
 
 
 FLOOR_MISSING = "The no-optimizer floor of this configuration and step mode has no record in the sweep."
 
 
-def _prediction(record: Record, records: Sequence[Record]) -> tm.Overhead | None:
+def _prediction(
+    record: Record, records: Sequence[Record], ceilings: ex.Ceilings | None
+) -> tm.Overhead | None:
     arch, n = tm.architecture(record), _n_params(record, records)
-    if arch is None or n is None:
+    if arch is None or n is None or ceilings is None:
         return None
-    return tm.overhead(str(record.get("method")), record.get("method_options"), arch, n, tokens(record))
+    options = record.get("method_options")
+    return tm.overhead(str(record.get("method")), options, arch, n, tokens(record), ceilings)
 
 
-def _predicted_cell(record: Record, records: Sequence[Record]) -> str:
-    predicted = _prediction(record, records)
+def _predicted_cell(record: Record, records: Sequence[Record], ceilings: ex.Ceilings | None) -> str:
+    predicted = _prediction(record, records, ceilings)
     if predicted is None:
         return NONE
     if abs(predicted.exposed_ms - predicted.hidden_ms) < 0.05:
@@ -224,20 +228,26 @@ def overhead_vs_tokens(records: Sequence[Record]) -> Selection | None:
     if not chosen:
         return None
     notes = Notes()
+    c = ex.ceilings(chosen)
     rows = [Row(r, _twin(r, chosen, FLOOR), notes) for r in grid(chosen)]
     cols = [COL_MODEL, COL_TOKENS, COL_SHAPE, COL_METHOD, COL_STEP_MODE, COL_STEP_MS]
     cols += [
         Col("vs floor", lambda r: _floor_cell(r, lambda m, b: fmt_ratio(m / b))),
         Col("Over floor ms", lambda r: _floor_cell(r, lambda m, b: f"{m - b:+.1f}")),
-        Col("Predicted over floor ms", lambda r: _predicted_cell(r.record, chosen), measured=False),
+        Col("Predicted over floor ms", lambda r: _predicted_cell(r.record, chosen, c), measured=False),
         COL_PEAK,
     ]
+    rates = (
+        f"the update's traffic at {c.copy_tbps:g} TB/s beside the dW GEMMs at {c.matmul_tflops:g} TFLOP/s"
+        if c is not None
+        else "none: no record ran on a card whose ceilings its conf/gpu file states"
+    )
     extra = [
         "Floor: the no-optimizer step (forward and backward, gradients dropped) of the same sweep, model, "
-        "tokens and step mode. Predicted (harness.report.token_model): the update's traffic at 4.27 TB/s "
-        "beside the dW GEMMs at 800 TFLOP/s; for FORGE 'hidden-exposed': the update hidden under the dW "
-        "GEMM as far as it fits, and not hidden at all; clipped FORGE adds the gradient norms' matrix "
-        "work. Traffic at the copy rate is a lower bound for an update bound by instructions.",
+        f"tokens and step mode. Predicted (harness.report.token_model): {rates}; for FORGE 'hidden-exposed': "
+        "the update hidden under the dW GEMM as far as it fits, and not hidden at all; clipped FORGE adds "
+        "the gradient norms' matrix work. Traffic at the copy rate is a lower bound for an update bound "
+        "by instructions.",
         f"{NOT_MEASURED}: no record of that point (the sweep left it out, or it did not run).",
     ]
     title = "FORGE against the floor as tokens per step grow: step time over the no-optimizer step"
@@ -263,6 +273,7 @@ def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
     overhead over the measured floor's time); eager ones (but the floor) over the eager floor,
     measured only, since the prediction counts GPU time and an eager step can be set by its host."""
     chosen = sweep_records(records, SCALING_SWEEP)
+    c = ex.ceilings(chosen)
     out: dict[tuple, dict[str, Series]] = {}
     for record in grid(chosen):
         is_graphed = graphed(record)
@@ -273,11 +284,11 @@ def overhead_series(records: Sequence[Record]) -> dict[tuple, list[Series]]:
             label, Series(label, is_graphed, linestyle="-" if is_graphed else "-.")
         )
         floor = _twin(record, chosen, FLOOR)
-        base = _step_median(floor) if floor is not None and _ok(floor) else None
-        mine = _step_median(record) if _ok(record) else None
+        base = step_median(floor) if floor is not None and ok(floor) else None
+        mine = step_median(record) if ok(record) else None
         value = mine / base if mine is not None and base else None
         series.points.append((tokens(record), value, None if value is not None else _status(record)))
-        predicted = _prediction(record, chosen) if is_graphed else None
+        predicted = _prediction(record, chosen, c) if is_graphed else None
         if predicted is not None and base:
             low, high = 1 + predicted.hidden_ms / base, 1 + predicted.exposed_ms / base
             series.predicted.append((tokens(record), low, high))
@@ -311,35 +322,45 @@ def overhead_by_size(records: Sequence[Record]) -> dict[tuple, list[Series]]:
     return dict(sorted(sized.items()))
 
 
-Times = tuple[list[tuple[int, float]], dict[str, float]]  # [(T, dW GEMM ms)], {label: update ms}
+@dataclass
+class Times:
+    """The predicted parts of a step at some ceilings: [(T, dW GEMM ms)] and {line label: update ms}."""
+
+    gemm: list[tuple[int, float]]
+    updates: dict[str, float]
+    rates: str  # the ceilings, as text ("800 TFLOP/s, 4.27 TB/s")
 
 
 def analytic_times(records: Sequence[Record]) -> dict[tuple, Times]:
-    """(model, GPU) -> ([(T, dW GEMM ms)], {line label: ms}): the step's dW GEMMs against each
-    graphed method's update at the copy rate: FORGE's whole traffic, which can hide where it lies
-    below the GEMMs, and a separate optimizer's traffic beyond the floor's, which runs after the
-    backward whatever the GEMMs take."""
+    """(model, GPU) -> `Times`: the step's dW GEMMs against each graphed method's update at the copy
+    rate, at the ceilings of the card the sweep ran on: FORGE's whole traffic, which can hide where
+    it lies below the GEMMs, and a separate optimizer's traffic beyond the floor's, which runs after
+    the backward whatever the GEMMs take."""
     chosen = sweep_records(records, SCALING_SWEEP)
+    c = ex.ceilings(chosen)
+    if c is None:
+        return {}
     out: dict[tuple, Times] = {}
     for record in grid(chosen):
         arch, n = tm.architecture(record), _n_params(record, chosen)
         if arch is None or n is None:
             continue
-        gemm, updates = out.setdefault(group_of(record), ([], {}))
-        point = (tokens(record), tm.gemm_ms(arch, tokens(record)))
+        times = out.setdefault(group_of(record), Times([], {}, c.rates))
+        gemm, updates = times.gemm, times.updates
+        point = (tokens(record), tm.gemm_ms(arch, tokens(record), c))
         if point not in gemm:
             gemm.append(point)
         method = str(record.get("method"))
         fp = ex.footprint(method, record.get("method_options"))
         if fp is None or method == FLOOR or not graphed(record):
             continue
-        if method in tm.SEPARATE_UPDATES:
+        if fp.update == AFTER_BACKWARD:
             floor = ex.footprint(FLOOR)
             label = f"{display_name(record)} update (after the backward)"
-            updates.setdefault(label, tm.update_ms(fp.update_traffic - floor.update_traffic, n))
+            updates.setdefault(label, tm.update_ms(fp.update_traffic - floor.update_traffic, n, c))
         else:
-            updates.setdefault(f"{display_name(record)} update", tm.update_ms(fp.update_traffic, n))
-    return {key: (sorted(gemm), updates) for key, (gemm, updates) in out.items()}
+            updates.setdefault(f"{display_name(record)} update", tm.update_ms(fp.update_traffic, n, c))
+    return {key: Times(sorted(t.gemm), t.updates, t.rates) for key, t in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +397,7 @@ def _saving_cell(row: Row) -> str:
     ref = row.ref
     if ref is None:
         return NONE
-    if not _ok(ref):
+    if not ok(ref):
         return f"ref {_status(ref)}"
     mine, base = _float(row.record.get("peak_alloc_gib")), _float(ref.get("peak_alloc_gib"))
     return NONE if mine is None or base is None else fmt_gib(base - mine)
@@ -436,7 +457,7 @@ def peak_series(records: Sequence[Record]) -> dict[tuple, dict[bool, list[Series
         by_label = out.setdefault(group_of(record), {}).setdefault(ac, {})
         series = by_label.setdefault(display_name(record), Series(display_name(record), graphed(record)))
         likes.setdefault(id(series), record)
-        value = _float(record.get("peak_alloc_gib")) if _ok(record) else None
+        value = _float(record.get("peak_alloc_gib")) if ok(record) else None
         series.points.append((tokens(record), value, None if value is not None else _status(record)))
     for by_ac in out.values():
         for by_label in by_ac.values():
@@ -460,7 +481,7 @@ def largest_ok(points: Sequence[Record]) -> tuple[Record | None, Record | None]:
     ooms = [r for r in ordered if r.get("status") == "oom"]
     first_oom = ooms[0] if ooms else None
     limit = tokens(first_oom) if first_oom else None
-    fits = [r for r in ordered if _ok(r) and (limit is None or tokens(r) < limit)]
+    fits = [r for r in ordered if ok(r) and (limit is None or tokens(r) < limit)]
     return (fits[-1] if fits else None), first_oom
 
 

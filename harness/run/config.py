@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class ModelConfig:
 class MethodConfig:
     """One training method: `name` picks the implementation, `options` are its own settings."""
 
-    name: str = MISSING  # a key of harness.run.methods.REGISTRY, or "package.module:Class"
+    name: str = MISSING  # a method of harness.run.methods.registry(), or "package.module:Class"
     label: str = MISSING  # unique within a sweep; by convention the conf/method file name
     lr: float = 1e-4
     options: dict[str, Any] = field(default_factory=dict)
@@ -90,14 +91,23 @@ class MethodConfig:
 
 @dataclass
 class GpuConfig:
-    """The card a point is measured as: the real one, or a smaller one emulated by a memory cap."""
+    """A kind of card a point is measured as: the real one, or a smaller one emulated by a memory
+    cap. conf/gpu/NAME.yaml owns the kind's facts (harness.run.gpus reads them for the runner, the
+    hardware check and the report); a record keeps them in its `config.gpu`."""
 
     name: str = MISSING
     memory_cap_gib: float | None = None  # cap via torch.cuda.set_per_process_memory_fraction
     # PYTORCH_CUDA_ALLOC_CONF of each point's process, e.g. "expandable_segments:True" (segments
     # that grow in place instead of new blocks: less fragmentation under a cap); None: torch's default
     allocator: str | None = None
-    peak_tflops: float | None = None  # dense bf16 peak for MFU; None: look up the detected GPU
+    # how the card names itself (torch.cuda.get_device_name(), NVML): a regular expression searched
+    # in that name, case ignored; a real card (no memory cap) must have one, the CPU has none
+    device_name: str | None = None
+    memory_gib: float | None = None  # the memory the card gives a process, GiB (where a record lacks it)
+    peak_tflops: float | None = None  # one card's dense bf16 tensor-core peak, TFLOP/s: what MFU is of
+    # ceilings measured on the card, the rates the report's step floors are drawn at:
+    matmul_tflops: float | None = None  # bf16 matmul, TFLOP/s
+    copy_tbps: float | None = None  # device-to-device copy, TB/s (bytes read + written)
 
 
 @dataclass
@@ -219,14 +229,38 @@ class Config:
 ConfigStore.instance().store(name="base_config", node=Config)
 
 
-def group_choices(group: str) -> list[str]:
-    """The names available in one conf/ group, e.g. group_choices("method")."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+SEARCH_PATH_OVERRIDE = "hydra.searchpath="
 
 
-def describe_choice(group: str, name: str) -> str:
+def conf_dirs(overrides: Sequence[str] = ()) -> list[Path]:
+    """Where configs are found: conf/, then each folder a `hydra.searchpath=[file://DIR,...]`
+    override adds (Hydra composes from the same folders, in the same order)."""
+    dirs = [CONF_DIR]
+    for override in overrides:
+        if override.startswith(SEARCH_PATH_OVERRIDE):
+            entries = override[len(SEARCH_PATH_OVERRIDE) :].strip("[]").split(",")
+            dirs += [Path(e.strip().strip("'\"").removeprefix("file://")) for e in entries if e.strip()]
+    return dirs
+
+
+def config_file(group: str, name: str, overrides: Sequence[str] = ()) -> Path | None:
+    """conf/GROUP/NAME.yaml in the first folder of `conf_dirs` that has it, or None."""
+    return next((p for d in conf_dirs(overrides) if (p := d / group / f"{name}.yaml").is_file()), None)
+
+
+def group_choices(group: str, overrides: Sequence[str] = ()) -> list[str]:
+    """The names available in one config group, e.g. group_choices("method")."""
+    return sorted({p.stem for d in conf_dirs(overrides) for p in (d / group).glob("*.yaml")})
+
+
+def describe_choice(group: str, name: str, overrides: Sequence[str] = ()) -> str:
     """What conf/GROUP/NAME.yaml is, in one line: the first line of its leading comment."""
-    for line in (CONF_DIR / group / f"{name}.yaml").read_text().splitlines():
+    path = config_file(group, name, overrides)
+    if path is None:
+        raise ConfigError(
+            f"{group}={name!r} is not valid; choose one of: {', '.join(group_choices(group, overrides))}"
+        )
+    for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
         text = line.lstrip("#").strip()
@@ -372,6 +406,25 @@ def _validate_launcher(cfg: DictConfig) -> None:
         )
 
 
+def _validate_gpu(gpu: Any) -> None:
+    """A conf/gpu kind's facts: positive numbers, a name pattern that compiles, and one for a real card."""
+    for key in ("memory_cap_gib", "memory_gib", "peak_tflops", "matmul_tflops", "copy_tbps"):
+        _positive(f"gpu.{key}", gpu[key])
+    if gpu.device_name is not None:
+        try:
+            re.compile(gpu.device_name)
+        except re.error as e:
+            raise ConfigError(
+                f"gpu.device_name={gpu.device_name!r} is not a regular expression: {e}"
+            ) from None
+    elif gpu.name != "cpu" and gpu.memory_cap_gib is None:
+        raise ConfigError(
+            f"gpu={gpu.name} is a real card (no memory_cap_gib), so its conf/gpu file must say how the card "
+            "names itself: add device_name, a regular expression found in torch.cuda.get_device_name() "
+            "(e.g. device_name: H200)"
+        )
+
+
 def _validate_cuda_graph(cfg: DictConfig) -> None:
     """What a captured step cannot do here (a method or device that cannot capture is a record:
     `unavailable`, from `methods.unavailable_reason`)."""
@@ -426,7 +479,7 @@ def validate(cfg: DictConfig) -> None:
     _choice("model.family", cfg.model.family, FAMILIES)
     for key in ("batch_size", "seq_len", "steps", "timeout_s", "gpus"):
         _positive(key, cfg[key])
-    _positive("gpu.memory_cap_gib", cfg.gpu.memory_cap_gib)
+    _validate_gpu(cfg.gpu)
     allocator = cfg.gpu.allocator
     if allocator is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", str(allocator)):
         raise ConfigError(
@@ -448,17 +501,16 @@ def validate(cfg: DictConfig) -> None:
     if cfg.gpus > 1 and not methods.get(cfg.method.name).tensor_parallel:
         raise ConfigError(
             f"method {cfg.method.label!r} does not run tensor-parallel (gpus={cfg.gpus}); methods that do: "
-            + ", ".join(n for n in methods.REGISTRY if methods.get(n).tensor_parallel)
+            + ", ".join(n for n, c in methods.registry().items() if c.tensor_parallel)
         )
     _validate_data_parallel(cfg)
     _validate_chunked_head(cfg)
 
 
-CHUNKED_HEAD_REFUSED = ("fused_adamw_fp32grad", "adamw_in_backward_fp32grad")  # main_grad from lm_head's GEMM
-
-
 def _validate_chunked_head(cfg: DictConfig) -> None:
     """What `model.chunked_head` does not run with, refused before anything is built."""
+    from harness.run import methods
+
     if not cfg.model.chunked_head:
         return
     if cfg.model.chunked_loss:
@@ -473,8 +525,8 @@ def _validate_chunked_head(cfg: DictConfig) -> None:
         refused = "method.compile=true (the head's loss runs eagerly)"
     elif cfg.method.options.get("max_grad_norm") is not None:
         refused = "method.options.max_grad_norm (clipping needs every gradient before any update)"
-    elif cfg.method.name in CHUNKED_HEAD_REFUSED:
-        refused = f"method {cfg.method.label!r} (its main_grad comes from lm_head's own dW GEMM)"
+    elif (why := methods.get(cfg.method.name).refuses_chunked_head) is not None:
+        refused = f"method {cfg.method.label!r} ({why})"
     if refused:
         raise ConfigError(
             f"model.chunked_head=true does not run with {refused}; set model.chunked_head=false"

@@ -15,17 +15,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARIES = (
-    "torch",
-    "triton",
-    "transformers",
-    "numpy",
-    "hydra-core",
-    "bitsandbytes",
-    "torchao",
-    "lomo-optim",
-    "flashoptim",
-)
+# The libraries every point runs on; each method adds those it requires (`Method.requires`).
+LIBRARIES = ("torch", "triton", "transformers", "numpy", "hydra-core")
 
 
 STAMP_VARIABLE = "FORGE_BENCH_COMMIT_STAMP"  # set by scripts/device_setup.sh on the GPU machine
@@ -64,6 +55,15 @@ def _stamped_commit(stamp: Path) -> dict[str, Any]:
         "git_dirty": dirty == "dirty",
         "git_commit_source": ".device-commit",
     }
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' becomes 'cuda' when torch sees a GPU, else 'cpu'; any other device as given."""
+    if requested == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
 
 
 def gpu_info() -> dict[str, Any]:
@@ -111,9 +111,12 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str | None]:
-    """Installed versions of the libraries that shape the numbers, plus Python and CUDA."""
+    """Installed versions of the libraries that shape the numbers (ours and the methods'), plus
+    Python and CUDA."""
+    from harness.run import methods
+
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in LIBRARIES:
+    for name in dict.fromkeys([*LIBRARIES, *methods.packages()]):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

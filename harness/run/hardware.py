@@ -22,7 +22,8 @@ from omegaconf import DictConfig
 
 from harness import results
 from harness.run import config as config_mod
-from harness.run.config import CONF_DIR, ConfigError, group_choices
+from harness.run import gpus as gpu_kinds
+from harness.run.config import CONF_DIR, ConfigError
 
 CAP_SLACK = 0.95  # a card sold as N GB reports a little less than N GiB (an H100-80GB: 79.6 GiB)
 WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
@@ -61,7 +62,7 @@ def _card(gpu: Any) -> str:
             f"an emulated {gpu.name.upper().replace('_', '-')} (gpu={gpu.name}: a CUDA GPU of at "
             f"least {gpu.memory_cap_gib:g} GiB, capped to {gpu.memory_cap_gib:g} GiB)"
         )
-    return f"an NVIDIA {gpu.name.split('_')[0].upper()} (gpu={gpu.name})"
+    return f"an NVIDIA {gpu_kinds.title(gpu)} (gpu={gpu.name})"
 
 
 def _gpus_here(here: dict[str, Any]) -> str:
@@ -76,8 +77,8 @@ def _gpus_here(here: dict[str, Any]) -> str:
 def hardware_problem(gpu: Any, device: str, gpus: int, here: dict[str, Any]) -> str | None:
     """Why a point for conf/gpu `gpu` on `device` (and `gpus` GPUs) cannot run here; None if it can.
 
-    A real card (no memory cap) must be the GPU here: conf/gpu/NAME's first word (h200) in its
-    name. An emulated card needs a GPU with at least its cap. The CPU needs device=cpu."""
+    A real card (no memory cap) must be the GPU here: its `device_name` found in the GPU's name.
+    An emulated card needs a GPU with at least its cap. The CPU needs device=cpu."""
     runs_on = device_here(device, here)
     if gpu.name == "cpu":
         if runs_on == "cuda":
@@ -97,8 +98,7 @@ def hardware_problem(gpu: Any, device: str, gpus: int, here: dict[str, Any]) -> 
         return f"gpus={gpus}: its points need {gpus} GPUs, and this machine has {here['gpu_count']}"
     name, memory = here["gpu_name"], here["gpu_memory_gib"]
     if gpu.memory_cap_gib is None:
-        wanted = gpu.name.split("_")[0].lower()
-        if name is not None and wanted not in re.sub(r"[^a-z0-9]", "", name.lower()):
+        if name is not None and not gpu_kinds.matches(gpu, name):
             return f"it is for {_card(gpu)}, and {_gpus_here(here)}"
     elif memory is not None and memory < CAP_SLACK * gpu.memory_cap_gib:
         return f"it is for {_card(gpu)}, and {_gpus_here(here)}"
@@ -111,11 +111,11 @@ _n_params: dict[tuple[str, str | None], int | None] = {}
 def _memory_problem(cfg: DictConfig, here: dict[str, Any]) -> str | None:
     """Why the point's model cannot fit here: its weights alone exceed the memory it would use
     (the GPU's, or its cap; the host's on a CPU). Every method holds at least the weights."""
-    from harness.run import models
+    from harness.run.architecture import n_params_of  # transformers: only when a model is sized
 
     key = (cfg.model.name, cfg.model.path)
     if key not in _n_params:
-        _n_params[key] = models.n_params_of(cfg.model)
+        _n_params[key] = n_params_of(cfg.model)
     n = _n_params[key]
     if n is None:  # a checkpoint: its size would have to be read
         return None
@@ -201,13 +201,10 @@ def _command(overrides: list[str], verb: str = "sweep") -> str:
     return " ".join([f"python -m harness {verb}", *map(shlex.quote, overrides)])
 
 
-def _runnable_gpus(cfg: DictConfig, here: dict[str, Any]) -> list[str]:
+def _runnable_gpus(here: dict[str, Any], overrides: list[str]) -> list[str]:
     """The conf/gpu choices whose hardware this machine has (for the device it would use)."""
-    from omegaconf import OmegaConf
-
     names = []
-    for name in group_choices("gpu"):
-        gpu = OmegaConf.merge(config_mod.GpuConfig, OmegaConf.load(CONF_DIR / "gpu" / f"{name}.yaml"))
+    for name, gpu in gpu_kinds.kinds(overrides).items():
         device = "cpu" if name == "cpu" else "auto"
         if hardware_problem(gpu, device, 1, here) is None:
             names.append(name)
@@ -246,7 +243,7 @@ def check_hardware(
         lines.append(
             f"Run it on a machine with {where}" + (f" ({cfg.gpus} of them)." if cfg.gpus > 1 else ".")
         )
-        runnable = _runnable_gpus(cfg, here)
+        runnable = _runnable_gpus(here, overrides)
         if runnable:
             lines.append("This machine has the hardware of: " + ", ".join(f"gpu={g}" for g in runnable) + ".")
     else:

@@ -2,14 +2,14 @@
 
     command(2, args)      torchrun (python -m torch.distributed.run) --nproc-per-node=2 -m harness.run.worker
     child_env(env, gpus)  the worker's environment (NCCL settings for multi-GPU points)
-    merge(records)        one record for the point from the per-rank records
+    rank_records(path, n) the per-rank records the ranks wrote
 
 Every point is still one fresh launch: torchrun starts N fresh workers and tears all of them down
 when one fails, so nothing of a point reaches the next. Each rank writes its own record
-(`rank_record_path`); the parent merges them: rank 0's step times (its CUDA events bracket whole
-steps, after a barrier that lines the ranks up), the per-GPU peak memory as the maximum over
-ranks (with the per-rank figures kept), the world size as `gpu_count`, and the worst status of
-any rank (an OOM on rank 1 is the point's OOM).
+(`rank_record_path`); the parent merges them (`harness.run.record.merge_ranks`): rank 0's step
+times (its CUDA events bracket whole steps, after a barrier that lines the ranks up), the per-GPU
+peak memory as the maximum over ranks (with the per-rank figures kept), the world size as
+`gpu_count`, and the worst status of any rank (an OOM on rank 1 is the point's OOM).
 
 NCCL: NVLink multicast (NVLS) and symmetric-memory multicast stay off on the device machines
 (their README: multicast objects leak across jobs there), so NCCL_NVLS_ENABLE=0 and
@@ -24,15 +24,6 @@ from pathlib import Path
 from typing import Any
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-# Peak-memory fields: the point's figure is the largest rank's (per-GPU memory is what must fit).
-PEAK_FIELDS = (
-    "peak_alloc_gib",
-    "peak_reserved_gib",
-    "peak_nvml_gib",
-    "activations_gib",
-    "forward_end_alloc_gib",
-)
-STATUS_ORDER = ("oom", "error", "diverged", "unavailable", "ok")  # the first present wins
 
 
 def command(gpus: int, args: list[str]) -> list[str]:
@@ -65,24 +56,6 @@ def rank_records(record_path: Path, gpus: int) -> list[dict[str, Any]]:
 
     paths = [rank_record_path(record_path, r, gpus) for r in range(gpus)]
     return [json.loads(p.read_text()) for p in paths if p.exists()]
-
-
-def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record from the ranks' records: rank 0's times and losses, the max of the peaks, the
-    worst status (with its error), and the per-rank peaks for the record's reader."""
-    by_rank = sorted(records, key=lambda r: r.get("rank", 0))
-    merged = dict(by_rank[0])
-    for field in PEAK_FIELDS:
-        values = [r.get(field) for r in by_rank]
-        merged[f"{field}_per_rank"] = values
-        known = [v for v in values if v is not None]
-        merged[field] = max(known) if known else None
-    worst = min(by_rank, key=lambda r: STATUS_ORDER.index(r.get("status", "error")))
-    merged["status"], merged["error"] = worst.get("status"), worst.get("error")
-    merged["ranks_reported"] = len(by_rank)
-    world = merged.get("world_size") or len(by_rank)
-    merged["gpu_count"] = (merged.get("gpu_count") or 0) * world  # 0 on CPUs (gloo), else world
-    return merged
 
 
 def local_rank() -> int:

@@ -7,6 +7,9 @@ or crashed worker is killed whole. A worker that dies without a record becomes a
 check that needs no subprocess: a method that cannot run here is recorded `unavailable`. It is
 what a local sweep runs for each point and what a Slurm job runs on its node (slurm.py).
 
+This is the sweep's parent side: it makes the records of points that left none through
+`harness.run.record` and never imports the worker's modules (runner, measure, models...).
+
 A sweep starts its points through a `Launcher`; `LocalLauncher` (`launcher=local`) runs them here,
 one after the other or several at once, and on Ctrl-C kills every worker still running.
 """
@@ -17,7 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.run import config as config_mod
-from harness.run import launch, methods
+from harness.run import env, launch, methods
+from harness.run import record as point_record
 from harness.run.env import REPO
 from harness.run.grid import Point
 
@@ -75,19 +78,13 @@ def crash_record(
     point: Point, git: dict[str, Any], status: str, error: str, device: str | None = None
 ) -> dict[str, Any]:
     """The record of a point that left none of its own (`device`: None, the one it resolves to here)."""
-    from harness.run import runner
-
-    device = device or runner.resolve_device(point.cfg.device)
-    record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
-    record.update(status=status, error=error)
-    return record
+    device = device or env.resolve_device(point.cfg.device)
+    return point_record.failed(point.cfg, point.id, device, git, status, error).to_json()
 
 
 def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
     """Run one point in a fresh worker subprocess; always returns a record."""
-    from harness.run import runner
-
-    device = runner.resolve_device(point.cfg.device)
+    device = env.resolve_device(point.cfg.device)
     with tempfile.TemporaryDirectory(prefix="harness-point-") as tmp:
         spec_path, record_path = Path(tmp, "point.json"), Path(tmp, "record.json")
         spec = {"point": point.id, "config": config_mod.to_dict(point.cfg), "git": git}
@@ -123,7 +120,7 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         if _stopping.is_set():  # killed by the Ctrl-C of a concurrent sweep, not by its own fault
             raise SweepInterrupted(point.id)
         if gpus > 1 and (ranks := launch.rank_records(record_path, gpus)):
-            return launch.merge(ranks)
+            return point_record.merge_ranks(ranks)
         if record_path.exists():
             return json.loads(record_path.read_text())
     status = "oom" if "out of memory" in stderr.lower() else "error"
@@ -134,23 +131,14 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
 def run_here(point: Point, git: dict[str, Any]) -> dict[str, Any]:
     """Run one point on this machine: `unavailable` without a subprocess when its method cannot
     run here, else in a fresh worker (`run_isolated`). What a local point and a Slurm job run."""
-    from harness.run import runner
-
-    device = runner.resolve_device(point.cfg.device)
+    device = env.resolve_device(point.cfg.device)
     method = point.cfg.method
     reason = methods.unavailable_reason(
         method.name, config_mod.to_dict(method.options), device, method.cuda_graph
     )
     if not reason:
         return run_isolated(point, git)
-    record = runner.stamp_env(runner.base_record(point.cfg, point.id, device), device, git)
-    record.update(status="unavailable", error=reason)
-    return record
-
-
-def job_fields(launcher: str, job_id: str | None = None) -> dict[str, Any]:
-    """Where a point ran: the record's `launcher`, `slurm_job_id` and `node` (this host)."""
-    return {"launcher": launcher, "slurm_job_id": job_id, "node": socket.gethostname()}
+    return crash_record(point, git, "unavailable", reason, device)
 
 
 class Launcher(Protocol):
@@ -176,13 +164,13 @@ class LocalLauncher:
     def run(self, points: list[Point], git: dict[str, Any]) -> Iterator[tuple[Point, dict[str, Any]]]:
         if self.concurrent == 1:
             for point in points:
-                yield point, {**run_here(point, git), **job_fields("local")}
+                yield point, {**run_here(point, git), **point_record.job_fields("local")}
             return
         pool = ThreadPoolExecutor(max_workers=self.concurrent, thread_name_prefix="point")
         try:
             futures = {pool.submit(run_here, point, git): point for point in points}
             for future in as_completed(futures):
-                yield futures[future], {**future.result(), **job_fields("local")}
+                yield futures[future], {**future.result(), **point_record.job_fields("local")}
         except BaseException:  # Ctrl-C: kill every running worker, as in the serial case
             pool.shutdown(wait=False, cancel_futures=True)  # no point starts from here on
             _kill_live_workers()

@@ -1,7 +1,8 @@
 """Models: transformers decoders built from their real architecture numbers, random init.
 
 `conf/model/*.yaml` holds each architecture's numbers (Llama-3.1-8B, Qwen3 0.6B to 14B, and tiny
-variants for CPU tests); `build` makes the transformers config from them and instantiates the
+variants for CPU tests); `build` makes the transformers config from them (`harness.run.architecture`,
+which the sweep's parent shares to size a model before any runs) and instantiates the
 model directly on the target device in the target dtype, so an 8B model never passes through
 host memory and nothing is downloaded. A `path` loads real weights from a local checkpoint
 instead. Attention is SDPA, with no mask: the harness's batches are whole sequences (no padding,
@@ -19,37 +20,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 from forge import head as forge_head
-from harness.run import chunked_loss
+from harness.run import chunked_loss, record
+from harness.run.architecture import hf_config, n_params
 from harness.run.config import ModelConfig
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def hf_config(cfg: ModelConfig) -> PretrainedConfig:
-    """The transformers config for an architecture entry of conf/model/."""
-    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[cfg.family]
-    kwargs = dict(
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=cfg.rope_theta,
-        rms_norm_eps=cfg.rms_norm_eps,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        use_cache=False,
-    )
-    if cfg.head_dim is not None:
-        kwargs["head_dim"] = cfg.head_dim
-    return cls(**kwargs)
-
-
-ATTENTION_MASK = "is_causal"  # what records say of the mask (results.py's `attention_mask`)
+ATTENTION_MASK = record.ATTENTION_MASK  # what records say of the mask this module gives SDPA
 
 
 def whole_sequence_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
@@ -138,21 +119,6 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def n_params(model: torch.nn.Module) -> int:
-    """Parameter count, tied weights once."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def n_params_of(cfg: ModelConfig) -> int | None:
-    """The parameter count of an architecture entry without allocating it (built on the meta
-    device, under a second): a point that ran out of memory still says how large its model was.
-    None for a pretrained checkpoint (`path`), which would have to be read."""
-    if cfg.path:
-        return None
-    with torch.device("meta"):
-        return n_params(AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.bfloat16))
 
 
 def flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:

@@ -11,26 +11,38 @@ the timed ones with the CUDA allocator's history on, for the pools at its peak
 (`harness.run.peak_pools`). OOM is a result (`oom`), a NaN or inf loss is
 `diverged`, any other exception is `error` with its message. The worker subprocess
 (`harness.run.worker`) wraps this so that nothing carries from one point to the next.
+
+The record is `harness.results.Record`, started by `harness.run.record.for_point` (what the config
+says) and filled here with what was measured (`Trained`: the record's fields, and what the verdict
+and the throughput need beside them).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-import os
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from harness import results
-from harness.run import chunked_loss, data_parallel, env, measure, methods, models, peak_pools
+from harness.results import Record
+from harness.run import (
+    architecture,
+    chunked_loss,
+    data_parallel,
+    env,
+    gpus,
+    measure,
+    methods,
+    models,
+    peak_pools,
+)
 from harness.run import config as config_mod
+from harness.run import record as point_record
 from harness.run.measure import GIB, gib
 
-# Dense bf16 tensor-core peaks (TFLOP/s) for MFU, by a substring of the GPU's name.
-PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 SNAPSHOT_ELEMENTS = 4096  # per parameter, to check that it moved
 
 
@@ -38,85 +50,24 @@ class Unavailable(Exception):
     """The method cannot run on this machine (raised from setup; recorded as `unavailable`)."""
 
 
-def resolve_device(requested: str) -> str:
-    """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
+@dataclass
+class Trained:
+    """What training a point gave: the record's measured fields (`fields`, names of
+    `harness.results.Record`), whether the method updates its weights at all (`trains`: the
+    did-it-train check applies) and the model's training FLOPs a token (for mfu)."""
+
+    fields: dict[str, Any]
+    trains: bool
+    flops_per_token: float
 
 
 def peak_tflops(cfg: DictConfig, gpu_name: str | None) -> float | None:
-    """The dense bf16 peak of all the GPUs a point uses (`gpus` of them under tensor parallelism)."""
-    if cfg.gpu.peak_tflops is not None:
-        return float(cfg.gpu.peak_tflops) * cfg.gpus
-    one = next((v for k, v in PEAK_TFLOPS.items() if gpu_name and k in gpu_name), None)
-    return None if one is None else one * cfg.gpus
-
-
-def point_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config a record keeps: all but `launcher` (where the point ran is the record's
-    `launcher`, `slurm_job_id` and `node`; a point run locally or on Slurm is the same point)."""
-    config = config_mod.to_dict(cfg)
-    config.pop("launcher", None)
-    return config
-
-
-def base_record(cfg: DictConfig, point: str, device: str) -> dict[str, Any]:
-    """The fields known before anything runs."""
-    r = results.empty_record()
-    r.update(
-        sweep=cfg.sweep.name,
-        point=point,
-        sweep_mode=cfg.sweep.mode,
-        concurrent_points=cfg.sweep.concurrent_points,
-        time=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        method=cfg.method.name,
-        method_label=cfg.method.label,
-        method_options=methods.resolved_options(
-            cfg.method.name, config_mod.to_dict(cfg.method.options), cfg.method.lr
-        ),
-        model=cfg.model.name,
-        batch_size=cfg.batch_size,
-        seq_len=cfg.seq_len,
-        activation_checkpointing=cfg.activation_checkpointing,
-        gpu=cfg.gpu.name,
-        device=device,
-        memory_cap_gib=cfg.gpu.memory_cap_gib,
-        emulated=cfg.gpu.memory_cap_gib is not None,
-        # the CUDA allocator's settings the point ran under (the worker inherits them from the sweep)
-        cuda_alloc_conf=cfg.gpu.allocator or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        steps=cfg.steps,
-        warmup_steps=cfg.warmup_steps,
-        dtype=config_mod.weight_dtype(cfg),
-        attention_mask=models.ATTENTION_MASK,
-        notes=[],
-        config=point_config(cfg),
-    )
-    if cfg.method.autocast is not None:  # mixed precision: the same weights, another configuration
-        r["method_options"]["autocast"] = cfg.method.autocast
-    if cfg.method.cuda_graph:  # the same method, its step captured once and replayed: recorded only when on
-        r["method_options"]["cuda_graph"] = True
-    if cfg.method.compile:  # likewise: its forward and backward compiled by torch.compile
-        r["method_options"]["compile"] = True
-    r["chunked_loss"] = bool(cfg.model.chunked_loss)
-    if cfg.model.chunked_loss:  # another loss, so another configuration: recorded only when on
-        r["method_options"]["chunked_loss"] = True
-    if cfg.model.chunked_head:  # likewise: lm_head and the loss over vocabulary chunks
-        r["chunked_head"] = True
-        r["method_options"]["chunked_head"] = True
-    if cfg.convergence.enabled:  # the weight dtype tells fused AdamW fp32 from pure bf16 apart
-        r["method_options"]["weights"] = r["dtype"]
-        r["convergence_reference"] = cfg.method.label == cfg.convergence.reference
-    return r
-
-
-def stamp_env(record: dict[str, Any], device: str, git: dict[str, Any] | None) -> dict[str, Any]:
-    """Add env metadata and the GPU fields, the same for every record of a point, whatever its
-    status (the report and the regression check match points on gpu_name)."""
-    record["env"] = env.collect(git)
-    record["gpu_name"] = record["env"]["gpu_name"] if device == "cuda" else None
-    record["gpu_count"] = 1 if device == "cuda" else 0  # GPUs this point used (env: all visible)
-    return record
+    """The dense bf16 peak of all the GPUs a point uses (`gpus` of them under tensor parallelism):
+    its card's `gpu.peak_tflops`, or, for an emulated card (a memory cap on a larger one), that of
+    the card it runs on, recognized by its name among conf/gpu's kinds."""
+    card = cfg.gpu if cfg.gpu.memory_cap_gib is None else gpus.recognize(gpu_name)
+    one = None if card is None else card.peak_tflops
+    return None if one is None else float(one) * cfg.gpus
 
 
 def apply_memory_cap(cap_gib: float | None, device: str) -> str | None:
@@ -171,7 +122,7 @@ def build_method(cfg: DictConfig, device: str) -> tuple[torch.nn.Module, methods
     return model, method
 
 
-def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> Trained:
     """Build, time the steps, collect memory: the measured fields of the record."""
     seed = data_parallel.batch_seed(cfg.seed, data_parallel.kind_of(cfg.method.options))
     batch = models.random_batch(cfg.model.vocab_size, cfg.batch_size, cfg.seq_len, device, seed)
@@ -195,7 +146,7 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
     peaks = measure.cuda_peaks(device)
     weights = measure.nbytes(params)
     out = {
-        "n_params": models.n_params(model),
+        "n_params": architecture.n_params(model),
         "master_weights": method.master_weights(),
         "losses": losses,
         "loss_first": losses[0],
@@ -207,8 +158,6 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         "peak_nvml_gib": gib(nvml_peak),
         "forward_end_alloc_gib": gib(forward_end.bytes),
         "notes": list(method.notes),
-        "_trains": method.trains,
-        "_flops_per_token": models.flops_per_token(model, cfg.model, cfg.seq_len),
     }
     if cfg.model.chunked_loss:
         out["notes"].append(chunked_loss.memory_note(cfg.model.vocab_size, cfg.batch_size * cfg.seq_len))
@@ -227,10 +176,10 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         pools, note = peak_pools.measure(method, model, batch, device)
         out.update(pools)
         out["notes"] += [note] if note else []
-    return out
+    return Trained(out, method.trains, models.flops_per_token(model, cfg.model, cfg.seq_len))
 
 
-def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> dict[str, Any]:
+def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) -> Trained:
     """A convergence point (harness.run.convergence): real text, every step's loss, held-out losses."""
     from harness.run import convergence
 
@@ -250,41 +199,40 @@ def train_on_text(cfg: DictConfig, device: str, sampler: measure.NvmlSampler) ->
         out = convergence.train(cfg, method)
     peaks = measure.cuda_peaks(device)
     out.update(
-        n_params=models.n_params(model),
+        n_params=architecture.n_params(model),
         master_weights=method.master_weights(),
         params_moved_frac=_moved_fraction(before, params),
         peak_alloc_gib=gib(peaks["peak_alloc"]),
         peak_reserved_gib=gib(peaks["peak_reserved"]),
         notes=list(method.notes),
-        _trains=method.trains,
-        _flops_per_token=models.flops_per_token(model, cfg.model, cfg.seq_len),
     )
     out.update(measure.time_stats(out["step_times_ms"]))
-    return out
+    return Trained(out, method.trains, models.flops_per_token(model, cfg.model, cfg.seq_len))
 
 
-def throughput(record: dict[str, Any], flops_per_token: float) -> None:
+def throughput(record: Record, flops_per_token: float) -> None:
     """tokens_per_s and mfu from the median step time (mfu only where the GPU's peak is known);
     under data parallelism a step trains every rank's batch."""
-    median = record["step_time_ms_median"]
+    median = record.step_time_ms_median
     if not median:
         return
-    ranks = data_parallel.ranks_of_tokens(record["method_options"].get("data_parallel"))
-    record["tokens_per_s"] = ranks * record["batch_size"] * record["seq_len"] * 1e3 / median
-    if record["peak_tflops"]:
-        record["mfu"] = flops_per_token * record["tokens_per_s"] / (record["peak_tflops"] * 1e12)
+    ranks = data_parallel.ranks_of_tokens((record.method_options or {}).get("data_parallel"))
+    record.tokens_per_s = ranks * record.batch_size * record.seq_len * 1e3 / median
+    if record.peak_tflops:
+        record.mfu = flops_per_token * record.tokens_per_s / (record.peak_tflops * 1e12)
 
 
-def verdict(record: dict[str, Any], trains: bool, check_training: bool) -> tuple[str, str | None]:
+def verdict(
+    losses: list[float], params_moved_frac: float, trains: bool, check_training: bool
+) -> tuple[str, str | None]:
     """ok, or diverged / error with the reason, from the losses and the parameter check."""
-    losses = record["losses"]
     bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     if bad is not None:
         return "diverged", f"loss became {losses[bad]} at step {bad + 1}"
     if not (trains and check_training):
         return "ok", None
-    if record["params_moved_frac"] < 0.5:
-        return "error", f"did not train: only {record['params_moved_frac']:.0%} of parameter tensors changed"
+    if params_moved_frac < 0.5:
+        return "error", f"did not train: only {params_moved_frac:.0%} of parameter tensors changed"
     if len(losses) > 1 and not losses[-1] < losses[0]:
         return "error", f"did not train: loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"
     return "ok", None
@@ -298,35 +246,40 @@ def _failure(e: BaseException) -> tuple[str, str]:
 
 
 def run_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run one point in this process and return its record (never raises for a point's failure)."""
-    device = resolve_device(cfg.device)
+    """Run one point in this process and return its record, as its results line holds it (never
+    raises for a point's failure)."""
+    return measure_point(cfg, point, git).to_json()
+
+
+def measure_point(cfg: DictConfig, point: str = "adhoc", git: dict[str, Any] | None = None) -> Record:
+    """Run one point in this process: its record (`run_point`'s, typed)."""
+    device = env.resolve_device(cfg.device)
     sampler = measure.NvmlSampler()  # before CUDA is touched: its baseline excludes our context
-    record = stamp_env(base_record(cfg, point, device), device, git)
-    record["nvml_baseline_gib"] = gib(sampler.baseline_bytes) if device == "cuda" else None
-    record["peak_tflops"] = peak_tflops(cfg, record["gpu_name"])
+    record = point_record.stamp_env(point_record.for_point(cfg, point, device), device, git)
+    record.nvml_baseline_gib = gib(sampler.baseline_bytes) if device == "cuda" else None
+    record.peak_tflops = peak_tflops(cfg, record.gpu_name)
     reason = methods.unavailable_reason(
         cfg.method.name, config_mod.to_dict(cfg.method.options), device, cfg.method.cuda_graph
     )
     if reason is None and cfg.device == "cuda" and not torch.cuda.is_available():
         reason = "device=cuda but no CUDA device is visible"
     if reason:
-        record.update(status="unavailable", error=reason)
-        return record
+        return record.set(status="unavailable", error=reason)
     try:
         note = apply_memory_cap(cfg.gpu.memory_cap_gib, device)
-        measured = (train_on_text if cfg.convergence.enabled else train_and_measure)(cfg, device, sampler)
+        trained = (train_on_text if cfg.convergence.enabled else train_and_measure)(cfg, device, sampler)
     except Unavailable as e:
         sampler.stop()
-        record.update(status="unavailable", error=str(e))
-        return record
+        return record.set(status="unavailable", error=str(e))
     except Exception as e:
         sampler.stop()
-        record["status"], record["error"] = _failure(e)
-        record["n_params"] = models.n_params_of(cfg.model)  # the tables size models by it
-        return record
-    trains, flops = measured.pop("_trains"), measured.pop("_flops_per_token")
-    record.update(measured)
-    record["notes"] += [note] if note else []
-    throughput(record, flops)
-    record["status"], record["error"] = verdict(record, trains, cfg.check_training)
+        status, error = _failure(e)
+        # the tables size models by n_params, whatever the status
+        return record.set(status=status, error=error, n_params=architecture.n_params_of(cfg.model))
+    record.set(**trained.fields)
+    record.notes += [note] if note else []
+    throughput(record, trained.flops_per_token)
+    record.status, record.error = verdict(
+        record.losses, record.params_moved_frac, trained.trains, cfg.check_training
+    )
     return record

@@ -48,11 +48,13 @@ from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import _convert_mem, _make_sbatch_string  # the script SlurmExecutor submits
 
 from harness.run import env
+from harness.run import record as point_record
 from harness.run.env import REPO
 from harness.run.errors import ConfigError
 from harness.run.grid import Point
 from harness.run.hardware import hardware_problem
-from harness.run.local import crash_record, job_fields, run_here
+from harness.run.local import crash_record, run_here
+from harness.run.record import job_fields
 
 PREEMPTION_RETRIES = 1  # a preempted job is submitted again this many times
 POLL_S = {"slurm": 10.0, "local": 1.0, "debug": 0.0}  # how often the finished jobs are looked for
@@ -198,11 +200,12 @@ class SlurmLauncher:
             reason = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 1234" -> CANCELLED
             status = "oom" if reason == "OUT_OF_MEMORY" else "error"
             error = f"Slurm job {job.job_id} ended {state}: {str(e).strip()[-1500:]}"
-            record = crash_record(point, git, status, error, self._device(point))
-            record.update(job_fields(self.label, job.job_id))
+            device = self._device(point) or env.resolve_device(point.cfg.device)
+            record = point_record.failed(point.cfg, point.id, device, git, status, error)
+            record.set(**job_fields(self.label, job.job_id))
             if self.remote:  # the node's, not this machine's: only its name is known
-                record.update(gpu_name=None, node=job.get_info(mode="cache").get("NodeList"))
-            return record, reason == "PREEMPTED"
+                record.set(gpu_name=None, node=job.get_info(mode="cache").get("NodeList"))
+            return record.to_json(), reason == "PREEMPTED"
 
     def _device(self, point: Point) -> str | None:
         """The device a killed job's point was for: on a cluster, as its config says (device=auto

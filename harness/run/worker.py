@@ -3,7 +3,7 @@
     python -m harness.run.worker POINT.json RECORD.json
 
 POINT.json holds {"point": id, "config": resolved config, "git": {...}}; the worker re-validates
-the config, runs `runner.run_point` and writes the record to RECORD.json. A fresh process per
+the config, runs `runner.measure_point` and writes the record to RECORD.json. A fresh process per
 point means no CUDA state, allocator cache, peak counter or leaked tensor (an OOM'd point's
 traceback keeps its tensors alive) can reach the next point. If this process dies without
 writing RECORD.json (a segfault, a kill, a timeout), the sweep records an `error` from its exit
@@ -35,13 +35,13 @@ def main(argv: list[str]) -> int:
     world, rank = tensor_parallel.world_size(), tensor_parallel.rank()
     if world > 1:
         tensor_parallel.init(spec["config"]["device"])
-    record = runner.run_point(cfg, point=spec["point"], git=spec.get("git"))
-    record.update(rank=rank, world_size=world)
+    record = runner.measure_point(cfg, point=spec["point"], git=spec.get("git"))
+    record.set(rank=rank, world_size=world)
     path = launch.rank_record_path(record_path, rank, world)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, default=str))
+    tmp.write_text(json.dumps(record.to_json(), default=str))
     tmp.replace(path)
-    if world > 1 and record["status"] != "ok":
+    if world > 1 and record.status != "ok":
         os._exit(1)  # torchrun then stops the other ranks (they may wait in a collective for us)
     tensor_parallel.finish()
     return 0

@@ -9,12 +9,20 @@ also runs on a CPU (the smoke sweep runs it there).
 from __future__ import annotations
 
 from harness.run.methods.base import AdamWOptions, StepOptimizerMethod
+from harness.run.methods.footprint import Footprint, element_bytes, separate
 
 
 class BnbAdamW8bit(StepOptimizerMethod):
     name = "adamw8bit_bnb"
+    title = "bnb AdamW8bit"
+    summary = "bitsandbytes' AdamW8bit: block-wise 8-bit moments"
+    order = 5
     Options = AdamWOptions
     requires = ("bitsandbytes",)
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return separate(weights, 2.0, 2 * element_bytes("int8", 256))  # an fp32 absmax per 256
 
     def setup(self) -> None:
         import bitsandbytes as bnb

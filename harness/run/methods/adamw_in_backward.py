@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.run.methods.base import AdamWOptions, Method, largest_param_bytes, state_tensors_of
+from harness.run.methods.footprint import Footprint, weight_state_bytes
 
 
 @dataclass
@@ -27,8 +28,16 @@ class InBackwardOptions(AdamWOptions):
 
 class AdamWInBackward(Method):
     name = "adamw_in_backward"
+    title = "AdamW in backward"
+    summary = "torch's post-accumulate-grad hook pattern, one AdamW per parameter"
+    order = 2
     tensor_parallel = True
     Options = InBackwardOptions
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        state = weight_state_bytes(options, weights)
+        return Footprint(weights, 0.0, 2 * state, 4.0 + 2 * weights + 4 * state)
 
     def setup(self) -> None:
         o = self.options

@@ -1,5 +1,14 @@
 """The one interface every training method implements, and the helpers they share.
 
+A method is one `Method` subclass, and the class says everything the harness knows about it: what
+it is (`name`, the `name:` of a conf/method file; `title`, how tables name it; `summary`, its line
+in `python -m harness list`; `order`, where tables list it), what it needs (`requires`: pip
+distributions, whose versions every record stamps; `needs_cuda`), what it can do
+(`tensor_parallel`, `graph_capturable`, `refuses_chunked_head`) and what it should cost
+(`footprint`: bytes per parameter, `harness.run.methods.footprint`). Defining a subclass with a
+`name` registers it (`register`); `harness.run.methods` finds the harness's own by importing
+this package's modules, so a new method is one module here and one conf/method file.
+
 A method turns "a model and a batch" into "a trained step". The runner calls, in order:
 
     reason = Method.unavailable_reason(device, options)  # cheap, no imports: None if it can run
@@ -29,11 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from harness.run.methods.footprint import Footprint
 
 if TYPE_CHECKING:
     from harness.run.graphs import CapturedStep
@@ -47,10 +58,17 @@ class NoOptions:
 class Method:
     """Base class: override `setup` and `update`/`step`; declare the class attributes."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # the `name:` of a conf/method file; a class that sets one is registered
+    title: ClassVar[str] = ""  # how tables and plots name it ("fused AdamW"); empty: its name
+    summary: ClassVar[str] = ""  # one line: what it is (`python -m harness list implementation`)
+    order: ClassVar[int] = 100  # where tables list it, smallest first: the reference, ..., FORGE
     Options: ClassVar[type] = NoOptions
-    requires: ClassVar[tuple[str, ...]] = ()  # import names that must be installed
+    # pip distributions it needs beyond the harness (its import name: '-' read as '_'); a record
+    # stamps their versions, and a point whose package is missing is `unavailable`
+    requires: ClassVar[tuple[str, ...]] = ()
     needs_cuda: ClassVar[str | None] = None  # why it cannot run without CUDA, if it cannot
+    # why it cannot train with lm_head in the loss a chunk at a time (`model.chunked_head`); None: it can
+    refuses_chunked_head: ClassVar[str | None] = None
     trains: ClassVar[bool] = True  # False for the no-optimizer floor: skip the "did it train" check
     tensor_parallel: ClassVar[bool] = False  # runs on DTensor (TP-sharded) parameters, gpus > 1
     graph_capturable: ClassVar[bool] = False  # its eager_step can be captured in a CUDA graph
@@ -60,6 +78,22 @@ class Method:
     autocast: str | None = None  # "bf16": mixed precision (set from the config's method.autocast)
     cuda_graph: bool = False  # capture the step once, replay it (set from method.cuda_graph)
     compile: bool = False  # the model's forward through torch.compile (set from method.compile)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):  # its own name, not one inherited from the class it extends
+            register(cls)
+
+    @classmethod
+    def display_title(cls) -> str:
+        """How tables name the method: its `title`, else its `name`."""
+        return cls.title or cls.name
+
+    @classmethod
+    def footprint(cls, options: Mapping[str, Any], weights: float) -> Footprint | None:
+        """Bytes per parameter at the step's peak and moved by the update, from the options a record
+        keeps (`method_options`) and the weights' bytes per parameter; None: no model of it."""
+        return None
 
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
@@ -74,7 +108,7 @@ class Method:
     @classmethod
     def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
         """None when this method can run here; else why not (missing package, needs CUDA)."""
-        for package in cls.requires:
+        for package in map(import_name, cls.requires):
             if importlib.util.find_spec(package) is None:
                 return f"{package} is not installed (pip install 'forge-bench[baselines]')"
         if cls.needs_cuda and device != "cuda":
@@ -160,6 +194,32 @@ class Method:
         """The precision of the weights the update is applied to (recorded as master_weights)."""
         dtypes = {p.dtype for p in self.params()}
         return "+".join(sorted(_DTYPE_NAMES.get(d, str(d)) for d in dtypes))
+
+
+_REGISTERED: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Make `cls` a method the harness knows by `cls.name` (defining a named subclass does this).
+    Another class under a name already taken is refused; the same class again replaces itself."""
+    known = _REGISTERED.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise TypeError(
+            f"method name {cls.name!r} is taken by {known.__module__}:{known.__qualname__}; "
+            f"give {cls.__module__}:{cls.__qualname__} another name"
+        )
+    _REGISTERED[cls.name] = cls
+    return cls
+
+
+def registered() -> dict[str, type[Method]]:
+    """Every method class registered so far, by name (`harness.run.methods.registry` finds them all)."""
+    return dict(_REGISTERED)
+
+
+def import_name(distribution: str) -> str:
+    """The module a pip distribution installs, as the packages in `requires` name theirs."""
+    return distribution.replace("-", "_")
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.run.methods.base import Method, largest_param_bytes, state_tensors_of
+from harness.run.methods.footprint import Footprint, element_bytes, separate
 
 
 @dataclass
@@ -26,10 +27,21 @@ class FlashOptimOptions:
 
 class FlashOptimMethod(Method):
     name = "flashoptim"
+    title = "FlashOptim"
+    summary = "FlashOptim's FlashAdamW, optionally with enable_gradient_release (CUDA)"
+    order = 4
     Options = FlashOptimOptions
     requires = ("flashoptim",)
     triton_kernels = True
     needs_cuda = "FlashOptim's quantized, fused, error-corrected defaults need a CUDA device"
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        """int8 states with an fp16 scale per 32, bf16 weights + 8-bit master correction (3 B)."""
+        states = 2 * element_bytes("int8", block=32, scale_bytes=2.0)
+        if options.get("gradient_release") or options.get("enable_gradient_release"):
+            return Footprint(3.0, 0.0, states, 4.0 + 6.0 + 2 * states)
+        return separate(3.0, 2.0, states)
 
     def setup(self) -> None:
         from flashoptim import FlashAdamW, enable_gradient_release

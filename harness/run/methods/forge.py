@@ -3,11 +3,13 @@
 Each backward is the optimizer step: the weight gradient of an nn.Linear lives only in registers,
 tile by tile, and never in memory; every other parameter (embeddings, norms) is updated from a
 post-accumulate-grad hook, one gradient at a time. `opt.step()` and `zero_grad()` are no-ops, so
-this method's `update()` is empty. Options pick the rule (adamw nadam radam lion rmsprop adagrad
-sgd), the state dtype (fp32, bf16, int8 with one absmax scale per `int8_group` = 64 or 128
+this method's `update()` is empty. Options pick the rule (any of `forge.RULES`), the state dtype
+(`forge.STATE_DTYPES`: int8 with one absmax scale per `int8_group` of `forge.INT8_GROUPS`
 elements) and stochastic rounding of bf16 weights; `hparams` go to the rule as torch.optim names
-them (betas, eps, weight_decay...). On a CPU the kernels run in the Triton interpreter: slow (its
-times mean nothing for speed), so keep CPU points tiny.
+them (betas, eps, weight_decay...). Every choice is validated against forge's own lists, and the
+memory model counts each rule's state tensors with `Rule.state_count` and their bytes with
+`forge.state_bytes`, so a rule added to forge needs nothing here. On a CPU the kernels run in the
+Triton interpreter: slow (its times mean nothing for speed), so keep CPU points tiny.
 
 Under `method.cuda_graph` (harness.run.graphs) FORGE is attached `capturable=True`: its kernels
 read each step's coefficients and seed from a row of device memory, and `before_replay` calls
@@ -31,7 +33,10 @@ FP8 with one dynamic scale per tensor (`forge.fp8`), as torchao's Float8Linear d
 `data_parallel` (None: off): "ddp" or "fsdp2", with gpus > 1 (harness.run.data_parallel). FORGE
 then fuses nothing: each gradient is reduced over the ranks first (FORGE's own bucketed all-reduce
 under DDP, FSDP2's reduce-scatter), and the element-wise kernel applies the rule to the mean
-(forge.data_parallel); only a bounded window of gradients is alive at once.
+(forge.data_parallel); only a bounded window of gradients is alive at once: under DDP every
+parameter's gradient, the linear layers' too, goes through FORGE's reducer, whose window is
+`forge.data_parallel.GradientReducer`'s bound, (MAX_IN_FLIGHT + 1) buckets and one bucket's
+concatenated copy (`reducer_window_bytes`).
 
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
 microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
@@ -42,11 +47,13 @@ use it for a figure meant to be quoted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+import forge
 from harness.run.data_parallel import KINDS
 from harness.run.methods.base import (
     Method,
@@ -56,13 +63,7 @@ from harness.run.methods.base import (
     local_numel,
     state_tensors_of,
 )
-
-RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
-STATE_DTYPES = ("fp32", "bf16", "int8")
-INT8_GROUPS = (64, 128)  # forge.kernels.quant.GROUPS: forge is imported only in the worker
-MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")  # forge.optim.MASTER_WEIGHTS
-FP8_RECIPES = (None, "tensorwise")  # forge.fp8.RECIPES
-DATA_PARALLEL = KINDS  # harness.run.data_parallel: None, "ddp", "fsdp2"
+from harness.run.methods.footprint import IN_GEMM, Footprint
 
 
 @dataclass
@@ -86,8 +87,8 @@ class ForgeOptions:
     bucket_cap_mb: float | None = None  # ddp: FORGE's bucket size in MiB (None: DDP's 25)
 
     def __post_init__(self) -> None:
-        check_choice("rule", self.rule, RULES)
-        check_choice("data_parallel", self.data_parallel, DATA_PARALLEL)
+        check_choice("rule", self.rule, tuple(forge.RULES))
+        check_choice("data_parallel", self.data_parallel, KINDS)
         if self.data_parallel is not None and (self.fp8 or self.update_stream):
             raise ValueError(
                 f"data_parallel={self.data_parallel} reduces each gradient instead of fusing it, so fp8 and "
@@ -101,11 +102,11 @@ class ForgeOptions:
             raise ValueError(
                 f"bucket_cap_mb={self.bucket_cap_mb}: a positive size in MiB, with data_parallel=ddp"
             )
-        check_choice("state_dtype", self.state_dtype, STATE_DTYPES)
-        check_choice("int8_group", self.int8_group, INT8_GROUPS)
+        check_choice("state_dtype", self.state_dtype, forge.STATE_DTYPES)
+        check_choice("int8_group", self.int8_group, forge.INT8_GROUPS)
         check_max_grad_norm(self.max_grad_norm)
-        check_choice("master_weights", self.master_weights, MASTER_WEIGHTS)
-        check_choice("fp8", self.fp8, FP8_RECIPES)
+        check_choice("master_weights", self.master_weights, forge.MASTER_WEIGHTS)
+        check_choice("fp8", self.fp8, (None, *forge.FP8_RECIPES))
         if self.fp8 is not None and self.max_grad_norm is not None:
             raise ValueError(
                 "fp8 with max_grad_norm is not supported (FORGE clips from bf16 operands): set one of them"
@@ -116,11 +117,26 @@ class ForgeOptions:
 
 class Forge(Method):
     name = "forge"
+    title = "FORGE"
+    summary = "forge.attach: the update fused into the weight-gradient GEMM"
+    order = 9
     tensor_parallel = True
     graph_capturable = True
     triton_kernels = True
     Options = ForgeOptions
-    requires = ("forge",)  # importing it happens in the worker (setup), never in the sweep's parent
+
+    @classmethod
+    def footprint(cls, options: Mapping[str, Any], weights: float) -> Footprint | None:
+        """No gradient; the rule's state tensors (`Rule.state_count` under the recorded hparams) at
+        `forge.state_bytes` each; the update reads and writes weights and states once."""
+        rule = forge.RULES.get(str(options.get("rule") or "adamw"))
+        if rule is None:  # a rule this checkout's forge does not have (a record of another one)
+            return None
+        hparams = options.get("hparams")
+        n_states = rule.state_count(dict(hparams) if isinstance(hparams, Mapping) else None)
+        group = int(options.get("int8_group") or forge.INT8_GROUPS[0])
+        states = n_states * forge.state_bytes(str(options.get("state_dtype") or "bf16"), group)
+        return Footprint(weights, 0.0, states, 2 * weights + 2 * states, IN_GEMM)
 
     @classmethod
     def unavailable_reason(cls, device: str, options: Any = None) -> str | None:
@@ -129,8 +145,6 @@ class Forge(Method):
         return super().unavailable_reason(device, options)
 
     def setup(self) -> None:
-        import forge
-
         self.fused_ids = _fused_weight_ids(self.model)  # before attach swaps the modules
         o = self.options
         hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in o.hparams.items()}
@@ -178,11 +192,8 @@ class Forge(Method):
         hooked = [p for p in self.params() if id(p) not in self.fused_ids]
         if self.options.max_grad_norm is not None:  # kept until the backward ends, all of them
             return sum(local_numel(p) * p.element_size() for p in hooked)
-        if self.options.data_parallel == "ddp":  # the reducer's window (forge.data_parallel)
-            from forge.data_parallel import MAX_IN_FLIGHT
-
-            bucket = max(int(self.opt.data_parallel.bucket_cap_mb * 2**20), largest_param_bytes(hooked))
-            return min(sum(local_numel(p) * p.element_size() for p in hooked), (MAX_IN_FLIGHT + 1) * bucket)
+        if self.options.data_parallel == "ddp":  # every gradient goes through FORGE's reducer
+            return reducer_window_bytes(self.params(), self.opt.data_parallel.bucket_cap_mb)
         if self.options.data_parallel == "fsdp2":  # one layer's sharded gradients, FSDP2's reduce output
             return max(sum(local_numel(p) * p.element_size() for p in group) for group in _groups(self.model))
         return largest_param_bytes(hooked)
@@ -192,6 +203,19 @@ class Forge(Method):
         if base == "bf16" and self.options.master_weights is not None:
             return self.options.master_weights
         return f"{base}+sr" if base == "bf16" and self.options.stochastic_rounding else base
+
+
+def reducer_window_bytes(params: list[torch.nn.Parameter], bucket_cap_mb: float) -> int:
+    """The most gradient bytes FORGE's DDP reducer holds at once over `params` (every parameter
+    under DDP: nothing is fused there): `forge.data_parallel.GradientReducer.bound_bytes`,
+    (MAX_IN_FLIGHT + 1) buckets of max(cap, the largest parameter) and, while a bucket's gradients
+    are concatenated for its all-reduce, one cap more; never more than every gradient and that copy."""
+    from forge.data_parallel import MAX_IN_FLIGHT
+
+    cap = int(bucket_cap_mb * 2**20)
+    bound = (MAX_IN_FLIGHT + 1) * max(cap, largest_param_bytes(params)) + cap
+    every = sum(local_numel(p) * p.element_size() for p in params)
+    return min(bound, every + min(cap, every))
 
 
 def _groups(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from harness.run.methods.base import AdamWOptions, Method, state_tensors_of
+from harness.run.methods.footprint import Footprint, element_bytes, separate
 
 
 def adamw_bf16(method: Method, params: list[torch.Tensor], capturable: bool) -> Any:
@@ -61,10 +62,20 @@ class FusedAdamWFp32Grad(Method):
     """fp32 gradients in persistent main_grad buffers; AdamW on every parameter after backward."""
 
     name = "fused_adamw_fp32grad"
+    title = "fused AdamW, fp32 gradients"
+    summary = (
+        "AdamW from fp32 main_grad buffers the wgrad GEMM writes (bf16 weights and states, "
+        "10 B/param): the paper's Megatron-style baseline"
+    )
+    order = 1
     graph_capturable = True
     triton_kernels = True
-    requires = ("forge",)
+    refuses_chunked_head = "its main_grad comes from lm_head's own dW GEMM"
     Options = AdamWOptions
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return separate(weights, 4.0, 2 * element_bytes("bf16"), grads_persist=True)
 
     def setup(self) -> None:
         from harness.run.main_grad import MainGrads
@@ -96,7 +107,17 @@ class AdamWInBackwardFp32Grad(FusedAdamWFp32Grad):
     """The same AdamW, applied inside backward as each fp32 gradient appears, then dropped."""
 
     name = "adamw_in_backward_fp32grad"
+    title = "AdamW in backward, fp32 gradients"
+    summary = (
+        "the same AdamW from fp32 wgrad GEMM gradients, stepped inside backward, one fp32 gradient "
+        "alive at a time"
+    )
+    order = 3
     graph_capturable = False  # as adamw_in_backward
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return Footprint(weights, 0.0, 4.0, 8.0 + 2 * weights + 8.0)
 
     def setup(self) -> None:
         from harness.run.main_grad import MainGrads

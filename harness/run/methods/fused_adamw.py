@@ -30,6 +30,7 @@ import torch
 
 from harness.run.data_parallel import KINDS
 from harness.run.methods.base import AdamWOptions, StepOptimizerMethod, check_choice, check_max_grad_norm
+from harness.run.methods.footprint import Footprint, separate, weight_state_bytes
 from harness.run.tensor_parallel import layout_groups
 
 FP8_RECIPES = (None, "tensorwise", "rowwise")  # torchao's Float8LinearRecipeName values
@@ -54,6 +55,9 @@ class FusedAdamWOptions(AdamWOptions):
 
 class FusedAdamW(StepOptimizerMethod):
     name = "fused_adamw"
+    title = "fused AdamW"
+    summary = "torch.optim.AdamW(fused=True): the reference every ratio is taken against"
+    order = 0
     tensor_parallel = True
     graph_capturable = True
     Options = FusedAdamWOptions
@@ -63,6 +67,10 @@ class FusedAdamW(StepOptimizerMethod):
         if options is not None and options.fp8 is not None and importlib.util.find_spec("torchao") is None:
             return "fp8 needs torchao's float8 training (pip install 'forge-bench[baselines]')"
         return super().unavailable_reason(device, options)
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return separate(weights, weights, 2 * weight_state_bytes(options, weights))
 
     def setup(self) -> None:
         if self.options.fp8 is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from harness.run.methods.base import Method, check_choice, largest_param_bytes
+from harness.run.methods.footprint import Footprint
 
 
 @dataclass
@@ -29,8 +30,15 @@ class LomoOptions:
 
 class LomoMethod(Method):
     name = "lomo"
+    title = "LOMO"
+    summary = "lomo-optim's Lomo (SGD) or AdaLomo, the update fused into backward hooks"
+    order = 7
     Options = LomoOptions
-    requires = ("lomo_optim",)
+    requires = ("lomo-optim",)
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return Footprint(weights, 0.0, 0.0, 4.0 + 2 * weights)
 
     @classmethod
     def unavailable_reason(cls, device: str, options: Any = None) -> str | None:

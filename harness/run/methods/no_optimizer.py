@@ -9,13 +9,21 @@ from __future__ import annotations
 import torch
 
 from harness.run.methods.base import Method, largest_param_bytes
+from harness.run.methods.footprint import NONE, Footprint
 
 
 class NoOptimizer(Method):
     name = "no_optimizer"
+    title = "no optimizer"
+    summary = "forward + backward, gradients dropped as they appear: the floor"
+    order = 8
     tensor_parallel = True
     graph_capturable = True
     trains = False
+
+    @classmethod
+    def footprint(cls, options, weights: float) -> Footprint:
+        return Footprint(weights, 0.0, 0.0, 2.0, NONE)  # the dW GEMM writes each gradient once
 
     def setup(self) -> None:
         self.hooks = [p.register_post_accumulate_grad_hook(self._drop) for p in self.params()]

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import forge
 from harness.run.methods.base import Method, check_choice, state_tensors_of
-
-RULES = ("adamw", "nadam", "radam", "lion", "rmsprop", "adagrad", "sgd")
 
 
 @dataclass
@@ -24,17 +23,17 @@ class TorchRuleOptions:
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice("rule", self.rule, RULES)
+        check_choice("rule", self.rule, tuple(forge.RULES))
 
 
 class TorchRule(Method):
     name = "torch_rule"
+    title = "torch.optim twin"
+    summary = "torch.optim's twin of a FORGE rule (FORGE's test oracle), stepped after backward"
+    order = 10
     Options = TorchRuleOptions
-    requires = ("forge",)  # forge.baseline holds the reference optimizers (imported in setup)
 
     def setup(self) -> None:
-        import forge
-
         hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in self.options.hparams.items()}
         self.opt = forge.torch_optimizer(self.options.rule, self.params(), lr=self.lr, **hparams)
 

@@ -25,6 +25,10 @@ def llama() -> tm.Architecture:
     return _arch("llama3.1-8b")
 
 
+# The H200's ceilings, as a record measured on one finds them (its conf/gpu kind's file).
+H200 = ex.ceilings([{"gpu": "h200", "gpu_name": "NVIDIA H200"}])
+
+
 def test_the_linear_layers_and_the_rest_add_up_to_the_model(llama):
     """Block linears and lm_head, plus the embedding and the RMSNorms, are every parameter."""
     embedding, norms = llama.vocab * llama.hidden, (2 * llama.layers + 1) * llama.hidden
@@ -50,35 +54,40 @@ def test_activation_bytes_a_token(llama):
 
 
 def test_an_update_hides_from_the_tokens_where_the_gemm_outlasts_it(llama):
-    assert tm.hiding_tokens(12.0) == pytest.approx(12 * 800e12 / (2 * 4.27e12))  # ~1,124
+    assert tm.hiding_tokens(12.0, H200) == pytest.approx(12 * 800e12 / (2 * 4.27e12))  # ~1,124
     bf16 = {"state_dtype": "bf16"}
-    at = tm.hiding_tokens(12.0)
+    at = tm.hiding_tokens(12.0, H200)
     below, above = (
-        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) - 200),
-        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) + 1),
+        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) - 200, H200),
+        tm.overhead("forge", bf16, llama, LLAMA_PARAMS, int(at) + 1, H200),
     )
-    rest = tm.update_ms(12.0, LLAMA_PARAMS - llama.fused_params())
+    rest = tm.update_ms(12.0, LLAMA_PARAMS - llama.fused_params(), H200)
     assert below.hidden_ms > rest and above.hidden_ms == pytest.approx(rest)
-    assert above.exposed_ms == below.exposed_ms == pytest.approx(tm.update_ms(12.0, LLAMA_PARAMS))
+    assert above.exposed_ms == below.exposed_ms == pytest.approx(tm.update_ms(12.0, LLAMA_PARAMS, H200))
 
 
 def test_a_separate_optimizer_adds_its_traffic_beyond_the_floors_at_any_tokens(llama):
     for tokens in (1024, 8192):
-        fused = tm.overhead("fused_adamw", {}, llama, LLAMA_PARAMS, tokens)
+        fused = tm.overhead("fused_adamw", {}, llama, LLAMA_PARAMS, tokens, H200)
         assert fused.hidden_ms == fused.exposed_ms == pytest.approx(14 * LLAMA_PARAMS / 4.27e12 * 1e3)
-        fp32 = tm.overhead("fused_adamw_fp32grad", {}, llama, LLAMA_PARAMS, tokens)
+        fp32 = tm.overhead("fused_adamw_fp32grad", {}, llama, LLAMA_PARAMS, tokens, H200)
         assert fp32.exposed_ms == pytest.approx(18 * LLAMA_PARAMS / 4.27e12 * 1e3)
-    assert tm.overhead("no_optimizer", {}, llama, LLAMA_PARAMS, 1024) == tm.Overhead(0.0, 0.0)
-    assert tm.overhead("lomo", {}, llama, LLAMA_PARAMS, 1024) is None  # an update the model does not time
+    assert tm.overhead("no_optimizer", {}, llama, LLAMA_PARAMS, 1024, H200) == tm.Overhead(0.0, 0.0)
+    assert (
+        tm.overhead("lomo", {}, llama, LLAMA_PARAMS, 1024, H200) is None
+    )  # an update the model does not time
 
 
 def test_clipping_adds_the_norms_the_cheaper_way_for_each_layer(llama):
-    plain = tm.overhead("forge", {"state_dtype": "bf16"}, llama, LLAMA_PARAMS, 1024)
-    clipped = tm.overhead("forge", {"state_dtype": "bf16", "max_grad_norm": 1.0}, llama, LLAMA_PARAMS, 1024)
-    assert clipped.exposed_ms - plain.exposed_ms == pytest.approx(tm.norms_ms(llama, 1024))
+    plain = tm.overhead("forge", {"state_dtype": "bf16"}, llama, LLAMA_PARAMS, 1024, H200)
+    clipped = tm.overhead(
+        "forge", {"state_dtype": "bf16", "max_grad_norm": 1.0}, llama, LLAMA_PARAMS, 1024, H200
+    )
+    assert clipped.exposed_ms - plain.exposed_ms == pytest.approx(tm.norms_ms(llama, 1024, H200))
     # at 1,024 tokens every layer's Gram is cheaper than its dW GEMM; at 16,384 none is
-    assert tm.norms_ms(llama, 1024) < tm.gemm_ms(llama, 1024)
-    assert tm.norms_ms(llama, 16384) == pytest.approx(tm.DIRECT_NORM_COST * tm.gemm_ms(llama, 16384))
+    assert tm.norms_ms(llama, 1024, H200) < tm.gemm_ms(llama, 1024, H200)
+    norms, gemm = tm.norms_ms(llama, 16384, H200), tm.gemm_ms(llama, 16384, H200)
+    assert norms == pytest.approx(tm.DIRECT_NORM_COST * gemm)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -174,8 +183,17 @@ def test_the_largest_step_is_where_the_predicted_peak_meets_the_memory(llama, me
     )  # not even static
 
 
-def test_the_models_use_the_expectations_ceilings():
-    assert (tm.ex.H200_MATMUL_FLOPS, tm.ex.H200_COPY_BYTES_PER_S) == (ex.H200_MATMUL_FLOPS, 4.27e12)
+def test_the_ceilings_are_the_cards_from_its_conf_gpu_file():
+    """conf/gpu/h200.yaml's measured rates, as whole FLOP/s and B/s; a record's own copy wins over
+    the file; an emulated card's points run at the ceilings of the card under the cap; none for the
+    CPU or a card without measured ceilings."""
+    assert (H200.gpu, H200.matmul_flops, H200.copy_bytes_per_s) == ("H200", 800e12, 4.27e12)
+    assert H200.rates == "800 TFLOP/s, 4.27 TB/s"
+    kept = {"gpu": "h200", "config": {"gpu": {"name": "h200", "matmul_tflops": 700.0, "copy_tbps": None}}}
+    assert (ex.ceilings([kept]).matmul_tflops, ex.ceilings([kept]).copy_tbps) == (700.0, 4.27)
+    assert ex.ceilings([{"gpu": "a100_40gb", "memory_cap_gib": 40, "gpu_name": "NVIDIA H200"}]) == H200
+    assert ex.ceilings([{"gpu": "cpu", "device": "cpu"}]) is None
+    assert ex.ceilings([{"gpu": "h100_80gb", "gpu_name": "NVIDIA H100 80GB HBM3"}]) is None
     assert tm.Architecture.from_config({"hidden_size": 8}) is None
     assert tm.architecture({"config": None}) is None
 

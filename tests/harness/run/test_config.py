@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.__main__ import main
-from harness.run import grid, hardware, methods, models
+from harness.run import architecture, grid, hardware, methods, models
 from harness.run.config import ConfigError, compose_config, group_choices
 
 
@@ -60,7 +60,7 @@ def test_architectures_have_the_published_size(model, expected):
     cfg = compose_config([f"model={model}"])
     with torch.device("meta"):
         m = models.build(cfg.model, "bf16", "meta")
-    assert models.n_params(m) == pytest.approx(expected, rel=0.01)
+    assert architecture.n_params(m) == pytest.approx(expected, rel=0.01)
 
 
 @pytest.mark.parametrize(

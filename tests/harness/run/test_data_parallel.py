@@ -39,9 +39,17 @@ def test_harness_runs_a_data_parallel_point_under_torchrun(points, method, wrapp
 
 
 def test_forge_models_a_smaller_gradient_than_fused_adamw_under_ddp(points):
-    """grads_gib is each method's gradient bytes by design: FORGE's reducer window against DDP's
-    buckets (the whole gradient)."""
-    assert points["forge_bf16_ddp"][1]["grads_gib"] < 0.5 * points["fused_adamw_ddp"][1]["grads_gib"]
+    """grads_gib is each method's gradient bytes by design: FORGE's reducer window over every
+    parameter (nothing is fused under DDP: the linear layers' dW go through the reducer too)
+    against DDP's buckets (the whole gradient)."""
+    from harness.run import models
+    from harness.run.config import compose_config
+    from harness.run.methods.forge import reducer_window_bytes
+
+    model = models.build(compose_config(TINY_DP[:3]).model, "bf16", "cpu")
+    window = reducer_window_bytes(list(model.parameters()), 0.01)
+    forge, fused = points["forge_bf16_ddp"][1]["grads_gib"], points["fused_adamw_ddp"][1]["grads_gib"]
+    assert forge == pytest.approx(window / 2**30) and forge < fused
 
 
 def test_a_data_parallel_method_on_one_gpu_is_refused():
@@ -50,3 +58,20 @@ def test_a_data_parallel_method_on_one_gpu_is_refused():
 
     with pytest.raises(ConfigError, match="needs several GPUs, one process each: set gpus=2"):
         grid.make_point(["model=tiny-llama", "gpu=cpu", "device=cpu", "method=forge_int8_fsdp2"])
+
+
+def test_forges_ddp_window_is_its_reducers_bound():
+    """`reducer_window_bytes` is `forge.data_parallel.GradientReducer.bound_bytes` over every
+    parameter ((MAX_IN_FLIGHT + 1) buckets and one bucket's concatenated copy), and never more
+    than every gradient with that copy."""
+    import torch
+
+    from forge.data_parallel import GradientReducer
+    from harness.run.methods.forge import reducer_window_bytes
+
+    sizes = [40_000] * 10 + [3000, 500]  # bf16: 80,000 bytes the largest, 807,000 in all
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in sizes]
+    reducer = GradientReducer.__new__(GradientReducer)  # its bound, without a process group
+    reducer.params, reducer.cap_bytes = params, int(0.01 * 2**20)
+    assert reducer_window_bytes(params, 0.01) == reducer.bound_bytes == 3 * 80_000 + 10_485
+    assert reducer_window_bytes(params, 25.0) == 2 * 807_000  # all in one bucket, and its copy

@@ -9,7 +9,7 @@ import pytest
 from harness.points import reference_index, reference_key
 from harness.records import load_records, split_kinds
 from harness.report.tables import _reference_capacity, t1_llama
-from harness.run import grid, methods, runner, sweep
+from harness.run import grid, methods, record, runner, sweep
 from harness.run.config import ConfigError, compose_config
 from tests.harness import FIXTURES
 
@@ -52,14 +52,14 @@ def test_the_sweep_records_an_unavailable_graphed_point_without_a_worker(tmp_pat
 
 
 def test_only_capturable_methods_say_so():
-    capturable = {name for name in methods.REGISTRY if methods.get(name).graph_capturable}
+    capturable = {name for name, cls in methods.registry().items() if cls.graph_capturable}
     assert capturable == {"fused_adamw", "fused_adamw_fp32grad", "no_optimizer", "forge"}
 
 
 def test_method_options_record_cuda_graph_only_when_on():
     """Old records have no `cuda_graph` key: an eager point must keep matching them."""
-    eager = runner.base_record(compose_config([*TINY, "method=fused_adamw"]), "p", "cpu")
-    graphed = runner.base_record(compose_config([*TINY, "method=fused_adamw_graph"]), "p", "cpu")
+    eager = record.for_point(compose_config([*TINY, "method=fused_adamw"]), "p", "cpu").to_json()
+    graphed = record.for_point(compose_config([*TINY, "method=fused_adamw_graph"]), "p", "cpu").to_json()
     assert "cuda_graph" not in eager["method_options"]
     assert graphed["method_options"] == {**eager["method_options"], "cuda_graph": True}
 

@@ -12,7 +12,8 @@ import shlex
 import pytest
 
 from harness import results
-from harness.run import env, grid, hardware, local, runner, sweep
+from harness.run import env, grid, hardware, local, sweep
+from harness.run import record as point_record
 from harness.run.config import ConfigError, compose_config, group_choices
 
 CPU_ONLY = {"gpu_name": None, "gpu_count": 0, "gpu_memory_gib": None, "host_memory_gib": 16.0}
@@ -161,9 +162,8 @@ def _fake_worker(machine):
     def run(point, git):
         calls.append(point.id)
         device = "cuda" if machine["gpu_count"] and point.cfg.device != "cpu" else "cpu"
-        record = runner.base_record(point.cfg, point.id, device)
-        record.update(status="ok", gpu_name=machine["gpu_name"] if device == "cuda" else None)
-        return record
+        record = point_record.for_point(point.cfg, point.id, device)
+        return record.set(status="ok", gpu_name=machine["gpu_name"] if device == "cuda" else None).to_json()
 
     return run, calls
 
@@ -182,9 +182,8 @@ def _sweep(tmp_path, *extra):
 def _measured_on(tmp_path, overrides, gpu_name, device="cuda"):
     """results/t.jsonl holding the sweep's own point, as measured on another machine."""
     point = grid.make_point(overrides)
-    record = runner.base_record(point.cfg, point.id, device)
-    record.update(status="ok", gpu_name=gpu_name)
-    results.append(tmp_path / "t.jsonl", record)
+    record = point_record.for_point(point.cfg, point.id, device).set(status="ok", gpu_name=gpu_name)
+    results.append(tmp_path / "t.jsonl", record.to_json())
     return (tmp_path / "t.jsonl").read_bytes()
 
 

@@ -76,7 +76,7 @@ def test_the_model_builds_no_mask_under_capture_or_compile_and_its_loss_is_uncha
 
 
 def test_records_say_how_attention_was_masked():
-    from harness.run import runner
+    from harness.run import record
 
     cfg = compose_config(["model=micro-llama", "device=cpu", "method=forge_bf16"])
-    assert runner.base_record(cfg, "p", "cpu")["attention_mask"] == models.ATTENTION_MASK == "is_causal"
+    assert record.for_point(cfg, "p", "cpu").attention_mask == models.ATTENTION_MASK == "is_causal"

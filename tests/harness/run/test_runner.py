@@ -4,7 +4,7 @@ from a local path, and the verdicts that turn a measured run into ok / error / d
 import pytest
 import torch
 
-from harness.run import models, runner
+from harness.run import architecture, models, runner
 from harness.run.config import compose_config
 from tests.harness import CONF
 
@@ -28,10 +28,6 @@ def test_run_point_loads_real_weights_from_a_local_path(tmp_path):
     assert record["loss_first"] != pytest.approx(fresh["loss_first"])  # other weights, other loss
 
 
-def _measured(losses, moved=1.0):
-    return {"losses": losses, "params_moved_frac": moved}
-
-
 @pytest.mark.parametrize(
     "losses, moved, trains, expected",
     [
@@ -44,7 +40,7 @@ def _measured(losses, moved=1.0):
     ],
 )
 def test_verdict(losses, moved, trains, expected):
-    status, error = runner.verdict(_measured(losses, moved), trains, check_training=True)
+    status, error = runner.verdict(losses, moved, trains, check_training=True)
     assert status == expected
     assert (error is None) == (expected == "ok")
 
@@ -56,7 +52,7 @@ def test_an_out_of_memory_point_still_says_how_large_its_model_was(monkeypatch):
     monkeypatch.setattr(runner, "train_and_measure", oom)
     record = runner.run_point(compose_config(TINY))
     built = models.build(compose_config(TINY).model, "fp32", "cpu")
-    assert record["status"] == "oom" and record["n_params"] == models.n_params(built)
+    assert record["status"] == "oom" and record["n_params"] == architecture.n_params(built)
 
 
 def test_a_package_that_cannot_load_makes_the_point_unavailable():

@@ -16,9 +16,9 @@ from submitit.core.utils import UncompletedJobError
 
 from harness import results
 from harness.__main__ import main
-from harness.run import runner, slurm, sweep
+from harness.run import record as point_record
+from harness.run import slurm, sweep
 from harness.run.config import ConfigError, compose_config
-from harness.run.local import job_fields
 
 POINTS = ["+exp=smoke", "sweep.models=[tiny-llama]", "seq_len=16", "steps=2", "warmup_steps=0"]
 # measured again, so not the same from one run to the next; and where the point ran
@@ -70,8 +70,8 @@ class FakeJob:
     def result(self):
         if self.state != "ok":
             raise UncompletedJobError(f"Job {self.job_id} has not produced any output (state: {self.state})")
-        record = runner.base_record(self.point.cfg, self.point.id, "cpu")
-        return {**record, "status": "ok", **job_fields("slurm", self.job_id)}
+        made = point_record.for_point(self.point.cfg, self.point.id, "cpu").to_json()
+        return {**made, "status": "ok", **point_record.job_fields("slurm", self.job_id)}
 
     def get_info(self, mode="force"):
         return {"NodeList": "gpu-node-07"}

@@ -12,6 +12,7 @@ import pytest
 
 from harness import results
 from harness.run import grid, launch, local, sweep
+from harness.run import record as point_record
 from harness.run.config import compose_config, group_choices
 from tests.harness import CONF
 
@@ -79,10 +80,8 @@ def _fake_isolated(oom_above):
     calls = []
 
     def run(point, git):
-        from harness.run import runner
-
         calls.append(point.cfg.batch_size)
-        record = runner.base_record(point.cfg, point.id, "cpu")
+        record = point_record.for_point(point.cfg, point.id, "cpu").to_json()
         record["status"] = "oom" if point.cfg.batch_size > oom_above else "ok"
         return record
 
@@ -240,13 +239,11 @@ def test_convergence_points_run_concurrently_and_each_is_recorded(tmp_path, monk
     second before the first returns, and record both, each saying it shared the GPU."""
     import threading
 
-    from harness.run import runner
-
     both_running = threading.Barrier(2, timeout=30)
 
     def run(point, git):
         both_running.wait()  # a serial sweep would block here and time out
-        record = runner.base_record(point.cfg, point.id, "cpu")
+        record = point_record.for_point(point.cfg, point.id, "cpu").to_json()
         record["status"] = "ok"
         return record
 

@@ -37,7 +37,7 @@ def test_launcher_sets_nccl_multicast_off_and_uses_torchrun():
 
 
 def test_merge_takes_the_largest_rank_peak_and_the_worst_status():
-    from harness.run import launch
+    from harness.run import record
 
     ranks = [
         dict(
@@ -53,7 +53,7 @@ def test_merge_takes_the_largest_rank_peak_and_the_worst_status():
             rank=1, world_size=2, gpu_count=1, status="oom", error="CUDA out of memory", peak_alloc_gib=39.5
         ),
     ]
-    merged = launch.merge(ranks)
+    merged = record.merge_ranks(ranks)
     assert merged["peak_alloc_gib"] == 39.5 and merged["peak_alloc_gib_per_rank"] == [30.0, 39.5]
     assert merged["status"] == "oom" and merged["step_time_ms_median"] == 9 and merged["gpu_count"] == 2
 
