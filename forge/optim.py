@@ -288,7 +288,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def options_of(self, p: torch.Tensor) -> functional.UpdateOptions:
         """How p's rule runs now (its group's flags as they are)."""
         return functional.UpdateOptions(
-            self.rule.name, self.rule.flags(self._group_of[p]), self.storage.dtype_of(p),
+            self.rule.device_name, self.rule.flags(self._group_of[p]), self.storage.dtype_of(p),
             self.stochastic_rounding, self.storage.int8_group,
         )  # fmt: skip
 
