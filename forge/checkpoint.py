@@ -198,16 +198,7 @@ def _file_sum(path: Path) -> dict[str, int]:
 
 def options_of(optimizer) -> dict[str, Any]:
     """What a checkpoint's states only make sense under: a different value refuses the load."""
-    return {
-        "rule": optimizer.rule.name,
-        "state_dtype": optimizer.state_dtype,
-        "int8_group": optimizer.int8_group,
-        "weights": "bf16+kahan"
-        if optimizer.kahan
-        else "bf16+sr"
-        if optimizer.stochastic_rounding
-        else "bf16",
-    }
+    return optimizer.storage_options()
 
 
 def tensor_specs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:

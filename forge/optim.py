@@ -63,20 +63,15 @@ from collections.abc import Iterable
 import torch
 
 from forge import functional, guards, handles
-from forge.backend import interpreting
 from forge.data_parallel import REPLICAS, SHARDS, DataParallel, GradientReducer
-from forge.distributed import check_param, check_sharded_param, is_dtensor, local, local_grad
-from forge.states import INT8_GROUPS, STATE_DTYPES, StateStorage
+from forge.distributed import is_dtensor, local, local_grad
+from forge.states import StateStorage
 from forge.steps import Steps, for_row_block
 from forge.streams import UpdateStream
+from forge.weights import check_param, weight_format
 from forge.wiring import HookWiring
 
-__all__ = ["ForgeOptimizer", "STATE_DTYPES", "INT8_GROUPS", "MASTER_WEIGHTS", "WEIGHT_DTYPES"]
-
-# how bf16 weights keep their precision: stochastic rounding, round to nearest, or a bf16 residual
-# (None: as `stochastic_rounding` says)
-MASTER_WEIGHTS = (None, "bf16+sr", "bf16", "bf16+kahan")
-WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+__all__ = ["ForgeOptimizer"]
 
 
 class ForgeOptimizer(torch.optim.Optimizer):
@@ -109,16 +104,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
         self._resolve_hparams = resolve_hparams
         self.rule = get_rule(rule)
-        if master_weights not in MASTER_WEIGHTS:
-            raise ValueError(
-                f"master_weights={master_weights!r} is not supported; choose one of {list(MASTER_WEIGHTS)} "
-                "(None: as stochastic_rounding says)"
-            )
-        if master_weights is not None:
-            stochastic_rounding = master_weights == "bf16+sr"
-        # compensated bf16 weights: a bf16 residual beside each weight (forge.kernels.update_tile)
-        self.kahan = master_weights == "bf16+kahan"
-        self.stochastic_rounding = bool(stochastic_rounding) and not self.kahan
+        self.weights = weight_format(master_weights, stochastic_rounding)  # forge.weights
+        self.kahan, self.stochastic_rounding = self.weights.kahan, self.weights.stochastic_rounding
         self.storage = StateStorage(state_dtype, int8_group, self.kahan)
         _check_data_parallel_options(data_parallel, capturable, update_stream, max_grad_norm)
         self.data_parallel = data_parallel
@@ -221,40 +208,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._wiring.wire(self, group["params"])
 
     def _check_param(self, p: torch.Tensor) -> None:
-        name = self.name_of(p)
-        if self.data_parallel is not None and self.data_parallel.kind == SHARDS:
-            check_sharded_param(name, p)  # FSDP2: sharded over its mesh (2-D with TP), any placement
-        else:
-            check_param(name, p)  # a tensor-parallel DTensor: 1-D mesh, sharded or replicated
-        if self._clip is not None and is_dtensor(p):
-            raise NotImplementedError(
-                f"{name} is a tensor-parallel DTensor, and FORGE's max_grad_norm does not yet reduce the "
-                "norm over the ranks of a mesh. Attach without max_grad_norm for tensor-parallel training."
-            )
-        if self.kahan and p.dtype != torch.bfloat16:
-            raise TypeError(
-                f"{name} has dtype {p.dtype}; master_weights='bf16+kahan' compensates bf16 weights. Convert "
-                "the model to bf16 (model.to(torch.bfloat16)) first, or leave master_weights unset for "
-                "fp32 weights, which need no compensation."
-            )
-        if p.dtype not in WEIGHT_DTYPES:
-            raise TypeError(
-                f"{name} has dtype {p.dtype}; FORGE updates fp32 and bf16 weights only. "
-                "Convert the model (model.to(torch.bfloat16) or .float()) before forge.attach."
-            )
-        if not p.is_contiguous():
-            raise ValueError(
-                f"{name} is not contiguous; FORGE updates weights in place and needs them contiguous"
-            )
-        if p.device.type == "cpu" and not interpreting():
-            raise RuntimeError(
-                f"{name} is on the CPU but Triton's interpreter is off. Move the model to a CUDA device, "
-                "or set TRITON_INTERPRET=1 before FORGE's first use to run the kernels on the CPU (slow)."
-            )
-        if p.device.type not in ("cuda", "cpu"):
-            raise RuntimeError(
-                f"{name} is on {p.device}; FORGE's kernels run on CUDA devices (or the CPU interpreter)"
-            )
+        sharded = self.data_parallel is not None and self.data_parallel.kind == SHARDS
+        check_param(self.name_of(p), p, self.weights, sharded=sharded, clipped=self._clip is not None)
 
     def name_of(self, p: torch.Tensor) -> str:
         return self.param_names.get(p, f"parameter of shape {tuple(p.shape)}")
@@ -508,9 +463,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         return state
 
     def storage_options(self) -> dict:
-        weights = "bf16+kahan" if self.kahan else "bf16+sr" if self.stochastic_rounding else "bf16"
-        return {"rule": self.rule.name, "state_dtype": self.state_dtype, "int8_group": self.int8_group,
-                "weights": weights}  # fmt: skip
+        return {"rule": self.rule.name, **self.storage.options(), "weights": self.weights.name}
 
     def load_state_dict(self, state_dict: dict, convert: bool = False) -> None:
         """Restore states in their own dtype (torch.optim's loader would cast them to the param's).
