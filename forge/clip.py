@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd import Variable
+
+from forge.guards import at_backward_end, backward_task
 
 # The norm-only kernel's time per multiply-add against the Gram GEMMs' (cuBLAS): measured on the
 # H200 on Llama-3.1-8B's layers at T = 1024 and 4096 (results/kernels/clip-norms-*.jsonl), the
@@ -107,7 +108,7 @@ class GlobalNormClip:
     def _begin(self) -> None:
         """Before the first deferred update of a backward: what a failed backward left is dropped
         (it updated nothing), and the end-of-backward step is queued (run at once outside one)."""
-        task = torch._C._current_graph_task_id()
+        task = backward_task()
         if task != self._task or task == -1:
             self._pending.clear()
             self._sums.clear()
@@ -115,7 +116,7 @@ class GlobalNormClip:
             self._gram_x = None
             self._task = task
             if task != -1:
-                Variable._execution_engine.queue_callback(self.finish)
+                at_backward_end(self.finish)
 
     def _finish_direct_call(self) -> None:
         """Outside any backward (a benchmark, a test calling the optimizer directly) one update is

@@ -120,7 +120,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self.param_names: dict[torch.Tensor, str] = dict(param_names or {})
         self._wiring = wiring if wiring is not None else HookWiring()
         self._wired = False  # until construction ends: then each new group is wired as it comes
-        self._checked_task = -1  # the last backward (autograd graph task) whose groups were checked
+        self._backward_check = guards.BackwardCheck(self.rule.name, lambda: self.param_groups)
         self.handle = handles.register(self)  # what torch.compile's ops name this optimizer by (forge.ops)
         super().__init__(params, resolve_hparams(self.rule, hparams))
         everything = [p for g in self.param_groups for p in g["params"]]
@@ -406,23 +406,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         return self.steps.begin(p)
 
     def _check_once(self) -> None:
-        """`_check_backward` at this backward's first update."""
-        if torch._C._current_graph_task_id() != self._checked_task:
-            self._check_backward()
-
-    def _check_backward(self) -> None:
-        """At this optimizer's first update in a backward, before it touches anything: every group's
-        hyperparameters (a scheduler or a user may have changed them since construction) and every
-        fused nn.Linear this backward will reach (each used once, from a forward at its current
-        step). A refusal here leaves every weight, state and step count as it was."""
-        task = torch._C._current_graph_task_id()
-        if task >= 0:  # else a direct call, outside any backward
-            from forge.rules import check_hparams
-
-            for group in self.param_groups:
-                check_hparams(self.rule.name, group)
-            guards.check_uses(task)
-        self._checked_task = task  # only once passed: a refused backward is refused at every update
+        """This backward's checks, at its first update (`forge.guards.BackwardCheck`)."""
+        self._backward_check.once()
 
     def prepare_replay(self) -> None:
         """Before each replay of a captured step: advance every parameter updated inside the capture
