@@ -115,6 +115,17 @@ def resolve(
     return model, parallel
 
 
+def check_new_group(parallel: DataParallel | None) -> None:
+    """Refuse a param group added after construction under data parallelism: every rank must reduce
+    the same parameters in the same buckets from the first backward on."""
+    if parallel is not None:
+        raise RuntimeError(
+            "add_param_group under data parallelism: every rank must reduce the same parameters in the "
+            "same buckets from the first backward on. Give every group to forge.attach(model, rule, "
+            "params=[...]) instead; nothing was added."
+        )
+
+
 def _check_bucket_cap(bucket_cap_mb: Any) -> None:
     if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, int | float) or not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: give a positive size in MiB (DDP's default: 25)")

@@ -16,12 +16,12 @@ already-updated weight: a second backward through a retained graph (`retain_grap
 weight used twice in a graph (one nn.Linear called twice, two forwards before one backward).
 
 Every ForgeLinear forward records its backward node here (`record_use`, with the weight, its
-optimizer and the update count it saw) and its backward releases it (`release_use`) unless the
-graph is retained. At the first FORGE update of each backward the optimizer calls `check_uses`
-(through `BackwardCheck`), which looks at every recorded node this backward will run, over every
-optimizer, and refuses the whole backward before any parameter of any model has been updated. The
-ForgeLinear backward keeps its own check as well (`forge.nn`), for what this one cannot see
-(compiled autograd).
+optimizer as a `forge.interface.FusedUpdater` and the update count it saw) and its backward
+releases it (`release_use`) unless the graph is retained. At the first FORGE update of each
+backward the optimizer calls `check_uses` (through `BackwardCheck`), which looks at every recorded
+node this backward will run, over every optimizer, and refuses the whole backward before any
+parameter of any model has been updated. The ForgeLinear backward keeps its own check as well
+(`forge.nn`), for what this one cannot see (compiled autograd).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def check_uses(task: int) -> None:
                 continue
         except RuntimeError:  # not the eager autograd engine (compiled autograd): the backward's own guard
             return
-        weight, optimizer = node.weight, node.optimizer
-        if optimizer.version(weight) != node.version:
+        weight, updater = node.weight, node.updater
+        if updater.version(weight) != node.version:
             raise RuntimeError(
                 f"FORGE: {node.name} was already updated since this forward pass: a second backward through "
                 "the same graph (retain_graph=True) would apply the optimizer step twice, and compute the "

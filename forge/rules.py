@@ -310,6 +310,13 @@ def resolve_hparams(rule: Rule, hparams: dict) -> dict:
     return out
 
 
+def check_group(rule: Rule, defaults: dict, group: dict) -> None:
+    """Refuse a param group's options before the group is added (a refused group changes nothing),
+    checked with the optimizer's `defaults` filled in, as torch.optim fills them."""
+    defaults = {k: v for k, v in defaults.items() if k in rule.defaults}
+    resolve_hparams(rule, {**defaults, **{k: v for k, v in group.items() if k != "params"}})
+
+
 def _nonnegative(value, what: str, upper: float = math.inf, upper_open: bool = True) -> None:
     """torch.optim's `if not 0.0 <= value` check and message; NaN (which every such comparison
     refuses) and infinity refused too, and `upper` where the rule divides by (upper - value)."""
