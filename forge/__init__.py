@@ -16,17 +16,22 @@ Without a CUDA device the same Triton kernels run in Triton's CPU interpreter (s
 `import forge` is light: it imports neither Triton nor the kernels, and changes nothing in the
 environment. The kernels load at the first `forge.attach` (or `ForgeOptimizer`), where
 `forge.backend` decides whether they run compiled or interpreted.
+
+What a caller may choose is exported here from the one module that declares each: the rules
+(`RULES`: `forge.rules`), the state dtypes and int8 group sizes (`STATE_DTYPES`, `INT8_GROUPS`,
+`state_bytes`: `forge.states`), the master-weight modes (`MASTER_WEIGHTS`: `forge.weights`) and
+the FP8 recipes (`FP8_RECIPES`: `forge.fp8`).
 """
 
 from forge import checkpoint, head
 from forge.attach import attach, detach
 from forge.baseline import Lion, torch_optimizer
+from forge.fp8 import RECIPES as FP8_RECIPES
 from forge.nn import ForgeLinear
-from forge.optim import MASTER_WEIGHTS, ForgeOptimizer
-from forge.states import INT8_GROUPS, state_bytes
-from forge.states import STATE_DTYPES as _STORAGE
-
-STATE_DTYPES = tuple(_STORAGE)  # the state dtypes a caller can name: "fp32", "bf16", "int8"
+from forge.optim import ForgeOptimizer
+from forge.rules import RULES
+from forge.states import INT8_GROUPS, STATE_DTYPES, state_bytes
+from forge.weights import MASTER_WEIGHTS
 
 __all__ = [
     "attach",
@@ -45,15 +50,3 @@ __all__ = [
     "head",
 ]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    if name == "RULES":  # the rules' registry, imported on first use
-        from forge.rules import RULES
-
-        return RULES
-    if name == "FP8_RECIPES":  # forge.fp8's, imported on first use
-        from forge.fp8 import RECIPES
-
-        return RECIPES
-    raise AttributeError(f"module 'forge' has no attribute {name!r}")

@@ -105,7 +105,7 @@ def detach(model: nn.Module) -> None:
     optimizer = getattr(model, ATTACHED, None)
     if optimizer is None:
         raise RuntimeError("FORGE is not attached to this model")
-    optimizer._wiring.unwire(optimizer)
+    optimizer.wiring.unwire(optimizer)
     model.__dict__.pop(ATTACHED, None)  # already gone where the model is itself a fused nn.Linear
 
 

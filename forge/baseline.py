@@ -48,8 +48,9 @@ def torch_optimizer(rule: str, params: Iterable, **hparams) -> torch.optim.Optim
     """The reference optimizer for `rule` with torch.optim's defaults overridden by `hparams`."""
     from forge.rules import IGNORED_OPTIONS, UNSUPPORTED_OPTIONS, get_rule
 
-    found = get_rule(rule)  # a clear error for unknown names
-    # flags the Lion class does not take: the no-ops, and the unsupported ones where off
-    dropped = lambda k, v: k in IGNORED_OPTIONS or (k in UNSUPPORTED_OPTIONS and not v)  # noqa: E731
-    options = {k: v for k, v in hparams.items() if rule != "lion" or not dropped(k, v)}
-    return found.torch_class()(params, **options)
+    optimizer_class = get_rule(rule).torch_class()  # a clear error for unknown names
+    if optimizer_class.__module__ == __name__:  # Lion, defined here, takes none of torch.optim's flags:
+        # the no-ops are dropped, and so are the unsupported ones where off
+        dropped = lambda k, v: k in IGNORED_OPTIONS or (k in UNSUPPORTED_OPTIONS and not v)  # noqa: E731
+        hparams = {k: v for k, v in hparams.items() if not dropped(k, v)}
+    return optimizer_class(params, **hparams)

@@ -58,13 +58,16 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from forge.distributed import _names_by_index, is_dtensor, load_optimizer_state_dict, optimizer_state_dict
+from forge.distributed import is_dtensor, load_optimizer_state_dict, names_by_index, optimizer_state_dict
+
+if TYPE_CHECKING:
+    from forge.optim import ForgeOptimizer
 
 FORMAT = 1
 MANIFEST = "forge.json"
@@ -93,7 +96,7 @@ class Loaded:
 def save(
     directory: str | os.PathLike,
     model: nn.Module,
-    optimizer,
+    optimizer: ForgeOptimizer,
     step: int,
     *,
     extra: dict[str, Any] | None = None,
@@ -131,7 +134,7 @@ def save(
     return final
 
 
-def _state(model: nn.Module, optimizer, extra: dict[str, Any]) -> dict[str, Any]:
+def _state(model: nn.Module, optimizer: ForgeOptimizer, extra: dict[str, Any]) -> dict[str, Any]:
     """What DCP saves and loads in place: the model's and optimizer's tensors by name, and `extra`
     pickled as one item (DCP keeps a byte stream as it is)."""
     return {
@@ -151,7 +154,9 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _manifest(model: nn.Module, optimizer, state: dict[str, Any], step: int) -> dict[str, Any]:
+def _manifest(
+    model: nn.Module, optimizer: ForgeOptimizer, state: dict[str, Any], step: int
+) -> dict[str, Any]:
     world = dist.get_world_size() if _distributed() else 1
     return {
         "format": FORMAT,
@@ -164,13 +169,13 @@ def _manifest(model: nn.Module, optimizer, state: dict[str, Any], step: int) -> 
     }
 
 
-def _bucket_order(optimizer) -> list[str] | None:
+def _bucket_order(optimizer: ForgeOptimizer) -> list[str] | None:
     """The data-parallel reducer's learned bucket order by parameter name (None: no reducer, or none
     learned yet): the same on every rank, since every rank buckets as rank 0 does."""
     order = optimizer.state_dict().get("bucket_order")
     if order is None:
         return None
-    names = _names_by_index(optimizer)
+    names = names_by_index(optimizer)
     return [names[i] for i in order]
 
 
@@ -196,18 +201,9 @@ def _file_sum(path: Path) -> dict[str, int]:
     return {"bytes": size, "crc32": crc}
 
 
-def options_of(optimizer) -> dict[str, Any]:
+def options_of(optimizer: ForgeOptimizer) -> dict[str, Any]:
     """What a checkpoint's states only make sense under: a different value refuses the load."""
-    return {
-        "rule": optimizer.rule.name,
-        "state_dtype": optimizer.state_dtype,
-        "int8_group": optimizer.int8_group,
-        "weights": "bf16+kahan"
-        if optimizer.kahan
-        else "bf16+sr"
-        if optimizer.stochastic_rounding
-        else "bf16",
-    }
+    return optimizer.storage_options()
 
 
 def tensor_specs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -279,7 +275,7 @@ def latest(directory: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: str | os.PathLike, model: nn.Module, optimizer) -> Loaded:
+def load(path: str | os.PathLike, model: nn.Module, optimizer: ForgeOptimizer) -> Loaded:
     """Load a checkpoint into `model` and FORGE's `optimizer`; every rank calls it. `path`: a
     checkpoint (`.../step-00000500`) or a directory of them (its newest complete one). Raises
     CheckpointError, with nothing changed, when the checkpoint does not fit or cannot be read
@@ -409,7 +405,9 @@ def _resolve(path: Path) -> Path:
     return found
 
 
-def _check(checkpoint: Path, model: nn.Module, optimizer, state: dict[str, Any]) -> dict[str, Any]:
+def _check(
+    checkpoint: Path, model: nn.Module, optimizer: ForgeOptimizer, state: dict[str, Any]
+) -> dict[str, Any]:
     """The checkpoint's manifest, once it fits this model and optimizer; else CheckpointError."""
     try:
         manifest = json.loads((checkpoint / MANIFEST).read_text())
@@ -434,8 +432,8 @@ def _check(checkpoint: Path, model: nn.Module, optimizer, state: dict[str, Any])
     return manifest
 
 
-def _check_bucket_order(checkpoint: Path, order: list[str] | None, optimizer) -> None:
-    if order is not None and sorted(order) != sorted(_names_by_index(optimizer).values()):
+def _check_bucket_order(checkpoint: Path, order: list[str] | None, optimizer: ForgeOptimizer) -> None:
+    if order is not None and sorted(order) != sorted(names_by_index(optimizer).values()):
         raise CheckpointError(
             f"{checkpoint}/{MANIFEST} records a bucket order that does not list this optimizer's "
             "parameters, each once: the manifest is damaged. Load an earlier checkpoint "

@@ -34,9 +34,14 @@ all in- and out-features), far less than the gradients they stand for at ordinar
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from torch.autograd import Variable
+
+from forge.guards import at_backward_end, backward_task
+
+if TYPE_CHECKING:
+    from forge.launcher import Launcher
 
 # The norm-only kernel's time per multiply-add against the Gram GEMMs' (cuBLAS): measured on the
 # H200 on Llama-3.1-8B's layers at T = 1024 and 4096 (results/kernels/clip-norms-*.jsonl), the
@@ -73,10 +78,11 @@ def check_clip_options(max_grad_norm, norm_type) -> tuple[float, float]:
 
 
 class GlobalNormClip:
-    """The deferred half of a clipped FORGE step: norms gathered in backward, updates at its end."""
+    """The deferred half of a clipped FORGE step: norms gathered in backward, updates at its end,
+    launched by `launcher` (None for a clip that only takes norms: a benchmark of `linear_power_sum`)."""
 
-    def __init__(self, optimizer, max_norm: float, norm_type: float):
-        self.optimizer = optimizer
+    def __init__(self, launcher: Launcher | None, max_norm: float, norm_type: float):
+        self.launcher = launcher
         self.max_norm = max_norm
         self.norm_type = norm_type
         self.method = "auto"  # how a layer's dW norm is computed: "auto" (`norm_method`), "gram" or "direct"
@@ -107,7 +113,7 @@ class GlobalNormClip:
     def _begin(self) -> None:
         """Before the first deferred update of a backward: what a failed backward left is dropped
         (it updated nothing), and the end-of-backward step is queued (run at once outside one)."""
-        task = torch._C._current_graph_task_id()
+        task = backward_task()
         if task != self._task or task == -1:
             self._pending.clear()
             self._sums.clear()
@@ -115,7 +121,7 @@ class GlobalNormClip:
             self._gram_x = None
             self._task = task
             if task != -1:
-                Variable._execution_engine.queue_callback(self.finish)
+                at_backward_end(self.finish)
 
     def _finish_direct_call(self) -> None:
         """Outside any backward (a benchmark, a test calling the optimizer directly) one update is
@@ -171,9 +177,9 @@ class GlobalNormClip:
         self.coefficient.copy_(coefficient)
         for param, a, b, config in pending:
             if b is None:
-                self.optimizer.elementwise_step(param, a, grad_scale=self.coefficient)
+                self.launcher.elementwise(param, a, grad_scale=self.coefficient)
             else:
-                self.optimizer.fused_step(param, a, b, config, grad_scale=self.coefficient)
+                self.launcher.fused(param, a, b, config, grad_scale=self.coefficient)
 
 
 def gram(a: torch.Tensor) -> torch.Tensor:

@@ -37,12 +37,17 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd import Variable
+
+from forge.guards import at_backward_end, backward_task
+
+# What the reducer calls for each parameter once its gradient's mean over the ranks is known: its step.
+Apply = Callable[[torch.Tensor, torch.Tensor], None]
 
 REPLICAS, SHARDS = "replicas", "shards"
 MAX_IN_FLIGHT = 2  # buckets being all-reduced while the next one fills
@@ -108,6 +113,17 @@ def resolve(
         return model, None
     broadcast_from_first_rank(model, process_group)
     return model, parallel
+
+
+def check_new_group(parallel: DataParallel | None) -> None:
+    """Refuse a param group added after construction under data parallelism: every rank must reduce
+    the same parameters in the same buckets from the first backward on."""
+    if parallel is not None:
+        raise RuntimeError(
+            "add_param_group under data parallelism: every rank must reduce the same parameters in the "
+            "same buckets from the first backward on. Give every group to forge.attach(model, rule, "
+            "params=[...]) instead; nothing was added."
+        )
 
 
 def _check_bucket_cap(bucket_cap_mb: Any) -> None:
@@ -245,7 +261,7 @@ class GradientReducer:
     step counts and the seed are. (torch's DDP relearns its order after every restart instead; FORGE
     promises that a resumed run continues bit for bit.)"""
 
-    def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply):
+    def __init__(self, params: list[torch.Tensor], group: Any, bucket_cap_mb: float, apply: Apply):
         import torch.distributed as dist
 
         self.group = dist.group.WORLD if group is None else group
@@ -317,12 +333,12 @@ class GradientReducer:
 
     def _begin(self) -> None:
         """At the first gradient of a backward: queue `finish` for when the backward ends."""
-        task = torch._C._current_graph_task_id()
+        task = backward_task()
         if task == self._task and task != -1:
             return
         self._task = task
         if task != -1:
-            Variable._execution_engine.queue_callback(self.finish)
+            at_backward_end(self.finish)
 
     def _launch_ready(self) -> None:
         """Launch buckets in their fixed order while the next one has every gradient."""

@@ -90,6 +90,18 @@ def linear_layout(name: str, weight: torch.Tensor) -> str | None:
     return "hook"
 
 
+def mesh_rank(p: torch.Tensor) -> int:
+    """A number for this rank's shard of the DTensor p (0 for a plain tensor): its mesh coordinate,
+    row-major (FSDP2 shards mix it into their stochastic-rounding seeds, `forge.steps`)."""
+    if not is_dtensor(p):
+        return 0
+    coordinate = p.device_mesh.get_coordinate() or [0]
+    rank = 0
+    for size, c in zip(p.device_mesh.shape, coordinate):
+        rank = rank * size + c
+    return rank
+
+
 def check_param(name: str, p: torch.Tensor) -> None:
     """Refuse DTensor parameters whose update needs more than the local or reduced gradient."""
     if not is_dtensor(p):
@@ -132,7 +144,7 @@ def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state keyed by parameter name, for torch.distributed.checkpoint: sharded
     states are DTensors (each rank writes its shard), plain ones are replicated on every rank."""
     sd = optimizer.state_dict()
-    names = _names_by_index(optimizer)
+    names = names_by_index(optimizer)
     return {
         "state": {names[i]: s for i, s in sd["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]],
@@ -142,7 +154,7 @@ def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> None:
     """Inverse of `optimizer_state_dict` (names back to the optimizer's own indices); a data-parallel
     reducer's "bucket_order" by name, where `sd` has one, likewise (`ForgeOptimizer.state_dict`)."""
-    index = {n: i for i, n in _names_by_index(optimizer).items()}
+    index = {n: i for i, n in names_by_index(optimizer).items()}
     loaded = {
         "state": {index[n]: s for n, s in sd["state"].items()},
         "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]],
@@ -152,7 +164,8 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, sd: dict[str, An
     optimizer.load_state_dict(loaded)
 
 
-def _names_by_index(optimizer: torch.optim.Optimizer) -> dict[int, str]:
+def names_by_index(optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    """{index in the optimizer's state dict: the parameter's name} (`param_<i>` where it has none)."""
     names = getattr(optimizer, "param_names", {})
     params = [p for g in optimizer.param_groups for p in g["params"]]
     return {i: names.get(p, f"param_{i}") for i, p in enumerate(params)}

@@ -48,6 +48,20 @@ class Slots(NamedTuple):
     signed: tuple  # whether each state's int8 codes are signed
     residual: torch.Tensor | None = None  # bf16 residual of a compensated bf16 weight
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step writes besides the parameter, in one order: the states, their
+        scales, the residual (torch.compile's ops declare them mutated, `forge.ops`)."""
+        return [t for t in (*self.states, *self.scales, self.residual) if t is not None]
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> Slots:
+        """These slots with `tensors`, in the order of `tensors()`, in place of their own (the
+        functional copies torch.compile's ops are handed)."""
+        given = iter(tensors)
+        states = tuple(None if t is None else next(given) for t in self.states)
+        scales = tuple(None if t is None else next(given) for t in self.scales)
+        residual = None if self.residual is None else next(given)
+        return Slots(states, scales, self.signed, residual)
+
 
 class UpdateOptions(NamedTuple):
     """How a rule's step runs (see the module): the same for every launch of one parameter."""

@@ -1,4 +1,14 @@
-"""One backward per forward: the guard that keeps a fused weight from being stepped twice.
+"""What the first FORGE update of each backward checks, before anything is updated.
+
+`BackwardCheck.once()` runs at an optimizer's first update in a backward: every group's
+hyperparameters (a scheduler or a user may have changed them since construction) and every fused
+nn.Linear this backward will reach, each used once since its forward (below). A refusal there
+leaves every weight, state and step count as it was, and refuses every later update of that
+backward too. `backward_task()` names the backward running now and `at_backward_end` queues work
+for its end, for the parts of forge that defer work to it (`forge.clip`, `forge.streams`,
+`forge.data_parallel`): this module is where forge touches autograd's engine.
+
+One backward per forward: the guard that keeps a fused weight from being stepped twice.
 
 A fused nn.Linear weight is updated by raw Triton writes inside its backward, which autograd's
 version counters do not see. Two graphs could then step a weight twice, or compute dx from an
@@ -6,18 +16,23 @@ already-updated weight: a second backward through a retained graph (`retain_grap
 weight used twice in a graph (one nn.Linear called twice, two forwards before one backward).
 
 Every ForgeLinear forward records its backward node here (`record_use`, with the weight, its
-optimizer and the update count it saw) and its backward releases it (`release_use`) unless the
-graph is retained. At the first FORGE update of each backward the optimizer calls `check_uses`,
-which looks at every recorded node this backward will run, over every optimizer, and refuses the
-whole backward before any parameter of any model has been updated. The ForgeLinear backward keeps
-its own check as well (`forge.nn`), for what this one cannot see (compiled autograd).
+optimizer as a `forge.interface.FusedUpdater` and the update count it saw) and its backward
+releases it (`release_use`) unless the graph is retained. At the first FORGE update of each
+backward the optimizer calls `check_uses` (through `BackwardCheck`), which looks at every recorded
+node this backward will run, over every optimizer, and refuses the whole backward before any
+parameter of any model has been updated. The ForgeLinear backward keeps its own check as well
+(`forge.nn`), for what this one cannot see (compiled autograd).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
+from torch.autograd import Variable
+
+from forge.rules import check_hparams
 
 _USES: weakref.WeakSet = weakref.WeakSet()  # fused-linear backward nodes that may still run
 _checked_task = [-1]  # the last backward (autograd graph task) whose uses were checked
@@ -53,8 +68,8 @@ def check_uses(task: int) -> None:
                 continue
         except RuntimeError:  # not the eager autograd engine (compiled autograd): the backward's own guard
             return
-        weight, optimizer = node.weight, node.optimizer
-        if optimizer.version(weight) != node.version:
+        weight, updater = node.weight, node.updater
+        if updater.version(weight) != node.version:
             raise RuntimeError(
                 f"FORGE: {node.name} was already updated since this forward pass: a second backward through "
                 "the same graph (retain_graph=True) would apply the optimizer step twice, and compute the "
@@ -70,3 +85,35 @@ def check_uses(task: int) -> None:
             )
         seen[id(weight)] = node
     _checked_task[0] = task
+
+
+def backward_task() -> int:
+    """The autograd graph task (one backward) running now; -1 outside any backward."""
+    return torch._C._current_graph_task_id()
+
+
+def at_backward_end(callback: Callable[[], None]) -> None:
+    """Run `callback` when the backward running now ends (autograd's engine queues it)."""
+    Variable._execution_engine.queue_callback(callback)
+
+
+class BackwardCheck:
+    """An optimizer's checks at its first update in each backward (see the module): `rule`'s
+    hyperparameters in each of `groups()`, then `check_uses`."""
+
+    def __init__(self, rule: str, groups: Callable[[], list[dict]]):
+        self.rule = rule
+        self.groups = groups
+        self.checked_task = -1  # the last backward whose groups were checked
+
+    def once(self) -> None:
+        """The checks, at this backward's first update only (a direct call, outside any backward,
+        checks nothing: there is no graph to refuse)."""
+        task = backward_task()
+        if task == self.checked_task:
+            return
+        if task >= 0:
+            for group in self.groups():
+                check_hparams(self.rule, group)
+            check_uses(task)
+        self.checked_task = task  # only once passed: a refused backward is refused at every update

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from forge.interface import CompiledUpdater
 
 _NEXT = itertools.count(1)
 _BY_HANDLE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def register(optimizer) -> int:
+def register(optimizer: CompiledUpdater) -> int:
     """A new handle for `optimizer`, valid for as long as it lives."""
     handle = next(_NEXT)
     _BY_HANDLE[handle] = optimizer
     return handle
 
 
-def optimizer_of(handle: int):
+def optimizer_of(handle: int) -> CompiledUpdater:
     """The live optimizer `handle` names, or a RuntimeError."""
     optimizer = _BY_HANDLE.get(handle)
     if optimizer is None:

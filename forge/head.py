@@ -16,8 +16,9 @@ over every token; it can take it a chunk of the vocabulary (of W's rows) at a ti
 - backward: for each chunk again, its logits, their softmax less the one-hot target (dlogits_c, in
   h's dtype), dh += dlogits_c W_c from the chunk's rows before their update, then those rows' step:
   FORGE's fused kernel updates W_c from dlogits_c^T h in its dW GEMM, one step counted for the whole
-  weight (`ForgeOptimizer.row_block_updater`). A head that FORGE does not train gets its gradient
-  rows written instead, so every optimizer can use the same loss.
+  weight (the optimizer's `row_block_updater`: `forge.interface.RowBlockUpdater`). A head that
+  FORGE does not train gets its gradient rows written instead, so every optimizer can use the same
+  loss.
 
 What it costs: the logits GEMM once more, in the backward (four lm_head GEMMs a step where a plain
 head runs three), and one chunk's fp32 logits (`chunk_elements`, 64 MiB by default) at a time.
@@ -43,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from forge.distributed import local
-from forge.nn import autocast_input
+from forge.interface import RowBlockUpdater
+from forge.nn import autocast_input, updater_of
 
 CHUNK_ELEMENTS = 2**24  # fp32 logits of one chunk: 64 MiB
 
@@ -75,7 +77,7 @@ def linear_cross_entropy(
         raise ValueError(
             "forge.head.linear_cross_entropy takes a head without a bias (a causal LM's lm_head)"
         )
-    optimizer = getattr(head, "_forge_optimizer", None) if torch.is_grad_enabled() else None
+    optimizer = updater_of(head) if torch.is_grad_enabled() else None
     if optimizer is not None:
         if torch.compiler.is_compiling():
             raise RuntimeError(
@@ -168,7 +170,9 @@ class _HeadCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of hidden @ weight^T against targets, the vocabulary in chunks of `rows`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index: int, rows: int, optimizer):
+    def forward(
+        ctx, hidden, weight, targets, ignore_index: int, rows: int, optimizer: RowBlockUpdater | None
+    ):
         w = local(weight)
         valid = targets != ignore_index
         safe = torch.where(valid, targets, 0)

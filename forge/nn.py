@@ -6,7 +6,10 @@ Backward of `y = x W^T + b` for x (T, K), W (N, K), dy (T, N), in this order:
      fp32 registers and is consumed there by the optimizer update; W and the states are written
      back; dW is never stored and the weight's `.grad` stays None;
   3. the bias gradient dy.sum(0) is returned as usual: a post-accumulate-grad hook on the bias
-     updates it with the element-wise kernel (see `forge.optim`).
+     updates it with the element-wise kernel (see `forge.wiring`).
+
+The layer knows its optimizer only as a `forge.interface.FusedUpdater`: the backward asks it for
+the weight's update count (`version`) and hands it dy and x (`update_linear`).
 
 Mixed precision. Under torch.autocast the input is cast to the autocast dtype before the
 Function (as autocast's linear does), the forward's F.linear casts the weight, and the backward
@@ -55,6 +58,7 @@ from torch import nn
 from forge import fp8 as forge_fp8
 from forge import guards
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
+from forge.interface import CompiledUpdater, FusedUpdater
 
 # torch.compile traces the custom ops from torch 2.11 on (2.11 with the weight left out of the
 # backward op's declared mutations, `forge.ops.WEIGHT_LISTED`); before, this Function runs between
@@ -71,7 +75,7 @@ class ForgeLinearFunction(torch.autograd.Function):
         x: torch.Tensor,
         weight: torch.Tensor,
         bias,
-        optimizer,
+        updater: FusedUpdater,
         name: str,
         saved_ahead: bool,
         fp8: bool = False,
@@ -84,9 +88,9 @@ class ForgeLinearFunction(torch.autograd.Function):
         # The Parameter itself, not a saved tensor: under activation checkpointing saved tensors come
         # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
         ctx.weight = weight
-        ctx.optimizer = optimizer
+        ctx.updater = updater
         ctx.name = name
-        ctx.version = optimizer.version(weight)
+        ctx.version = updater.version(weight)
         ctx.has_bias = bias is not None
         ctx.fp8 = fp8
         if not torch.compiler.is_compiling():
@@ -102,8 +106,8 @@ class ForgeLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         saved = ctx.input_node.saved_tensors if ctx.input_node is not None else ctx.saved_tensors
-        weight, optimizer = ctx.weight, ctx.optimizer
-        if optimizer.version(weight) != ctx.version:
+        weight, updater = ctx.weight, ctx.updater
+        if updater.version(weight) != ctx.version:
             raise RuntimeError(
                 f"FORGE: {ctx.name} was already updated since this forward pass. A second backward through "
                 "the same graph (retain_graph=True), or one nn.Linear called twice in a forward, would apply "
@@ -129,9 +133,9 @@ class ForgeLinearFunction(torch.autograd.Function):
                 if dx.dtype != x.dtype:
                     dx = dx.to(x.dtype)
         if torch.compiler.is_compiling():
-            _fused_step_outside_graph(optimizer, weight, dy2, x2, grad_scale)
+            _fused_step_outside_graph(updater, weight, dy2, x2, grad_scale)
         else:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
-            optimizer.update_linear(weight, dy2, x2, grad_scale=grad_scale)
+            updater.update_linear(weight, dy2, x2, grad_scale=grad_scale)
         guards.release_use(ctx)
         return dx, None, db, None, None, None, None
 
@@ -156,21 +160,30 @@ def _saved_tensor_hooks_active() -> bool:
 
 
 def forge_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, optimizer, name: str, fp8: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    updater: FusedUpdater,
+    name: str,
+    fp8: bool = False,
 ):
     """y = x W^T + b through ForgeLinearFunction, with x saved ahead of the GEMM under saved-tensor
     hooks (x must require grad for `_SavedInput` to keep a node); `fp8`: its GEMMs in FP8."""
     saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
     if saved_ahead:
         x = _SavedInput.apply(x)
-    return ForgeLinearFunction.apply(x, weight, bias, optimizer, name, saved_ahead, fp8)
+    return ForgeLinearFunction.apply(x, weight, bias, updater, name, saved_ahead, fp8)
 
 
 def _fused_step_outside_graph(
-    optimizer, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, grad_scale: torch.Tensor | None
+    updater: FusedUpdater,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    grad_scale: torch.Tensor | None,
 ) -> None:
     """The fused step while torch.compile traces the backward: outside its graph."""
-    _outside_graph()(optimizer, weight, dy, x, grad_scale)
+    _outside_graph()(updater, weight, dy, x, grad_scale)
 
 
 @functools.cache
@@ -178,30 +191,85 @@ def _outside_graph():
     """`update_linear` under `torch.compiler.disable`, built on first use: the decorator imports
     torch._dynamo (a second of import), which eager training never needs."""
     return torch.compiler.disable(
-        lambda optimizer, weight, dy, x, scale: optimizer.update_linear(weight, dy, x, grad_scale=scale)
+        lambda updater, weight, dy, x, scale: updater.update_linear(weight, dy, x, grad_scale=scale)
     )
+
+
+# What fusing adds to an nn.Linear module (`ForgeLinear.fuse`) and `unfuse` removes. The first is
+# also the attribute a model holds its optimizer in (`forge.wiring.ATTACHED`): a model that is itself
+# a fused nn.Linear loses both at once.
+_FUSED_ATTRIBUTES = (
+    "_forge_optimizer",
+    "_forge_name",
+    "_forge_handle",
+    "_forge_index",
+    "_forge_states",
+    "_forge_marker",
+    "_forge_fp8",
+)
 
 
 class ForgeLinear(nn.Linear):
     """nn.Linear trained by FORGE. `forge.attach` turns nn.Linear modules into this class in place
-    (same parameters, same module object) and `forge.detach` turns them back."""
+    (same parameters, same module object, `fuse`) and `forge.detach` turns them back (`unfuse`).
 
-    _forge_optimizer = None
+    Beside the optimizer, a fused layer carries what torch.compile's ops read instead of it
+    (`forge.ops`): the optimizer's handle, the weight's index in it and its state tensors, plain
+    attributes Dynamo reads as constants and graph inputs."""
+
+    _forge_optimizer: CompiledUpdater | None = None
     _forge_name = "weight"
     _forge_fp8 = False  # its GEMMs in FP8 (`forge.attach(..., fp8=...)`, `forge.fp8`)
+
+    @classmethod
+    def fuse(cls, module: nn.Linear, updater: CompiledUpdater, name: str, fp8: bool = False) -> ForgeLinear:
+        """Make the nn.Linear `module` a ForgeLinear whose weight `updater` trains; `name`: the
+        weight's name in messages; `fp8`: its GEMMs in FP8."""
+        module.__class__ = cls
+        module.bind(updater, name, fp8)
+        return module
+
+    def bind(self, updater: CompiledUpdater, name: str, fp8: bool) -> None:
+        """Train this layer's weight with `updater` from the next forward on (see `fuse`)."""
+        weight = self.weight
+        self._forge_fp8 = fp8
+        self._forge_optimizer = updater
+        self._forge_name = name
+        self._forge_handle, self._forge_index = updater.handle, updater.index_of(weight)
+        self._forge_states = updater.slots_of(weight).tensors()
+        self._forge_marker = torch.empty(0, device=weight.device)  # torch 2.11's op (`forge.ops`) mutates it
+
+    def unfuse(self) -> None:
+        """A plain nn.Linear again, its weight as trained."""
+        self.__class__ = nn.Linear
+        for attr in _FUSED_ATTRIBUTES:
+            self.__dict__.pop(attr, None)
+
+    @property
+    def forge_updater(self) -> CompiledUpdater | None:
+        """The optimizer that trains this layer's weight inside its backward (None once detached)."""
+        return self.__dict__.get("_forge_optimizer")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opt = self._forge_optimizer
         if opt is None or not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        if is_dtensor(self.weight):
-            return tp_linear_forward(self, x)  # sharded by a tensor-parallel plan (forge.distributed)
+        if is_dtensor(self.weight):  # sharded by a tensor-parallel plan (forge.distributed)
+            return tp_linear_forward(x, self.weight, self.bias, opt, self._forge_name)
         fp8 = self._forge_fp8
         if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
             from forge.ops import forge_linear_op
 
-            return forge_linear_op(self, autocast_input(x))
+            states, handle, index = self._forge_states, self._forge_handle, self._forge_index
+            return forge_linear_op(
+                autocast_input(x), self.weight, self.bias, states, handle, index, self._forge_marker
+            )
         return forge_linear(autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
+
+
+def updater_of(module: nn.Module) -> CompiledUpdater | None:
+    """The optimizer that trains `module`'s weight inside its backward, or None (not a ForgeLinear)."""
+    return module.forge_updater if isinstance(module, ForgeLinear) else None
 
 
 def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -213,12 +281,13 @@ def _global_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def tp_linear_forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, updater: FusedUpdater, name: str
+) -> torch.Tensor:
     """ForgeLinear's forward when its weight is sharded colwise (Shard(0)) or rowwise (Shard(1)), on
     the local shards (`forge.distributed` says why that is exact)."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    weight, bias, name = module.weight, module.bias, module._forge_name
     if not is_dtensor(x):
         raise RuntimeError(
             f"FORGE: {name} has a sharded DTensor weight but received a plain tensor. Parallelize the layer "
@@ -231,14 +300,14 @@ def tp_linear_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if layout == COLWISE:
         # x replicated; dx = sum_r dy_r W_r is a partial sum on each rank: DTensor all-reduces it.
         x_local = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-        y_local = forge_linear(x_local, weight, local(bias), module._forge_optimizer, name)
+        y_local = forge_linear(x_local, weight, local(bias), updater, name)
         return DTensor.from_local(
             y_local, mesh, [Shard(last)], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
         )
     # ROWWISE: x sharded on its last dim; y is a partial sum (DTensor reduces it in the output hook);
     # its gradient comes back replicated (DTensor's rule for Partial), so dW_r = dy^T x_r is complete.
     x_local = x.redistribute(mesh, [Shard(last)]).to_local(grad_placements=[Shard(last)])
-    y_local = forge_linear(x_local, weight, None, module._forge_optimizer, name)
+    y_local = forge_linear(x_local, weight, None, updater, name)
     y = DTensor.from_local(
         y_local, mesh, [Partial()], run_check=False, shape=out_shape, stride=_global_stride(out_shape)
     )

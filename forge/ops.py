@@ -52,11 +52,13 @@ parameter is a fused weight train; `elementwise_update_op` is what such a hook w
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from forge.functional import Slots
+from forge.handles import optimizer_of
+from forge.interface import CompiledUpdater
 
 _NOT_NEEDED = (0,)  # the shape of an output the backward does not need (an op returns tensors)
 _UPDATE_TAGS = (torch.Tag.cudagraph_unsafe,)  # host work at each run: never replayed from a graph
@@ -65,53 +67,26 @@ _UPDATE_TAGS = (torch.Tag.cudagraph_unsafe,)  # host work at each run: never rep
 WEIGHT_LISTED = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
 
 
-# ---------------------------------------------------------------------- the optimizer registry
+# ---------------------------------------------------------------------- the optimizer by handle
 
 
-class _Entry:
-    """One optimizer's parameters by index (`index_of`), refreshed when it grows."""
-
-    def __init__(self) -> None:
-        self.params: list[Tensor] = []
-
-    def lookup(self, optimizer, index: int) -> Tensor:
-        params = self.params
-        if len(params) != len(optimizer.steps.index):  # parameters added since the last look
-            params = self.params = optimizer.params_in_order()
-        return params[index]
-
-
-_ENTRIES: dict[int, _Entry] = {}
-
-
-def _lookup(handle: int, index: int):
+def _lookup(handle: int, index: int) -> tuple[CompiledUpdater, Tensor]:
     """(optimizer, its parameter number `index`), when an op runs."""
-    from forge.handles import optimizer_of
-
     optimizer = optimizer_of(handle)
-    entry = _ENTRIES.get(handle)
-    if entry is None:
-        entry = _ENTRIES[handle] = _Entry()
-        weakref.finalize(optimizer, _ENTRIES.pop, handle, None)
-    return optimizer, entry.lookup(optimizer, index)
+    return optimizer, optimizer.param_at(index)
 
 
-def _kernel_slots(optimizer, p: Tensor, tensors: list[Tensor]):
-    """p's `Slots` for a kernel (`forge.functional`), with `tensors` (as `ForgeOptimizer.op_tensors`
-    orders them) in place of p's own."""
-    own = optimizer.slots_of(p)
-    given = iter(tensors)
-    states = tuple(None if t is None else next(given) for t in own.states)
-    scales = tuple(None if t is None else next(given) for t in own.scales)
-    residual = None if own.residual is None else next(given)
-    return own._replace(states=states, scales=scales, residual=residual)
+def _kernel_slots(optimizer: CompiledUpdater, p: Tensor, tensors: list[Tensor]) -> Slots:
+    """p's `Slots` for a kernel (`forge.functional`), with `tensors` (in the order of
+    `Slots.tensors`) in place of p's own."""
+    return optimizer.slots_of(p).with_tensors(tensors)
 
 
 # ---------------------------------------------------------------------- the updates
 
 
 def _linear_update(
-    optimizer, p: Tensor, weight: Tensor, tensors: list[Tensor], dy: Tensor, x: Tensor
+    optimizer: CompiledUpdater, p: Tensor, weight: Tensor, tensors: list[Tensor], dy: Tensor, x: Tensor
 ) -> None:
     """`ForgeOptimizer.update_linear` of p, written into `weight` and `tensors` (p and its states,
     or functional copies of them)."""
@@ -226,18 +201,26 @@ def _(param, grad, states, handle, index):
 # ---------------------------------------------------------------------- what forge calls
 
 
-def forge_linear_op(module: torch.nn.Module, x: Tensor) -> Tensor:
-    """A ForgeLinear's forward through `forge::linear` (`forge.nn` calls it while compiling). It
-    reads only the module: its handle, index and state tensors, set by `forge.attach`; traced
-    through the optimizer, Dynamo would guard on its state dicts (and recompile every step), and
-    torch 2.11's cannot pass an optimizer object to a function it runs while tracing."""
-    handle, index, states = module._forge_handle, module._forge_index, module._forge_states
+def forge_linear_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    states: list[Tensor],
+    handle: int,
+    index: int,
+    marker: Tensor,
+) -> Tensor:
+    """A ForgeLinear's forward through `forge::linear` (`forge.nn` calls it while compiling), from
+    what the layer carries: its optimizer's handle, the weight's index and state tensors, and the
+    layer's empty marker (set by `ForgeLinear.bind`). Traced through the optimizer, Dynamo would
+    guard on its state dicts (and recompile every step), and torch 2.11's cannot pass an optimizer
+    object to a function it runs while tracing."""
     if not WEIGHT_LISTED:  # the marker stands in for the weight as the mutation a second use would see
-        states = [*states, module._forge_marker]
-    return linear(x, module.weight, module.bias, states, handle, index)
+        states = [*states, marker]
+    return linear(x, weight, bias, states, handle, index)
 
 
-def elementwise_update_op(optimizer, p: Tensor, grad: Tensor) -> None:
+def elementwise_update_op(optimizer: CompiledUpdater, p: Tensor, grad: Tensor) -> None:
     """`optimizer.update_elementwise(p, grad)` through `forge::elementwise_update`: for a
     post-accumulate-grad hook while compiled autograd traces it."""
-    elementwise_update(p, grad, optimizer.op_tensors(p), optimizer.handle, optimizer.index_of(p))
+    elementwise_update(p, grad, optimizer.slots_of(p).tensors(), optimizer.handle, optimizer.index_of(p))

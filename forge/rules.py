@@ -193,7 +193,9 @@ class Rule:
     `name` (what `forge.attach` takes), `title` (what tables show), `defaults` (torch.optim's
     hyperparameters and defaults), `slots` (its state tensors for given hyperparameters),
     `torch_class` (where the torch.optim optimizer it must match lives, "module:Class"), the host
-    half `coefficients_fn` and the PyTorch reference `reference_fn`."""
+    half `coefficients_fn` and the PyTorch reference `reference_fn`. `device_half`: the name of
+    the device half in `forge.kernels.rules` when it is another rule's (a rule that differs
+    only in its host half); None: the rule's own name."""
 
     name: str
     title: str
@@ -203,6 +205,12 @@ class Rule:
     reference_fn: Callable
     torch_path: str
     host_state: dict[str, float] = field(default_factory=dict)  # scalar per-param state, e.g. NAdam's mu_product
+    device_half: str | None = None
+
+    @property
+    def device_name(self) -> str:
+        """The name `forge.kernels.rules.apply_rule` dispatches on (its constexpr RULE)."""
+        return self.device_half or self.name
 
     def torch_class(self) -> type:
         """The torch.optim class this rule is exact against (Lion, which torch lacks: `forge.baseline.Lion`)."""
@@ -300,6 +308,13 @@ def resolve_hparams(rule: Rule, hparams: dict) -> dict:
         out["betas"] = tuple(float(b) for b in out["betas"])
     check_hparams(rule.name, out)
     return out
+
+
+def check_group(rule: Rule, defaults: dict, group: dict) -> None:
+    """Refuse a param group's options before the group is added (a refused group changes nothing),
+    checked with the optimizer's `defaults` filled in, as torch.optim fills them."""
+    defaults = {k: v for k, v in defaults.items() if k in rule.defaults}
+    resolve_hparams(rule, {**defaults, **{k: v for k, v in group.items() if k != "params"}})
 
 
 def _nonnegative(value, what: str, upper: float = math.inf, upper_open: bool = True) -> None:

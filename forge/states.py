@@ -25,8 +25,9 @@ import torch
 from forge import functional
 from forge.distributed import is_dtensor, like_param, local
 
-STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
-INT8_GROUPS = (64, 128)  # elements per int8 scale (forge.kernels.quant)
+STATE_DTYPES = ("fp32", "bf16", "int8")  # what `state_dtype` may name (forge.STATE_DTYPES)
+INT8_GROUPS = (64, 128)  # what `int8_group` may name: elements per int8 scale (forge.kernels.quant)
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # int8: codes and scales (`quantize`)
 
 
 def state_bytes(state_dtype: str, int8_group: int = 64) -> float:
@@ -55,6 +56,10 @@ class StateStorage:
         self.int8_group = int(int8_group)
         self.kahan = kahan
 
+    def options(self) -> dict:
+        """The choices a saved state only makes sense under (`ForgeOptimizer.storage_options`)."""
+        return {"state_dtype": self.state_dtype, "int8_group": self.int8_group}
+
     def dtype_of(self, p: torch.Tensor) -> str:
         """The storage of p's states: `state_dtype`, but bf16 for a vector under int8 (see the module)."""
         return "bf16" if self.state_dtype == "int8" and p.dim() < 2 else self.state_dtype
@@ -75,7 +80,7 @@ class StateStorage:
                 state[slot.name] = like_param(p, codes)
                 state[slot.name + "_absmax"] = like_param(p, scale, scale_group=self.int8_group)
             else:
-                state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=STATE_DTYPES[dtype]))
+                state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=_TORCH_DTYPES[dtype]))
 
     def slots_of(self, state: dict, slots: tuple) -> functional.Slots:
         """The kernels' view of a state: local tensors, three slots each (None where the rule has none)."""

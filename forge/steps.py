@@ -32,6 +32,7 @@ import torch
 
 from forge.backend import interpreting
 from forge.distributed import local
+from forge.rules import NUM_COEFFICIENTS, Rule
 
 
 class Steps:
@@ -39,7 +40,7 @@ class Steps:
 
     def __init__(
         self,
-        rule,
+        rule: Rule,
         seed: int,
         capturable: bool,
         group_of: Callable[[torch.Tensor], dict],
@@ -52,13 +53,19 @@ class Steps:
         self._group_of, self._state_of = group_of, state_of
         self._salt = salt  # p -> a number mixed into p's seeds (an FSDP2 shard's rank), or None
         self.index: dict[torch.Tensor, int] = {}  # p's position, in the order parameters were added
+        self.params: list[torch.Tensor] = []  # the parameters by position
         self.version: dict[torch.Tensor, int] = {}  # updates p has received (the double-backward guard)
         self.rows: torch.Tensor | None = None  # capturable: one step row per parameter, on the device
         self.captured: dict[torch.Tensor, None] = {}  # updated inside a capture, in order (an ordered set)
 
-    def add(self, p: torch.Tensor) -> None:
+    def add(self, p: torch.Tensor, state: dict) -> None:
+        """Count the steps of a new parameter p, whose state is `state`: step 0, and the rule's host
+        values (NAdam's mu product) at their start."""
         self.index[p] = len(self.index)
+        self.params.append(p)
         self.version[p] = 0
+        state["step"] = 0
+        state.update(self.rule.host_state)
 
     def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, row) of p's next update, its step counted. The row is None unless
@@ -164,8 +171,6 @@ class Steps:
     @staticmethod
     def _no_coefficients() -> tuple:
         """The coefficients a captured launch is given: zeros (it reads its own from its step row)."""
-        from forge.rules import NUM_COEFFICIENTS
-
         return (0.0,) * NUM_COEFFICIENTS
 
 
@@ -179,7 +184,7 @@ def _step_values(coefficient_rows: list, seeds, shape: tuple, at) -> torch.Tenso
     hold the coefficients as fp32 bits first (words 0-8, rounded from Python's floats as a launch
     argument is), then the seed, the others zeros. A fresh tensor each call: the pinned-memory
     allocator keeps it until the non-blocking copy that reads it has run."""
-    n = len(coefficient_rows[0])  # forge.rules.NUM_COEFFICIENTS
+    n = NUM_COEFFICIENTS
     values = np.zeros(shape, np.int32)
     values[at, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
     values[at, n] = np.asarray(seeds).astype(np.int32)
@@ -189,7 +194,7 @@ def _step_values(coefficient_rows: list, seeds, shape: tuple, at) -> torch.Tenso
 
 def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int, torch.Tensor | None]:
     """(seed, step row) of one block of a parameter's rows that its own launch updates
-    (`ForgeOptimizer.row_block_updater`). A kernel keys its stochastic-rounding bits by an element's
+    (`forge.launcher.Launcher.row_blocks`). A kernel keys its stochastic-rounding bits by an element's
     row within the launch, so blocks after the first mix their index into the seed, alike on the
     host and, in a copy of the row, on the device (a captured launch reads its seed there)."""
     if block == 0:
@@ -197,8 +202,6 @@ def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int,
     salt = (block * 0x9E3779B1) & 0x7FFFFFFF
     if row is None:
         return seed ^ salt, None
-    from forge.rules import NUM_COEFFICIENTS  # the seed's word follows the coefficients
-
     mixed = row.clone()
-    mixed[NUM_COEFFICIENTS : NUM_COEFFICIENTS + 1].bitwise_xor_(salt)
+    mixed[NUM_COEFFICIENTS : NUM_COEFFICIENTS + 1].bitwise_xor_(salt)  # the seed's word follows them
     return seed ^ salt, mixed

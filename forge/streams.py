@@ -32,7 +32,8 @@ from collections import deque
 from collections.abc import Iterator
 
 import torch
-from torch.autograd import Variable
+
+from forge.guards import at_backward_end, backward_task
 
 
 class UpdateStream:
@@ -66,12 +67,12 @@ class UpdateStream:
         bases = tuple(t._base for t in reads if t._base is not None)  # a view does not stop the sum
         self._in_flight.append((done, reads + bases))
         self._pending.setdefault(device, main)
-        task = torch._C._current_graph_task_id()  # -1 outside a backward: join at once
+        task = backward_task()  # -1 outside a backward: join at once
         if task == -1:
             self._join()
         elif task != self._joined_task:  # once per backward, even after one that raised
             self._joined_task = task
-            Variable._execution_engine.queue_callback(self._join)
+            at_backward_end(self._join)
 
     def _release_finished(self) -> None:
         """Drop the references of the updates that have completed (in launch order, no waiting)."""

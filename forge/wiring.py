@@ -15,9 +15,9 @@ later `add_param_group`:
   module: every parameter is hooked, nn.Linear weights included, the same step without the fused
   kernel's memory saving.
 
-A ForgeLinear also carries what torch.compile's ops read instead of the optimizer (`forge.ops`):
-the optimizer's handle, the weight's index in it and its state tensors, plain attributes Dynamo
-reads as constants and graph inputs.
+The optimizer is seen here through `forge.interface`: the hooks call its `update_elementwise`, and
+a fused layer (`forge.nn.ForgeLinear.fuse`) holds it with what torch.compile's ops read instead of
+it (its handle, the weight's index and state tensors).
 """
 
 from __future__ import annotations
@@ -30,27 +30,18 @@ import torch
 from torch import nn
 
 from forge.distributed import is_dtensor, linear_layout
+from forge.interface import CompiledUpdater, HookUpdater
 from forge.nn import ForgeLinear
 
 ATTACHED = "_forge_optimizer"  # the attribute of a model that holds its FORGE optimizer
-# What turning an nn.Linear into a ForgeLinear adds to the module (and `unwire` removes).
-_LINEAR_ATTRIBUTES = (
-    "_forge_optimizer",
-    "_forge_name",
-    "_forge_handle",
-    "_forge_index",
-    "_forge_states",
-    "_forge_marker",
-    "_forge_fp8",
-)
 
 
-def make_hook(optimizer):
+def make_hook(updater: HookUpdater):
     """A post-accumulate-grad hook: the parameter's step from its gradient, which it then drops."""
 
     def hook(p: torch.Tensor) -> None:
         if p.grad is not None:
-            optimizer.update_elementwise(p, p.grad)
+            updater.update_elementwise(p, p.grad)
             p.grad = None
 
     return hook
@@ -62,14 +53,15 @@ class HookWiring:
     def __init__(self) -> None:
         self.hooks: list = []
 
-    def check_attached(self, optimizer) -> None:
+    def check_attached(self, optimizer: CompiledUpdater) -> None:
         """Nothing to check: hooked parameters train wherever they are used."""
 
-    def wire(self, optimizer, params: Iterable[torch.Tensor]) -> None:
+    def wire(self, optimizer: CompiledUpdater, params: Iterable[torch.Tensor], *, fuse: bool = True) -> None:
+        """Train `params` with `optimizer` from the next backward on (`fuse`: ignored, no module is known)."""
         hook = make_hook(optimizer)
         self.hooks += [p.register_post_accumulate_grad_hook(hook) for p in params]
 
-    def unwire(self, optimizer) -> None:
+    def unwire(self, optimizer: CompiledUpdater) -> None:
         for handle in self.hooks:
             handle.remove()
         self.hooks = []
@@ -81,13 +73,13 @@ class ModelWiring(HookWiring):
 
     def __init__(self, model: nn.Module, names: dict, fp8: str | None = None, fp8_skip: Iterable[str] = ()):
         super().__init__()
-        self._model = weakref.ref(model)  # no cycle: the model holds the optimizer, which holds this
+        self.model_ref = weakref.ref(model)  # no cycle: the model holds the optimizer, which holds this
         self.names = names
         self.fp8, self.fp8_skip = fp8, tuple(fp8_skip)
 
-    def model(self, optimizer) -> nn.Module:
+    def model(self, optimizer: CompiledUpdater) -> nn.Module:
         """The model `optimizer` is attached to, or a RuntimeError saying why there is none now."""
-        model = self._model()
+        model = self.model_ref()
         if model is None or getattr(model, ATTACHED, None) is not optimizer:
             raise RuntimeError(
                 "this FORGE optimizer is no longer attached to its model (forge.detach, or the model is "
@@ -96,19 +88,21 @@ class ModelWiring(HookWiring):
             )
         return model
 
-    def check_attached(self, optimizer) -> None:
+    def check_attached(self, optimizer: CompiledUpdater) -> None:
         """Before a group is added after construction: refuse it if it could not be trained."""
         self.model(optimizer)
 
-    def wire(self, optimizer, params: Iterable[torch.Tensor]) -> None:
+    def wire(self, optimizer: CompiledUpdater, params: Iterable[torch.Tensor], *, fuse: bool = True) -> None:
+        """Fuse the eligible nn.Linear weights among `params` (unless `fuse` is off: under data
+        parallelism every gradient is reduced first) and hook the rest."""
         params = list(params)
         fused = set()
-        model = self._model()
-        if model is not None and optimizer.data_parallel is None:  # else every gradient is reduced first
+        model = self.model_ref()
+        if model is not None and fuse:
             fused = self._fuse_linears(model, optimizer, set(params))
         super().wire(optimizer, [p for p in params if p not in fused])
 
-    def _fuse_linears(self, model: nn.Module, optimizer, trained: set) -> set:
+    def _fuse_linears(self, model: nn.Module, optimizer: CompiledUpdater, trained: set) -> set:
         """Swap eligible nn.Linear modules to ForgeLinear; return the weights now fused."""
         uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
         fused = set()
@@ -119,13 +113,7 @@ class ModelWiring(HookWiring):
             name = self.names.get(w, "weight")
             if linear_layout(name, w) == "hook":
                 continue  # a replicated DTensor weight: its gradient may need a reduction, the hook does it
-            module._forge_fp8 = self._runs_in_fp8(module_name, w)
-            module.__class__ = ForgeLinear
-            module._forge_optimizer = optimizer
-            module._forge_name = name
-            module._forge_handle, module._forge_index = optimizer.handle, optimizer.index_of(w)
-            module._forge_states = optimizer.op_tensors(w)
-            module._forge_marker = torch.empty(0, device=w.device)  # torch 2.11's op (`forge.ops`) mutates it
+            ForgeLinear.fuse(module, optimizer, name, fp8=self._runs_in_fp8(module_name, w))
             fused.add(w)
         return fused
 
@@ -143,13 +131,11 @@ class ModelWiring(HookWiring):
         skipped = any(module_name == s or module_name.endswith("." + s) for s in self.fp8_skip)
         return not skipped and eligible(weight)
 
-    def unwire(self, optimizer) -> None:
+    def unwire(self, optimizer: CompiledUpdater) -> None:
         """Plain nn.Linear modules again and no hooks; the weights stay as trained."""
-        model = self._model()
+        model = self.model_ref()
         if model is not None:
             for module in model.modules():
-                if type(module) is ForgeLinear and module.__dict__.get("_forge_optimizer") is optimizer:
-                    module.__class__ = nn.Linear
-                    for attr in _LINEAR_ATTRIBUTES:
-                        module.__dict__.pop(attr, None)
+                if type(module) is ForgeLinear and module.forge_updater is optimizer:
+                    module.unfuse()
         super().unwire(optimizer)

@@ -51,20 +51,32 @@ from transformers.training_args import OptimizerNames
 import forge
 from forge.data_parallel import take_over_ddp
 
-# `optim` names whose arithmetic is one of FORGE's rules. A name's storage format (8-bit, paged) is not
-# FORGE's: its state precision is `forge_options["state_dtype"]`, so those names are refused, not
-# silently given another format. `adamw_hf` is transformers' own AdamW, gone from recent versions.
-_RULE_OF_OPTIM = {
-    "adamw_torch": "adamw",
-    "adamw_torch_fused": "adamw",
-    "adamw_hf": "adamw",
-    "sgd": "sgd",
-    "adagrad": "adagrad",
-    "rmsprop": "rmsprop",
-    "lion_32bit": "lion",
+# `optim` names whose arithmetic is one of FORGE's rules, by the name of the optimizer class the Trainer
+# builds for each: the rule is the one exact against that class (`forge.rules.Rule.torch_class`). A
+# name's storage format (8-bit, paged) is not FORGE's: its state precision is
+# `forge_options["state_dtype"]`, so those names are refused, not silently given another format.
+# `adamw_hf` is transformers' own AdamW, gone from recent versions; `lion_32bit` is bitsandbytes' Lion.
+_OPTIMIZER_CLASS = {
+    "adamw_torch": "AdamW",
+    "adamw_torch_fused": "AdamW",
+    "adamw_hf": "AdamW",
+    "sgd": "SGD",
+    "adagrad": "Adagrad",
+    "rmsprop": "RMSprop",
+    "lion_32bit": "Lion",
 }
-_KNOWN_OPTIMS = {o.value for o in OptimizerNames}
-OPTIM_RULES = {name: rule for name, rule in _RULE_OF_OPTIM.items() if name in _KNOWN_OPTIMS}
+
+
+def _optim_rules() -> dict[str, str]:
+    """{`optim` name: FORGE rule} for the names this transformers knows (see `_OPTIMIZER_CLASS`)."""
+    rule_of_class: dict[str, str] = {}
+    for rule in forge.RULES.values():
+        rule_of_class.setdefault(rule.torch_class().__name__, rule.name)
+    known = {o.value for o in OptimizerNames}
+    return {name: rule_of_class[cls] for name, cls in _OPTIMIZER_CLASS.items() if name in known}
+
+
+OPTIM_RULES = _optim_rules()
 
 # Accelerate's distributed types ForgeTrainer trains under: one process, or one process per device
 # with the Trainer's DDP wrapper (taken over by FORGE's reducer).
@@ -109,9 +121,9 @@ def forge_rule_and_hparams(args: TrainingArguments) -> tuple[str, dict[str, Any]
         )
     if optim in _TORCH_OPTIMS:
         _, hparams = Trainer.get_optimizer_cls_and_kwargs(args)
-    else:  # the Trainer's handlers for these import bitsandbytes; they pass lr and betas
+    else:  # the Trainer's handlers for these import bitsandbytes: lr, betas, and eps where the rule has one
         hparams = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2)}
-        if rule == "adamw":
+        if "eps" in forge.RULES[rule].defaults:
             hparams["eps"] = args.adam_epsilon
     hparams = dict(hparams)
     if args.max_grad_norm is not None and args.max_grad_norm > 0:

@@ -36,8 +36,7 @@ try:  # Gluon (the warp-specialized kernel's language) names its register layout
 except ImportError:  # pragma: no cover - a Triton without Gluon never asks for LAYOUTS
     gl = None
 
-GROUP = 64  # elements per scale by default; 128 is the other choice (`int8_group`)
-GROUPS = (64, 128)
+GROUP = 64  # elements per scale when none is given (the group sizes FORGE offers: `forge.states.INT8_GROUPS`)
 
 
 @triton.jit

@@ -310,12 +310,12 @@ def assert_grad_scale_is_exact(device, dtype, state_dtype, T=48, N=40, K=72):
     half = torch.full((1,), 0.5, device=device)
     for opt, p, scale, dy_in in ((a, pa, half, dy), (b, pb, None, dy * 0.5)):
         slots, options = opt.slots_of(p), opt.options_of(p)
-        coefficients, seed, _ = opt._begin_update(p)
+        coefficients, seed, _ = opt.launcher.begin(p)
         functional.fused_wgrad_update(
             p.detach(), dy_in, x, slots, coefficients, seed, options, grad_scale=scale
         )
         g = (dy_in.float().T @ x.float()).to(dtype)
-        coefficients, seed, _ = opt._begin_update(p)
+        coefficients, seed, _ = opt.launcher.begin(p)
         functional.elementwise_update(p.detach(), g, slots, coefficients, seed, options, grad_scale=scale)
     assert torch.equal(pa, pb)
     for key in a.state[pa]:

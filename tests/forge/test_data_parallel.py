@@ -130,13 +130,13 @@ def _reduced_gradients(base, batches) -> dict:
     names = {p: n for n, p in _inner(ours).named_parameters()}
     applied: list[dict] = [{} for _ in batches]
     step = [0]
-    reducer_apply = opt._reducer.apply
+    reducer_apply = opt.updates.reducer.apply
 
     def recording(p, grad):
         applied[step[0]][names[p]] = grad.clone()
         reducer_apply(p, grad)
 
-    opt._reducer.apply = recording
+    opt.updates.reducer.apply = recording
     ddp_grads: list[dict] = []
     for i, ids in enumerate(batches):
         step[0] = i
@@ -270,11 +270,11 @@ def _gradient_window(rank: int) -> dict:
         counted, reducer = [], []
         try:
             for batch in batches:
-                opt._reducer.peak_bytes = 0
+                opt.updates.reducer.peak_bytes = 0
                 loss = loss_of(model, batch)
                 (loss if torch.is_tensor(loss) else loss.loss).backward()
                 counted.append(counter.peak())
-                reducer.append(opt._reducer.peak_bytes)
+                reducer.append(opt.updates.reducer.peak_bytes)
         finally:
             counter.close()
         out[name] = {
@@ -282,11 +282,11 @@ def _gradient_window(rank: int) -> dict:
             "reducer": reducer,
             "cap": cap,
             "largest": max(p.numel() * p.element_size() for p in names),
-            "bound": getattr(opt._reducer, "bound_bytes", None),
+            "bound": getattr(opt.updates.reducer, "bound_bytes", None),
             "in_flight": MAX_IN_FLIGHT,
             "layer": sum(p.numel() * p.element_size() for p, n in names.items() if ".layers.0." in n),
             "total": sum(p.numel() * p.element_size() for p in names),
-            "buckets": [len(b) for b in opt._reducer.buckets],
+            "buckets": [len(b) for b in opt.updates.reducer.buckets],
         }
     return out
 

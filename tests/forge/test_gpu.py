@@ -324,13 +324,13 @@ def test_an_update_stream_lagging_behind_reads_the_dy_it_was_given():
     options = dict(lr=1e-3, weight_decay=0.01, seed=3)
     opt_one = forge.attach(one_stream, "adamw", **options)
     opt_two = forge.attach(two_streams, "adamw", update_stream=True, **options)
-    fused_step = opt_two.fused_step
+    fused_step = opt_two.launcher.fused
 
     def held_back(*args, **kwargs):
         torch.cuda._sleep(100_000_000)  # on the update stream: about 50 ms at the H200's clock
         fused_step(*args, **kwargs)
 
-    opt_two.fused_step = held_back
+    opt_two.launcher.fused = held_back
     gen = torch.Generator(device="cuda").manual_seed(2)
     batches = [torch.randint(0, vocab, (4, 256), device="cuda", generator=gen) for _ in range(3)]
     for model in (one_stream, two_streams):

@@ -35,7 +35,7 @@ def test_triton_rule_matches_its_pytorch_twin(case):
             tuple(bool(s and s.signed) for s in slots),
             rule.coefficients(h, step, host),
             0,
-            rule=rule.name,
+            rule=rule.device_name,
             flags=rule.flags(h),
             state_dtype="fp32",
             stochastic_rounding=False,

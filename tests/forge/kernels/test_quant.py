@@ -8,11 +8,12 @@ the PyTorch twin applied after each step, bit for bit. (Training with int8 state
 import pytest
 import torch
 
+import forge
 from forge.kernels import elementwise_update, quant
 from forge.rules import get_rule, resolve_hparams
 
 
-@pytest.mark.parametrize("group", quant.GROUPS)
+@pytest.mark.parametrize("group", forge.INT8_GROUPS)
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
 @pytest.mark.parametrize("cols", [64, 100, 1, 200])
 def test_int8_roundtrip_error_bound_per_block(signed, cols, group):
@@ -34,7 +35,7 @@ def test_int8_roundtrip_error_bound_per_block(signed, cols, group):
         assert bool(((back > 0) | (x == 0)).all()), "a non-zero second moment must never decode to 0"
 
 
-@pytest.mark.parametrize("group", quant.GROUPS)
+@pytest.mark.parametrize("group", forge.INT8_GROUPS)
 def test_int8_kernel_states_match_the_pytorch_twin(group):
     """The kernel's stored codes and scales are bit for bit those of the PyTorch twin applied after
     each step (update in fp32, re-quantize), and decode near the fp32 momentum."""
