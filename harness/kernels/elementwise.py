@@ -84,7 +84,7 @@ def _point(name: str, rows: int, cols: int, state_dtype: str, device: str, block
     signed = tuple(bool(s and s.signed) for s in slots)
     storage = opt.state_dtype_of(param)  # int8 is for weights: a vector's states are bf16
     kw = dict(
-        rule=opt.rule.name,
+        rule=opt.rule.device_name,
         flags=opt.rule.flags(group),
         state_dtype=storage,
         stochastic_rounding=True,
