@@ -14,8 +14,11 @@ continued pretraining on Python's documentation; `harness.run.data` says where t
   step. With fp32 weights and states FORGE should equal torch.optim to the GEMM's summation order.
 - Learning rate: each phase warms up linearly to `method.lr * lr_scale`, then decays by a cosine
   to `min_lr_ratio` of that. It is written into the optimizer's param groups before the forward,
-  because FORGE applies the update during backward. The optimizer (and its state) carries over
-  from one phase to the next, as when a pretraining run is resumed on new data.
+  because FORGE applies the update during backward. A param group built with another learning
+  rate than `method.lr` (Muon's recipe: AdamW's rate for the embeddings and the head) follows the
+  same schedule from its own peak, scaled by its rate over `method.lr`; every group of every
+  optimizer the method has (`Method.optimizers`) is scheduled. The optimizers (and their state)
+  carry over from one phase to the next, as when a pretraining run is resumed on new data.
 - Held-out loss: on fixed, evenly spaced windows of each phase corpus's held-out split, every
   `eval_every` steps and at each phase's start and end, without gradients.
 
@@ -49,6 +52,25 @@ def lr_at(step: int, steps: int, peak: float, warmup_steps: int, min_ratio: floa
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def scheduled_groups(method: Any) -> list[tuple[dict, float]]:
+    """(param group, its rate over `method.lr`) for every group of the method's optimizers, read
+    once before training: 1.0 for a group at `method.lr`, so its scheduled rate is the schedule's."""
+    optimizers = method.optimizers()
+    if not optimizers:
+        raise ValueError(f"{method.name}: a convergence run needs a method with a torch optimizer in .opt")
+    return [
+        (group, group["lr"] / method.lr if method.lr else 1.0)
+        for opt in optimizers
+        for group in opt.param_groups
+    ]
+
+
+def set_scaled_lr(groups: list[tuple[dict, float]], lr: float) -> None:
+    """The schedule's `lr` into every group, times its own scale."""
+    for group, scale in groups:
+        group["lr"] = lr * scale
 
 
 def batch_offsets(n_tokens: int, batch_size: int, seq_len: int, steps: int, seed: int) -> torch.Tensor:
@@ -135,11 +157,18 @@ def load_corpora(cfg: DictConfig) -> dict[str, data.Corpus]:
 
 
 def run_phase(
-    i: int, cfg: DictConfig, method: Any, corpus: data.Corpus, ev: Evaluator, curves: Curves
+    i: int,
+    cfg: DictConfig,
+    method: Any,
+    corpus: data.Corpus,
+    ev: Evaluator,
+    curves: Curves,
+    groups: list[tuple[dict, float]],
 ) -> bool:
-    """Train phase `i`; False if the loss stopped being finite (the run is over)."""
+    """Train phase `i`, scheduling `groups` (`scheduled_groups`); False if the loss stopped being
+    finite (the run is over)."""
     phase, conv = cfg.convergence.phases[i], cfg.convergence
-    opt, first = optimizer_of(method), len(curves.losses)
+    first = len(curves.losses)
     peak = method.lr * phase.lr_scale
     tokens = _ids(corpus.train)
     offsets = batch_offsets(tokens.numel(), cfg.batch_size, cfg.seq_len, phase.steps, cfg.seed * 1000 + i)
@@ -156,7 +185,7 @@ def run_phase(
     ev(method, first, phase.corpus, curves)
     device = method.device
     for step in range(phase.steps):
-        set_lr(opt, lr_at(step, phase.steps, peak, phase.warmup_steps, conv.min_lr_ratio))
+        set_scaled_lr(groups, lr_at(step, phase.steps, peak, phase.warmup_steps, conv.min_lr_ratio))
         batch = windows(tokens, offsets[step], cfg.seq_len).to(device)
         losses, times = measure.timed_steps(lambda batch=batch: method.step(batch), 1, device)
         curves.losses += losses
@@ -174,8 +203,9 @@ def train(cfg: DictConfig, method: Any) -> dict[str, Any]:
     corpora = load_corpora(cfg)
     ev = Evaluator(corpora, cfg)
     curves = Curves()
+    groups = scheduled_groups(method)
     for i, phase in enumerate(cfg.convergence.phases):
-        if not run_phase(i, cfg, method, corpora[phase.corpus], ev, curves):
+        if not run_phase(i, cfg, method, corpora[phase.corpus], ev, curves, groups):
             break
     manifest = next(iter(corpora.values())).manifest
     return {

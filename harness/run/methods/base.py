@@ -182,6 +182,12 @@ class Method:
     def update(self) -> None:
         """Apply the update after backward (methods that update in backward leave this empty)."""
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers whose param groups carry this method's learning rates (a convergence
+        run schedules them): `self.opt` where it is one; a method with several lists them all."""
+        opt = getattr(self, "opt", None)
+        return [opt] if isinstance(opt, torch.optim.Optimizer) else []
+
     def optimizer_state_tensors(self) -> Iterable[Any]:
         """Every tensor of optimizer state, or object holding some (master weights count here)."""
         return ()

@@ -17,11 +17,23 @@ update runs:
 
 A separate optimizer moves `2 x gradient + 2 x weights + 2 x states` bytes a parameter
 (`separate`): the gradient written by backward and read back, weights and states read and written.
+
+Two more facts for a method that trains the hidden matrices by one rule and the other parameters by
+another (Muon's recipe, `harness.run.methods.muon`):
+
+    rest             the footprint of the parameters outside the hidden matrices (embeddings, the
+                     output head, norms), trained by the fallback rule; the four figures above are
+                     then the hidden matrices', and `mixed` averages the two over a model's split
+    workspace        one hidden layer's transient bytes while its update runs, as (bytes per
+                     element of its (N, K) weight, bytes per element of a min(N, K)^2 Gram matrix):
+                     Newton-Schulz's input, its iterates and its Gram matrices. One layer's is
+                     alive at a time, so the largest layer's (`workspace_bytes`) adds to the peak
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 AFTER_BACKWARD, IN_BACKWARD, IN_GEMM, NONE = "after backward", "in backward", "in the dW GEMM", "none"
 
@@ -38,10 +50,36 @@ class Footprint:
     update_traffic: float
     update: str = IN_BACKWARD
     grads_persist: bool = False
+    rest: Footprint | None = None  # the parameters outside the hidden matrices, under another rule
+    workspace: tuple[float, float] = (0.0, 0.0)  # one layer's: bytes per N K, bytes per min(N, K)^2
 
     @property
     def total(self) -> float:
         return self.weights + self.grads + self.states
+
+    def mixed(self, hidden_fraction: float) -> Footprint:
+        """Bytes per parameter averaged over a model whose hidden matrices hold `hidden_fraction` of
+        its parameters (`rest` holds the others); itself where every parameter is alike."""
+        if self.rest is None:
+            return self
+        rest, f = self.rest, min(max(hidden_fraction, 0.0), 1.0)
+
+        def mix(hidden: float, other: float) -> float:
+            return f * hidden + (1.0 - f) * other
+
+        return replace(
+            self,
+            weights=mix(self.weights, rest.weights),
+            grads=mix(self.grads, rest.grads),
+            states=mix(self.states, rest.states),
+            update_traffic=mix(self.update_traffic, rest.update_traffic),
+            rest=None,
+        )
+
+    def workspace_bytes(self, shapes: Iterable[tuple[int, int]]) -> float:
+        """The largest transient workspace over layers of these (N, K) shapes (0 without one)."""
+        per_weight, per_gram = self.workspace
+        return max((per_weight * n * k + per_gram * min(n, k) ** 2 for n, k in shapes), default=0.0)
 
 
 def separate(weights: float, grads: float, states: float, grads_persist: bool = False) -> Footprint:

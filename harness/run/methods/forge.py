@@ -145,7 +145,7 @@ class Forge(Method):
         return super().unavailable_reason(device, options)
 
     def setup(self) -> None:
-        self.fused_ids = _fused_weight_ids(self.model)  # before attach swaps the modules
+        self.fused_ids = fused_weight_ids(self.model)  # before attach swaps the modules
         o = self.options
         hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in o.hparams.items()}
         self.opt = forge.attach(
@@ -227,7 +227,7 @@ def _groups(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     return [*layers, [p for p in model.parameters() if id(p) not in inside]]
 
 
-def _fused_weight_ids(model: torch.nn.Module) -> set[int]:
+def fused_weight_ids(model: torch.nn.Module) -> set[int]:
     """Ids of the weights whose gradient FORGE never materializes: nn.Linear weights not tied to
     an embedding (a tied weight also gets the embedding's gradient, through a hook)."""
     embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
