@@ -69,6 +69,15 @@ the backward's end:
   exist; the others' live one at a time), none for the floor. The fp32-gradient baseline's
   `main_grad` buffers (4 B) persist through the step, so they add to the activations instead.
 
+Muon (`harness.run.methods.muon`). A method that trains the hidden matrices (`hidden_params`) by
+one rule and the rest by another has its bytes a parameter averaged over the model's split
+(`footprint_at`). Its orthogonalization holds one layer's workspace at a time (`workspace_bytes`,
+the largest hidden layer's): torch's Muon in its step, beside every gradient, so `gradients P`
+becomes `gradients P + workspace`; FORGE's inside the backward, beside the activations still alive,
+so `T (a + l)` becomes at most `T (a + l) + workspace`. Newton-Schulz is matrix work of its own,
+5 (4 m^2 n + 2 m^3) FLOPs an (m, n) matrix (m <= n) at 5 iterations (`newton_schulz_flops`),
+whatever the tokens, the same for both; the time model does not place it (`overhead` is None).
+
 So FORGE's saving over fused AdamW with the same states is the gradient's 2 B a parameter less
 the embedding's gradient it still forms when the activations are small, shrinks by s = max(a + l,
 r) bytes for each token (by s - a_layer once the first layer's backward sets fused AdamW's peak),
@@ -86,7 +95,7 @@ from typing import Any
 
 from harness.points import loss_mode, options_dict
 from harness.report import expectations as ex
-from harness.run.methods.footprint import AFTER_BACKWARD, IN_GEMM, NONE
+from harness.run.methods.footprint import AFTER_BACKWARD, IN_GEMM, NONE, Footprint
 
 GIB = ex.GIB
 DIRECT_NORM_COST = 1.5  # the direct norm's time per multiply-add against the GEMM's (forge.clip.DIRECT_COST)
@@ -149,10 +158,49 @@ class Architecture:
         weight, updated element-wise."""
         return self.gemm_params() - (self.vocab * self.hidden if self.tied else 0)
 
+    def hidden_params(self) -> int:
+        """The hidden matrices, every decoder block's linear layers: what Muon's recipe trains with
+        Muon (`forge.muon.hidden_matrices`), the embedding, lm_head and norms going to AdamW."""
+        return self.layers * sum(n * k for n, k in self.block_shapes())
+
+    def params(self) -> int:
+        """Every parameter, as transformers builds the decoder: the embedding, lm_head unless tied,
+        the hidden matrices, each layer's two RMSNorms (Qwen3's q and k norms too) and the final one."""
+        norms = 2 * self.hidden + (2 * self.head_dim if self.family == "qwen3" else 0)
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + head + self.hidden_params() + self.layers * norms + self.hidden
+
 
 def architecture(record: Mapping[str, Any]) -> Architecture | None:
     config = record.get("config")
     return Architecture.from_config(config.get("model")) if isinstance(config, Mapping) else None
+
+
+def footprint_at(
+    method: str, options: Any, arch: Architecture, n_params: float, master_weights: Any = None
+) -> Footprint | None:
+    """`expectations.footprint`, averaged over the model's split where the method trains its hidden
+    matrices by one rule and the rest by another (`Footprint.mixed`)."""
+    fp = ex.footprint(method, options, master_weights)
+    return fp.mixed(arch.hidden_params() / n_params) if fp is not None and n_params else fp
+
+
+def workspace_bytes(fp: Footprint, arch: Architecture) -> float:
+    """The method's transient workspace at the model's largest hidden layer (0 for most methods)."""
+    return fp.workspace_bytes(arch.block_shapes())
+
+
+def newton_schulz_flops(arch: Architecture, steps: int) -> float:
+    """Muon's orthogonalization of every hidden matrix, `steps` iterations each: per iteration on
+    an (m, n) matrix, m <= n, X X^T (2 m^2 n), its polynomial's A A (2 m^3) and B X (2 m^2 n)."""
+    per_layer = sum(4.0 * min(s) ** 2 * max(s) + 2.0 * min(s) ** 3 for s in arch.block_shapes())
+    return steps * arch.layers * per_layer
+
+
+def newton_schulz_ms(arch: Architecture, steps: int, ceilings: ex.Ceilings) -> float:
+    """`newton_schulz_flops` at the matmul rate: the same for any tokens a step, and for torch's
+    Muon and FORGE's, which both run it on every hidden matrix every step."""
+    return newton_schulz_flops(arch, steps) / ceilings.matmul_flops * 1e3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,9 +244,10 @@ def hiding_tokens(bytes_per_param: float, ceilings: ex.Ceilings) -> float:
 def overhead(
     method: str, options: Any, arch: Architecture, n_params: float, tokens: int, ceilings: ex.Ceilings
 ) -> Overhead | None:
-    """The update's cost over the floor for `method` at `tokens` a step; None where unmodelled."""
-    fp, floor = ex.footprint(method, options), ex.footprint("no_optimizer")
-    if fp is None or floor is None:
+    """The update's cost over the floor for `method` at `tokens` a step; None where unmodelled (an
+    update with matrix work of its own: Muon's Newton-Schulz, `newton_schulz_ms`)."""
+    fp, floor = footprint_at(method, options, arch, n_params), ex.footprint("no_optimizer")
+    if fp is None or floor is None or fp.workspace != (0.0, 0.0):
         return None
     if fp.update == NONE:
         return Overhead(0.0, 0.0)
@@ -299,18 +348,19 @@ def peak_gib(
     master_weights: Any = None,
 ) -> float | None:
     """The step's predicted peak allocated memory in GiB; None for a method without a footprint."""
-    fp = ex.footprint(method, options, master_weights)
+    fp = footprint_at(method, options, arch, n_params, master_weights)
     if fp is None:
         return None
     static = (fp.weights + fp.states) * n_params
     activations = tokens * _per_token(arch, checkpointing, _loss(options))
     gradients = fp.grads * n_params
+    workspace = workspace_bytes(fp, arch)
     if fp.grads_persist:
         return (static + gradients + activations) / GIB
-    if not gradients:
-        return (static + max(activations, embedding_gradient_bytes(arch))) / GIB
+    if not gradients:  # a workspace in the backward, beside the activations (at most all of them)
+        return (static + max(activations + workspace, embedding_gradient_bytes(arch))) / GIB
     late = late_backward_bytes(arch, n_params, fp.grads, tokens)
-    return (static + max(activations, gradients, late)) / GIB
+    return (static + max(activations, gradients + workspace, late)) / GIB  # a workspace in the step
 
 
 def saving_ends_tokens(
@@ -336,18 +386,20 @@ def largest_tokens(
 ) -> int | None:
     """The most tokens a step whose predicted peak fits in `capacity_gib`: 0 when not even the
     static memory fits, None for a method without a footprint."""
-    fp = ex.footprint(method, options, master_weights)
+    fp = footprint_at(method, options, arch, n_params, master_weights)
     if fp is None:
         return None
     capacity = capacity_gib * GIB
     static = (fp.weights + fp.states) * n_params
     gradients = fp.grads * n_params
+    workspace = workspace_bytes(fp, arch)
     if fp.grads_persist:
         static, gradients = static + gradients, 0.0
-    transient = 0.0 if fp.grads else embedding_gradient_bytes(arch)  # as in peak_gib
-    if static + max(gradients, transient) > capacity:
+    transient = workspace if fp.grads else max(workspace, embedding_gradient_bytes(arch))  # as in peak_gib
+    if static + gradients + transient > capacity:
         return 0
-    largest = (capacity - static) // _per_token(arch, checkpointing, _loss(options))
+    beside = 0.0 if fp.grads else workspace  # what the activations share the backward with
+    largest = (capacity - static - beside) // _per_token(arch, checkpointing, _loss(options))
     if gradients:  # and the first layer's backward, beside nearly every gradient
         kept = late_backward_bytes(arch, n_params, fp.grads, 0)
         largest = min(largest, (capacity - static - kept) // layer_bytes(arch))

@@ -208,3 +208,54 @@ def test_the_chunked_head_keeps_no_logits(llama):
     assert tm.saving_ends_tokens(llama, n, True, "chunked_head") > tm.saving_ends_tokens(
         llama, n, True, "chunked_loss"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Muon: the recipe's split, Newton-Schulz's workspace and its matrix work
+
+
+def test_the_architecture_counts_every_parameter_as_transformers_builds_it():
+    """`params` is the meta-device count of every conf/model entry; the hidden matrices are the
+    block linears, what forge.muon.hidden_matrices gives Muon."""
+    from harness.run import architecture
+    from harness.run.config import compose_config, group_choices
+
+    for model in group_choices("model"):
+        cfg = compose_config([f"model={model}"])
+        assert _arch(model).params() == architecture.n_params_of(cfg.model), model
+    llama = _arch("llama3.1-8b")
+    assert llama.params() == LLAMA_PARAMS
+    assert llama.hidden_params() == llama.gemm_params() - llama.vocab * llama.hidden == 6_979_321_856
+
+
+def test_newton_schulz_is_matrix_work_whatever_the_tokens():
+    """Per iteration on an (m, n) matrix, m <= n: X X^T and B X at 2 m^2 n each, A A at 2 m^3;
+    a wide matrix is transposed first, so a (K, N) weight costs what an (N, K) one does."""
+    one = tm.Architecture(
+        "llama", hidden=64, intermediate=256, layers=1, heads=1, kv_heads=1, head_dim=64, vocab=8
+    )
+    shapes = [(64, 64), (64, 64), (64, 64), (64, 64), (256, 64), (256, 64), (64, 256)]
+    assert one.block_shapes() == shapes
+    per_iteration = 4 * (4 * 64**2 * 64 + 2 * 64**3) + 3 * (4 * 64**2 * 256 + 2 * 64**3)
+    assert tm.newton_schulz_flops(one, 5) == 5 * per_iteration
+    assert tm.newton_schulz_ms(one, 5, H200) == pytest.approx(5 * per_iteration / 800e12 * 1e3)
+    # the time model does not place an update with matrix work of its own
+    assert tm.overhead("muon", {}, one, one.params(), 1024, H200) is None
+
+
+def test_torch_muons_peak_holds_every_gradient_and_one_layers_workspace(llama):
+    """Weights, Muon's momentum on the hidden matrices and AdamW's two moments on the rest, all in
+    bf16; at few tokens the step sets the peak: every gradient beside the largest layer's workspace
+    (6 N K + 4 K^2 bytes, the MLP's 14336 x 4096); at many, the activations."""
+    n, hidden = LLAMA_PARAMS, llama.hidden_params()
+    static = 2 * n + 2 * hidden + 4 * (n - hidden)
+    workspace = 6 * 14336 * 4096 + 4 * 4096**2
+    assert tm.peak_gib("muon", {}, llama, n, 0, False) * tm.GIB == pytest.approx(static + 2 * n + workspace)
+    per_token = tm.activation_bytes(llama, False) + tm.loss_backward_bytes(llama)
+    assert tm.peak_gib("muon", {}, llama, n, 8192, False) * tm.GIB == pytest.approx(static + 8192 * per_token)
+    largest = tm.largest_tokens("muon", {}, llama, n, False, 139.8)
+    assert (
+        tm.peak_gib("muon", {}, llama, n, largest, False)
+        <= 139.8
+        < tm.peak_gib("muon", {}, llama, n, largest + 1, False)
+    )
