@@ -79,16 +79,28 @@ def bytes_table(
 ) -> Table | None:
     """Bytes per parameter per method, and the static GiB at each model's size (`known`: sizes
     counted elsewhere, for models whose every record here failed before counting)."""
+    from harness.report import token_model as tm
+
     models = _models(records, known)
-    rows = []
+    archs = {str(r.get("model")): tm.architecture(r) for r in records if tm.architecture(r) is not None}
+    rows, split = [], False
     for record in _variants(records):
         fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
         if fp is None:
             continue
         cells = [display_name(record)]
-        cells += [fmt_float(v, 3) for v in (fp.weights, fp.grads, fp.states, fp.total, fp.update_traffic)]
-        for _model, n in models:
-            static = ex.static_gib(fp, n)
+        figures = lambda f: (f.weights, f.grads, f.states, f.total, f.update_traffic)  # noqa: E731
+        if fp.rest is None:
+            cells += [fmt_float(v, 3) for v in figures(fp)]
+        else:  # the hidden matrices' bytes / the other parameters'
+            split = True
+            cells += [f"{fmt_float(a, 3)} / {fmt_float(b, 3)}" for a, b in zip(figures(fp), figures(fp.rest))]
+        for model, n in models:
+            arch = archs.get(model)
+            if fp.rest is not None and arch is None:
+                cells.append(NONE)  # the split of a model whose architecture no record gives
+                continue
+            static = ex.static_gib(fp.mixed(arch.hidden_params() / n) if arch else fp, n)
             cells.append(
                 fmt_gib(static) if cap_gib is None else f"{fmt_gib(static)} ({fmt_gib(cap_gib - static)})"
             )
@@ -98,7 +110,15 @@ def bytes_table(
     suffix = " (headroom under the cap)" if cap_gib is not None else ""
     header = ["Method", "Weights B/param", "Gradient B/param", "States B/param", "Held B/param"]
     header += ["Update traffic B/param"] + [f"Static GiB, {m}{suffix}" for m, _ in models]
-    return Table("expected_bytes", "Expected bytes per parameter", header, rows)
+    notes = [SPLIT_NOTE] if split else []
+    return Table("expected_bytes", "Expected bytes per parameter", header, rows, notes=notes)
+
+
+SPLIT_NOTE = (
+    "a / b: the hidden matrices' bytes a parameter / the other parameters' (embeddings, lm_head, norms), "
+    "which the method trains by another rule (Muon's recipe: AdamW); its static GiB is over the model's "
+    "split. Newton-Schulz's workspace, one layer's at a time, is not counted here."
+)
 
 
 def floors_table(records: Sequence[Record], ceilings: ex.Ceilings) -> Table | None:
@@ -329,6 +349,75 @@ def token_overhead_preamble(records: Sequence[Record]) -> str:
         f"At the {c.gpu} ceilings measured in this workplace: {c.matmul_tflops:g} TFLOP/s bf16 matmul "
         f"for the dW GEMMs (2 T FLOPs a weight of every linear layer and lm_head), {c.copy_tbps:g} TB/s "
         "device copy for the updates; the model is harness.report.token_model."
+    )
+    return "\n\n".join(parts)
+
+
+MUON_TEXT = (
+    "FORGE Muon never stores the gradient. torch Muon keeps every gradient until its step and then "
+    "orthogonalizes each hidden matrix beside all of them; FORGE folds each dW tile into Muon's momentum "
+    "inside the fused kernel and runs Newton-Schulz per layer in the backward, holding one layer's "
+    "workspace at a time (its bf16 scratch, Newton-Schulz's iterates and Gram matrices: 6 N K + 4 "
+    "min(N, K)^2 bytes) beside the activations still alive. So at few tokens FORGE's peak should sit the "
+    "gradient's bytes below torch's, less the workspace FORGE adds to the backward and plus the one torch "
+    "adds to its step, and the saving shrinks as the activations overtake the gradient. Both run the same "
+    "Newton-Schulz on every hidden matrix every step, matrix work that does not shrink with the tokens: "
+    "expect both steps above the floor by at least its time below, and FORGE's near torch's, without the "
+    "gradient's write and read and the optimizer's separate pass."
+)
+
+
+def muon_preamble(records: Sequence[Record]) -> str:
+    """Expectation for the Muon table, per model: the gradient FORGE does not store, each method's
+    Newton-Schulz workspace at the largest hidden layer, the saving before any activation, and
+    Newton-Schulz's matrix work a step at the card's matmul rate."""
+    from harness.report import muon_table
+    from harness.report import token_model as tm
+    from harness.run.methods.muon import ForgeMuon, TorchMuon
+
+    c = muon_table.card(records)
+    torch_, forge_ = muon_table.planned_method(TorchMuon.name), muon_table.planned_method(ForgeMuon.name)
+    rows = []
+    planned = torch_ or forge_
+    steps = int(planned.options.get("ns_steps", 5)) if planned is not None else 5
+    for model, arch, n in muon_table.table_models(records):
+        fps = [
+            None if p is None else tm.footprint_at(p.method, p.options, arch, n, muon_table.weights_of(p))
+            for p in (torch_, forge_)
+        ]
+        shaped = next((fp for fp in fps if fp is not None), None)
+        largest = max(
+            arch.block_shapes(), key=lambda s: shaped.workspace_bytes([s]) if shaped else s[0] * s[1]
+        )
+        peaks = [
+            None
+            if p is None
+            else tm.peak_gib(p.method, p.options, arch, n, 0, False, muon_table.weights_of(p))
+            for p in (torch_, forge_)
+        ]
+        flops = tm.newton_schulz_flops(arch, steps)
+        row = [model, fmt_float(n / 1e9, 2), fmt_float(arch.hidden_params() / 1e9, 2)]
+        row.append(fmt_gib(fps[0].grads * n / ex.GIB) if fps[0] is not None else NONE)
+        row.append(f"{largest[0]} x {largest[1]}")
+        row += [NONE if fp is None else fmt_float(tm.workspace_bytes(fp, arch) / 2**20, 0) for fp in fps]
+        row.append(NONE if None in peaks else fmt_gib(peaks[0] - peaks[1]))
+        row.append(fmt_float(flops / 1e12, 1))
+        row.append(fmt_ms(tm.newton_schulz_ms(arch, steps, c)) if c is not None else NONE)
+        rows.append(row)
+    torch_name, forge_name = TorchMuon.display_title(), ForgeMuon.display_title()
+    header = ["Model", "Params (B)", "Hidden matrices (B)", f"Gradient GiB ({forge_name} stores none)"]
+    header += ["Largest hidden layer (N x K)", f"Workspace MiB, {torch_name}", f"Workspace MiB, {forge_name}"]
+    header += ["Saving before activations GiB", "Newton-Schulz TFLOP a step"]
+    header += [f"Newton-Schulz ms at {c.matmul_tflops:g} TFLOP/s" if c is not None else "Newton-Schulz ms"]
+    table = Table("expected_muon", "Expected", header, rows, align="lrrrlrrrrr")
+    parts = [MUON_TEXT, to_markdown(table).rstrip()]
+    where = f"the {c.gpu}'s measured bf16 matmul rate" if c is not None else "no card's rate (none known)"
+    weights = muon_table.weights_of(torch_) if torch_ is not None else NONE
+    parts.append(
+        f"The experiment's methods as their conf/method files set them ({weights} weights, {steps} "
+        "Newton-Schulz iterations); workspace of the largest hidden layer; saving before activations: "
+        f"the predicted peaks at no tokens (harness.report.token_model); Newton-Schulz at {where}, "
+        f"{steps} (4 m^2 n + 2 m^3) FLOPs an (m, n) hidden matrix, m <= n, every one every step."
     )
     return "\n\n".join(parts)
 

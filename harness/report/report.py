@@ -46,6 +46,8 @@ from harness.report.dp_table import dp_table
 from harness.report.fidelity_table import fidelity
 from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
+from harness.report.muon_table import EXPERIMENT as MUON
+from harness.report.muon_table import muon_table
 from harness.report.paper_table import paper_comparison
 from harness.report.readme import Section, render
 from harness.report.tables import (
@@ -85,6 +87,7 @@ def build_sections(
             "t5", "T5: activation checkpointing", "activation_checkpointing", t5_checkpointing(steps), out
         ),
         *_token_sections(steps, out),
+        *_muon_section(steps, planned),
         _tensor_parallel_section(t6_tensor_parallel(steps), t6_capacity(steps), out),
         _data_parallel_section(dp_table(steps), planned),
         _convergence_section(
@@ -209,6 +212,18 @@ def _token_sections(steps: Sequence[Record], out: Path) -> list[Section]:
         section.plots = [plots.peak_vs_tokens(series, capacity, out / "plots" / "peak_vs_tokens.png")]
         sections.append(section)
     return sections
+
+
+def _muon_section(steps: Sequence[Record], planned: bool) -> list[Section]:
+    """FORGE Muon against torch Muon (`muon_table`): every point of +exp=muon_h200, `not measured`
+    until it runs, in the committed report (`planned`); elsewhere only where the sweep has records."""
+    sel = muon_table(steps, planned)
+    if sel is None:
+        return []
+    section = Section("muon", "Muon without a gradient: FORGE Muon against torch Muon", _hint(MUON))
+    section.selections = [sel]
+    section.preamble = preambles.muon_preamble(steps)
+    return [section]
 
 
 def _capacity_section(sel: Selection | None, sizes: dict[str, float], out: Path) -> Section:
