@@ -30,11 +30,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.points import graphed
-from harness.records import Record
+from harness.records import Record, interpreted
 from harness.report import expectations as ex
 from harness.report import token_model as tm
 from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_ratio
-from harness.report.tables import Notes, Row, Selection, ok, status_cell, step_median
+from harness.report.tables import INTERPRETED, Notes, Row, Selection, ok, status_cell, step_median
 from harness.report.token_tables import FLOOR, NOT_MEASURED, sweep_records
 from harness.run.methods.muon import ForgeMuon, TorchMuon
 
@@ -164,12 +164,17 @@ def _predicted_peak(
 
 
 def _cell(record: Record | None, value: str, notes: Notes) -> str:
-    """A measured figure of one method's record, or why there is none."""
+    """A measured figure of one method's record, or why there is none; a time Triton's CPU
+    interpreter ran is marked."""
     if record is None:
         return NOT_MEASURED
     if not ok(record):
         return status_cell(Row(record, None, notes))
-    return value
+    return (
+        f"{value} {notes.mark(INTERPRETED)}"
+        if interpreted(record) and record.get("step_time_ms_median")
+        else value
+    )
 
 
 def _row(key: tuple, found: dict[str, Record | None], records: Sequence[Record], notes: Notes) -> list[str]:
@@ -180,6 +185,8 @@ def _row(key: tuple, found: dict[str, Record | None], records: Sequence[Record],
     cells = [model, fmt_int(batch * seq), f"{batch} x {seq}", "graphed" if mode else "eager"]
     cells += [_cell(r, fmt_ms(step[role]), notes) for role, r in found.items()]
     mine, theirs = step[ForgeMuon.name], step[TorchMuon.name]
+    if any(r is not None and interpreted(r) for r in (torch_, forge_)):
+        mine = None  # the interpreter's time against a compiled one says nothing
     cells.append(_both(torch_, forge_, fmt_ratio(mine / theirs) if mine and theirs else None))
     cells += [_cell(found[role], fmt_gib(peak[role]), notes) for role in (TorchMuon.name, ForgeMuon.name)]
     mine, theirs = peak[ForgeMuon.name], peak[TorchMuon.name]
@@ -206,12 +213,13 @@ def _float(value: Any) -> float | None:
 
 
 def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | None:
-    """The Muon table: every planned row, and every row the sweep's records add (`planned`: the
-    committed report's rows even without records; else None without them)."""
+    """The Muon table. `planned` (the committed report): every row the experiment defines, measured
+    or not, and every row the sweep's records add; else (a report of named results) only the rows
+    its records fill, and None without them."""
     chosen = [r for r in sweep_records(records, EXPERIMENT) if r.get("method") in ROLES]
     if not chosen and not planned:
         return None
-    keys = list(dict.fromkeys([*planned_rows(), *sorted(_key(r) for r in chosen)]))
+    keys = list(dict.fromkeys([*(planned_rows() if planned else []), *sorted(_key(r) for r in chosen)]))
 
     def order(key: tuple) -> tuple:
         arch = _architecture(key[0], chosen)
@@ -247,11 +255,12 @@ def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | N
     return Selection(table, chosen)
 
 
-def table_models(records: Sequence[Record]) -> list[tuple[str, tm.Architecture, float]]:
-    """(model, architecture, parameters) of every model the table has rows for, smallest first:
-    what its expectation is computed for."""
+def table_models(records: Sequence[Record], planned: bool = True) -> list[tuple[str, tm.Architecture, float]]:
+    """(model, architecture, parameters) of every model the table has rows for (`planned`: as
+    `muon_table`), smallest first: what its expectation is computed for."""
     chosen = sweep_records(records, EXPERIMENT)
-    names = dict.fromkeys([key[0] for key in planned_rows()] + [str(r.get("model")) for r in chosen])
+    planned_models = [key[0] for key in planned_rows()] if planned else []
+    names = dict.fromkeys(planned_models + [str(r.get("model")) for r in chosen])
     found = []
     for model in names:
         arch = _architecture(model, chosen)

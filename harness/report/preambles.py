@@ -367,10 +367,11 @@ MUON_TEXT = (
 )
 
 
-def muon_preamble(records: Sequence[Record]) -> str:
-    """Expectation for the Muon table, per model: the gradient FORGE does not store, each method's
-    Newton-Schulz workspace at the largest hidden layer, the saving before any activation, and
-    Newton-Schulz's matrix work a step at the card's matmul rate."""
+def muon_preamble(records: Sequence[Record], planned: bool = True) -> str:
+    """Expectation for the Muon table, per model it has rows for (`planned`: as `muon_table.muon_table`):
+    the gradient FORGE does not store, each method's Newton-Schulz workspace at the largest hidden
+    layer, the saving before any activation, and Newton-Schulz's matrix work a step at the card's
+    matmul rate."""
     from harness.report import muon_table
     from harness.report import token_model as tm
     from harness.run.methods.muon import ForgeMuon, TorchMuon
@@ -378,9 +379,9 @@ def muon_preamble(records: Sequence[Record]) -> str:
     c = muon_table.card(records)
     torch_, forge_ = muon_table.planned_method(TorchMuon.name), muon_table.planned_method(ForgeMuon.name)
     rows = []
-    planned = torch_ or forge_
-    steps = int(planned.options.get("ns_steps", 5)) if planned is not None else 5
-    for model, arch, n in muon_table.table_models(records):
+    either = torch_ or forge_
+    steps = int(either.options.get("ns_steps", 5)) if either is not None else 5
+    for model, arch, n in muon_table.table_models(records, planned):
         fps = [
             None if p is None else tm.footprint_at(p.method, p.options, arch, n, muon_table.weights_of(p))
             for p in (torch_, forge_)

@@ -222,7 +222,7 @@ def _muon_section(steps: Sequence[Record], planned: bool) -> list[Section]:
         return []
     section = Section("muon", "Muon without a gradient: FORGE Muon against torch Muon", _hint(MUON))
     section.selections = [sel]
-    section.preamble = preambles.muon_preamble(steps)
+    section.preamble = preambles.muon_preamble(steps, planned)
     return [section]
 
 

@@ -165,6 +165,9 @@ def test_a_report_of_the_sweeps_records_has_the_section(tmp_path, muon_rule):
     assert text.count('<a id="muon"></a>') == 1 and "## Other measured points" not in text
     table = (tmp_path / "out" / "tables" / "muon.md").read_text()
     assert "| llama3.1-8b | 1024 | 1 x 1024 | eager | not measured | 950.0 | 930.0 | 0.98x |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 1  # a report of named results: the rows its records fill, no planned ones
+    assert "| qwen3-14b |" not in text  # nor their models' expectation
 
 
 def test_a_split_method_shows_both_halves_of_its_bytes():
