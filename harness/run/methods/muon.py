@@ -100,6 +100,7 @@ class MuonOptions:
         return ("lr", *(f.name for f in fields(AdamWOptions)))
 
     def check_fallback_options(self, valid: tuple[str, ...]) -> None:
+        """`fallback_options` holds only `valid` keys, and the fallback's learning rate."""
         unknown = sorted(set(self.fallback_options) - set(valid))
         if unknown:
             raise ValueError(
@@ -245,7 +246,7 @@ class ForgeMuon(Method):
             fallback_options=o.fallback_hparams(),
             capturable=self.cuda_graph,
         )
-        groups = {group.get("rule"): len(group["params"]) for group in self.opt.param_groups}
+        groups = {group.get("rule", RULE): len(group["params"]) for group in self.opt.param_groups}
         self.notes.append(
             "forge_muon: " + ", ".join(f"{n} parameters by {rule}" for rule, n in groups.items())
         )

@@ -189,3 +189,37 @@ def test_a_split_method_shows_both_halves_of_its_bytes():
     static = (2 + 2) * 106_816 + 2 * hidden + 4 * (106_816 - hidden)
     assert row[-1] == f"{static / GIB:.3f}" and table.notes == [preambles.SPLIT_NOTE]
     assert "a / b" in to_markdown(table)
+
+
+def test_the_convergence_tables_take_the_muon_run_against_torchs_fp32_muon():
+    """+exp=convergence_muon's records (made up here): torch Muon on fp32 weights is each seed's
+    reference (the run marks it), FORGE's fp32 Muon the control that sets the band, the bf16 runs
+    are judged; no table needs to know the sweep."""
+    import random
+
+    from harness.report.convergence_table import convergence
+    from harness.report.fidelity_table import fidelity
+    from tests.helpers import convergence_record
+
+    steps, rng, records = list(range(0, 651, 50)), random.Random(0), []
+    phases = [dict(name="pretrain", first_step=0, steps=500), dict(name="cpt", first_step=500, steps=150)]
+    runs = [("muon_fp32", "muon", "fp32", 0.0), ("forge_muon_fp32", "forge_muon", "fp32", 0.0)]
+    runs += [("muon", "muon", "bf16", 0.01), ("forge_muon", "forge_muon", "bf16", 0.01)]
+    for seed in range(3):
+        for label, method, master, offset in runs:
+            shift = 0.0 if label == "muon_fp32" else offset + rng.gauss(0, 0.001)
+            heldout = [3.0 + 6.0 / (1 + s / 100) + (shift if s else 0.0) for s in steps]
+            record = convergence_record(
+                "convergence_muon", label, method, master, seed, "2026-12-05",
+                losses=[4.0 + shift] * 650, heldout_losses=heldout, heldout_steps=steps, phases=phases,
+            )  # fmt: skip
+            records.append({**record, "convergence_reference": label == "muon_fp32"})
+    table = fidelity(records).table
+    col = {name: i for i, name in enumerate(table.header)}
+    verdicts = {(row[col["Method"]], row[col["Phase"]]): row[col["Verdict"]] for row in table.rows}
+    assert verdicts[("forge_muon_fp32", "pretrain")] == "fp32 control (sets the band)"
+    assert verdicts[("forge_muon", "pretrain")].startswith("biased by +0.0")
+    assert not any(method == "muon_fp32" for method, _ in verdicts)  # the reference has no row
+    rows = convergence(records).table.rows
+    assert {row[0] for row in rows} == {"convergence_muon"}
+    assert any("forge_muon_fp32" in " ".join(row) for row in rows)
