@@ -26,6 +26,8 @@ from torch import nn
 
 from forge import data_parallel as dp
 from forge.optim import ForgeOptimizer
+from forge.rules import get_rule, resolve_hparams
+from forge.weights import weight_format
 from forge.wiring import ATTACHED, ModelWiring
 
 
@@ -45,6 +47,8 @@ def attach(
     fp8_skip: Iterable[str] = ("lm_head",),
     process_group=None,
     bucket_cap_mb: float = dp.DEFAULT_BUCKET_CAP_MB,
+    fallback: str | None = None,
+    fallback_options: dict | None = None,
     **hparams,
 ) -> ForgeOptimizer:
     """Train `model` with FORGE: every backward updates its parameters in place. Returns the optimizer.
@@ -60,13 +64,25 @@ def attach(
     gives its own group; FSDP2 needs none); parameters and buffers are broadcast from its first
     rank first, as DDP does. Other keyword arguments are the rule's hyperparameters, as torch.optim
     names them (lr, betas, eps, weight_decay, momentum...), and ForgeOptimizer's options
-    (capturable, update_stream)."""
+    (capturable, update_stream).
+
+    A rule that trains only 2-D matrices (Muon) takes `fallback`, the rule for the rest, and
+    `fallback_options`, that rule's hyperparameters: the model's hidden matrices (the weights of its
+    nn.Linear layers but the output head: `forge.muon.hidden_matrices`) train with `rule`, every other
+    parameter (embeddings, the head, norms, biases) with `fallback`, in a second param group. Without
+    it such a rule refuses any parameter that is not a 2-D matrix."""
     _check_fp8_options(fp8, max_grad_norm)
     target = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     if getattr(target, ATTACHED, None) is not None:
         raise RuntimeError(
             "FORGE is already attached to this model; call forge.detach(model) before attaching again"
         )
+    names = {p: n for n, p in target.named_parameters(remove_duplicate=False)}
+    found = get_rule(rule)  # its hyperparameters first, as torch.optim checks them before the parameters
+    resolve_hparams(found, {k: v for k, v in hparams.items() if k in found.defaults})
+    params = _groups(target, rule, params, fallback, fallback_options)
+    kahan = weight_format(master_weights, stochastic_rounding).kahan
+    _check_matrices(rule, params, names, state_dtype, kahan)  # before DDP is taken over
     model, parallel = dp.resolve(model, process_group, bucket_cap_mb)  # a DDP wrapper: taken over here
     if parallel is not None and fp8 is not None:
         raise ValueError(
@@ -76,7 +92,6 @@ def attach(
         )
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
-    names = {p: n for n, p in model.named_parameters(remove_duplicate=False)}
     optimizer = ForgeOptimizer(
         params,
         rule,
@@ -107,6 +122,57 @@ def detach(model: nn.Module) -> None:
         raise RuntimeError("FORGE is not attached to this model")
     optimizer.wiring.unwire(optimizer)
     model.__dict__.pop(ATTACHED, None)  # already gone where the model is itself a fused nn.Linear
+
+
+def _groups(model: nn.Module, rule: str, params, fallback: str | None, fallback_options: dict | None):
+    """`params` as given, or with `fallback`: the model's hidden matrices in one group and the rest
+    in a group of the fallback rule (see `attach`)."""
+    from forge.muon import hidden_matrices
+
+    if fallback is None:
+        if fallback_options:
+            raise ValueError(
+                "fallback_options= are the fallback rule's hyperparameters: name the rule, fallback="
+            )
+        return None if params is None else list(params)  # an iterator is read here, once
+    main, other = get_rule(rule), get_rule(fallback)
+    if not main.whole_matrix:
+        raise ValueError(
+            f"fallback= names the rule for the parameters a matrix rule (muon) leaves out; {main.name} "
+            "trains every parameter itself: drop fallback="
+        )
+    if other.whole_matrix:
+        raise ValueError(f"fallback={fallback!r} trains only matrices too: name an element-wise rule (adamw)")
+    if params is not None:
+        raise ValueError(
+            "fallback= splits the model's own parameters: with params= give the groups yourself, each "
+            'with its "rule" (e.g. [{"params": hidden}, {"params": rest, "rule": "adamw", "lr": 3e-4}])'
+        )
+    hidden, rest = hidden_matrices(model)
+    if not hidden:
+        raise ValueError(f"{main.title}: the model has no trainable hidden matrix (an nn.Linear weight)")
+    groups = [{"params": hidden}]
+    if rest:
+        groups.append({**(fallback_options or {}), "params": rest, "rule": other.name})
+    return groups
+
+
+def _check_matrices(rule: str, params, names: dict, state_dtype: str, kahan: bool) -> None:
+    """A matrix rule's refusals (`forge.rules.check_whole_matrix`) for the parameters it would train,
+    made before attach changes anything (the optimizer makes them again)."""
+    from forge.rules import check_whole_matrix
+
+    found = get_rule(rule)
+    if not found.whole_matrix:
+        return
+    if params is None:
+        mine = list(names)
+    else:
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        mine = [p for g in groups if g.get("rule", rule) == rule for p in g["params"]]
+    trained = [p for p in mine if p.requires_grad]
+    name_of = lambda p: names.get(p, f"parameter of shape {tuple(p.shape)}")  # noqa: E731
+    check_whole_matrix(found, trained, name_of, state_dtype, kahan)
 
 
 def _check_fp8_options(fp8: str | None, max_grad_norm: float | None) -> None:

@@ -98,11 +98,11 @@ def at_backward_end(callback: Callable[[], None]) -> None:
 
 
 class BackwardCheck:
-    """An optimizer's checks at its first update in each backward (see the module): `rule`'s
-    hyperparameters in each of `groups()`, then `check_uses`."""
+    """An optimizer's checks at its first update in each backward (see the module): each of
+    `groups()`'s hyperparameters by its rule (`rule_of(group)`'s name), then `check_uses`."""
 
-    def __init__(self, rule: str, groups: Callable[[], list[dict]]):
-        self.rule = rule
+    def __init__(self, rule_of: Callable[[dict], str], groups: Callable[[], list[dict]]):
+        self.rule_of = rule_of
         self.groups = groups
         self.checked_task = -1  # the last backward whose groups were checked
 
@@ -114,6 +114,6 @@ class BackwardCheck:
             return
         if task >= 0:
             for group in self.groups():
-                check_hparams(self.rule, group)
+                check_hparams(self.rule_of(group), group)
             check_uses(task)
         self.checked_task = task  # only once passed: a refused backward is refused at every update

@@ -90,3 +90,11 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[to
         if p.requires_grad:
             (hidden if id(p) in hidden_ids else other).append(p)
     return hidden, other
+
+
+def finish(weight: torch.Tensor, tiles: torch.Tensor, group: dict, decay, step) -> None:
+    """Muon's whole-matrix half of one step: orthogonalize what the tile half wrote to `tiles` under
+    `group`'s Newton-Schulz options, then update `weight` in place (`apply`, with `decay` and `step`
+    as host floats or device scalars)."""
+    update = orthogonalize(tiles, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    apply(weight, update, decay, step)

@@ -74,7 +74,15 @@ from forge.data_parallel import REPLICAS, SHARDS, DataParallel, check_new_group
 from forge.distributed import mesh_rank
 from forge.guards import BackwardCheck
 from forge.launcher import Launcher, RowBlockUpdate
-from forge.rules import check_group, get_rule, resolve_hparams
+from forge.rules import (
+    check_whole_matrix,
+    checked_group,
+    get_rule,
+    group_rules,
+    resolve_hparams,
+    rule_of_group,
+    settle_group,
+)
 from forge.state_dict import check_saved, convert_states, load_groups, load_states, saved_params
 from forge.states import StateStorage
 from forge.steps import Steps
@@ -118,9 +126,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         groups, state_of = {}, lambda p: self.state[p]  # each parameter's group and state
         self._sharded = data_parallel is not None and data_parallel.kind == SHARDS  # FSDP2
         salt = mesh_rank if self._sharded else None
-        self.steps = Steps(self.rule, seed, capturable, groups.__getitem__, state_of, salt)
-        check = BackwardCheck(self.rule.name, lambda: self.param_groups)
-        self.launcher = Launcher(self.rule, self.storage, self.steps, self.weights, groups, state_of, check)
+        rule_of = lambda p: rule_of_group(groups[p], self.rule)  # noqa: E731
+        self.steps = Steps(rule_of, seed, capturable, groups.__getitem__, state_of, salt)
+        check = BackwardCheck(lambda group: rule_of_group(group, self.rule).name, lambda: self.param_groups)
+        self.launcher = Launcher(rule_of, self.storage, self.steps, self.weights, groups, state_of, check)
         self.updates = Updates(self.launcher, check, max_grad_norm, norm_type, update_stream)
         self.wiring = wiring if wiring is not None else HookWiring()
         self._wired = False  # until construction ends: then each new group is wired as it comes
@@ -137,18 +146,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
     int8_group = property(lambda self: self.storage.int8_group, doc="Elements per int8 scale.")
     capturable = property(lambda self: self.steps.capturable, doc="Whether CUDA graphs may capture steps.")
 
-    @property
-    def seed(self) -> int:
-        """The seed every stochastic rounding draws from (with the parameter and the step)."""
-        return self.steps.seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self.steps.seed = int(value)
+    seed = property(
+        lambda self: self.steps.seed,
+        lambda self, value: setattr(self.steps, "seed", int(value)),
+        doc="The seed every stochastic rounding draws from (with the parameter and the step).",
+    )
 
     def storage_options(self) -> dict:
         """What this optimizer's saved states only make sense under (state dicts, checkpoints)."""
-        return {"rule": self.rule.name, **self.storage.options(), "weights": self.weights.name}
+        mixed = group_rules(self.param_groups, self.rule)
+        return {"rule": self.rule.name, **mixed, **self.storage.options(), "weights": self.weights.name}
 
     # ------------------------------------------------------------------ groups and states
 
@@ -156,7 +163,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         if self._wired:  # added after construction: the model must still be there to train them
             check_new_group(self.data_parallel)
         # Its options and parameters are checked before it is added: a refused group changes nothing.
-        check_group(self.rule, self.defaults, param_group)
+        rule = rule_of_group(param_group, self.rule)
+        param_group = checked_group(rule, self.rule, self.defaults, param_group)
         params = param_group["params"]
         if not isinstance(params, set):  # torch.optim refuses sets itself, with its message
             clipped = self.updates.clip is not None
@@ -166,9 +174,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
             param_group = {**param_group, "params": params}
         if self._wired:
             self.wiring.check_attached(self)
+        if rule.whole_matrix and not isinstance(params, set):
+            check_whole_matrix(rule, params, self.name_of, self.storage.state_dtype, self.weights.kahan)
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        group.update(resolve_hparams(self.rule, {k: group[k] for k in self.rule.defaults}))
+        group = settle_group(self.param_groups[-1], rule, self.defaults)
         for p in group["params"]:
             self.launcher.add(p, group)
         if self._wired:  # they train from the next backward on

@@ -1,7 +1,8 @@
-"""The eight element-wise update rules: hyperparameters, per-step coefficients, PyTorch references.
+"""The update rules: hyperparameters, per-step coefficients, PyTorch references.
 
 FORGE can fuse any optimizer whose update of one weight element depends only on that element's
-gradient, weight and states. Each rule here is split into two halves:
+gradient, weight and states: AdamW, NAdam, RAdam, Lion, RMSprop, Adagrad, SGD. Each rule here is
+split into two halves:
 
 * a host half (`Rule.coefficients`, here) that turns the param group's hyperparameters and the
   step count into a handful of floats (bias corrections, NAdam's momentum schedule, RAdam's
@@ -17,6 +18,11 @@ gradient, weight and states. Each rule here is split into two halves:
 the kernels and to document what they compute. The independent oracle is `torch.optim` itself (see
 `forge.baseline`). Hyperparameter names and defaults follow `torch.optim`; Lion follows its paper
 (Chen et al. 2023: lr=1e-4, betas=(0.9, 0.99), decoupled weight decay).
+
+Muon is fused in part (`whole_matrix`): its momentum is element-wise and linear in the gradient,
+so its device half folds each gradient tile into the momentum and writes what Newton-Schulz
+orthogonalizes to a scratch; the orthogonalization needs the whole matrix and runs after the
+layer's kernel (`forge.muon`), which then updates the weight.
 
 State slots: every rule has up to three state tensors, in fixed slots `s1, s2, s3`, named as
 torch.optim names them (`exp_avg`, `exp_avg_sq`, `momentum_buffer`, ...). A slot is either signed
@@ -102,6 +108,22 @@ def _coefficients_sgd(h: dict, step: int, st: dict) -> tuple[float, ...]:
     return (h["weight_decay"], buf_decay, grad_scale, grad_keep, buf_mix, h["lr"])
 
 
+def _coefficients_muon(h: dict, step: int, st: dict) -> tuple[float, ...]:
+    """Muon's tile half takes the momentum's lerp weights and whether it is Nesterov's (h0-h2); its
+    whole-matrix half (`forge.muon`) the weight's decay and the step of the orthogonalized update,
+    the learning rate adjusted to the weight's shape (h3-h4)."""
+    from forge.muon import adjusted_lr
+
+    momentum = h["momentum"]
+    step_size = adjusted_lr(h["lr"], h["adjust_lr_fn"], (st["rows"], st["cols"]))
+    return (1 - momentum, momentum, 1.0 if h["nesterov"] else 0.0, 1 - h["lr"] * h["weight_decay"], step_size)
+
+
+def _muon_shape(p: torch.Tensor) -> dict[str, int]:
+    """What Muon's host half needs of a parameter besides its group: its shape (the adjusted lr)."""
+    return {"rows": int(p.shape[0]), "cols": int(p.shape[1])}
+
+
 # ----------------------------------------------------------------------------------------------
 # PyTorch half: the arithmetic of `forge.kernels.rules`, element for element, for checking the
 # kernels and as documentation.
@@ -164,6 +186,17 @@ def _ref_adagrad(w, g, s, c, flags):
     return w - clr * g / (s[0].sqrt() + eps)
 
 
+def _lerp(start, end, weight: float):
+    """torch's lerp: start + weight (end - start) below one half, end - (end - start)(1 - weight) above."""
+    return start + weight * (end - start) if weight < 0.5 else end - (end - start) * (1 - weight)
+
+
+def _ref_muon(w, g, s, c, flags):
+    one_minus_momentum, momentum, nesterov, *_ = c  # the rest is the whole-matrix half's
+    s[0] = _lerp(s[0], g, one_minus_momentum)
+    return _lerp(g, s[0], momentum) if nesterov else s[0].clone()  # what Newton-Schulz orthogonalizes
+
+
 def _ref_sgd(w, g, s, c, flags):
     coupled, buf_decay, grad_scale, grad_keep, buf_mix, lr, *_ = c  # the rest is padding
     g = g + coupled * w
@@ -195,7 +228,7 @@ class Rule:
     `torch_class` (where the torch.optim optimizer it must match lives, "module:Class"), the host
     half `coefficients_fn` and the PyTorch reference `reference_fn`. `device_half`: the name of
     the device half in `forge.kernels.rules` when it is another rule's (a rule that differs
-    only in its host half); None: the rule's own name."""
+    only in its host half); None: the rule's own name. `host_state_of` and `whole_matrix`: below."""
 
     name: str
     title: str
@@ -206,18 +239,35 @@ class Rule:
     torch_path: str
     host_state: dict[str, float] = field(default_factory=dict)  # scalar per-param state, e.g. NAdam's mu_product
     device_half: str | None = None
+    # Per-parameter host values taken from the parameter itself when it is added (Muon: its shape).
+    host_state_of: Callable[[torch.Tensor], dict] | None = None
+    # The rule finishes on the whole matrix (Muon's Newton-Schulz, `forge.muon`): its tile half
+    # writes what the whole-matrix half takes to a scratch, not the weight; 2-D weights only.
+    whole_matrix: bool = False
 
     @property
     def device_name(self) -> str:
         """The name `forge.kernels.rules.apply_rule` dispatches on (its constexpr RULE)."""
         return self.device_half or self.name
 
+    def initial_host_state(self, p: torch.Tensor) -> dict:
+        """p's host values at its first step: the rule's own and those it takes from p."""
+        return {**self.host_state, **(self.host_state_of(p) if self.host_state_of else {})}
+
+    @property
+    def per_parameter(self) -> bool:
+        """Whether two parameters of one group can have different coefficients at one step."""
+        return bool(self.host_state) or self.host_state_of is not None
+
     def torch_class(self) -> type:
         """The torch.optim class this rule is exact against (Lion, which torch lacks: `forge.baseline.Lion`)."""
         import importlib
 
         module, name = self.torch_path.split(":")
-        return getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name, None)
+        if found is None:
+            raise RuntimeError(f"{self.title}'s reference, {module}.{name}, is not in torch {torch.__version__}")
+        return found
 
     def state_count(self, hparams: dict | None = None) -> int:
         """How many full-size state tensors a parameter keeps under `hparams` (torch.optim's defaults
@@ -269,6 +319,10 @@ RULES: dict[str, Rule] = {
         Rule("sgd", "SGD", dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
              lambda h: (_SIGNED["momentum_buffer"] if h["momentum"] != 0 else None, None, None),
              _coefficients_sgd, _ref_sgd, "torch.optim:SGD"),
+        Rule("muon", "Muon", dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                                  ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None),
+             lambda h: (_SIGNED["momentum_buffer"], None, None), _coefficients_muon, _ref_muon, "torch.optim:Muon",
+             host_state_of=_muon_shape, whole_matrix=True),
     )
 }  # fmt: skip
 
@@ -304,8 +358,9 @@ def resolve_hparams(rule: Rule, hparams: dict) -> dict:
     out = dict(rule.defaults)
     out.update({k: v for k, v in hparams.items() if k in rule.defaults})
     out["lr"] = float(out["lr"])
-    if "betas" in out:
-        out["betas"] = tuple(float(b) for b in out["betas"])
+    for key in ("betas", "ns_coefficients"):
+        if key in out:
+            out[key] = tuple(float(b) for b in out[key])
     check_hparams(rule.name, out)
     return out
 
@@ -314,7 +369,72 @@ def check_group(rule: Rule, defaults: dict, group: dict) -> None:
     """Refuse a param group's options before the group is added (a refused group changes nothing),
     checked with the optimizer's `defaults` filled in, as torch.optim fills them."""
     defaults = {k: v for k, v in defaults.items() if k in rule.defaults}
-    resolve_hparams(rule, {**defaults, **{k: v for k, v in group.items() if k != "params"}})
+    resolve_hparams(rule, {**defaults, **{k: v for k, v in group.items() if k not in ("params", "rule")}})
+
+
+def rule_of_group(group: dict, default: Rule) -> Rule:
+    """The rule a param group trains with: its own "rule" (a group of another rule, e.g. Muon's
+    fallback), else the optimizer's."""
+    return get_rule(group["rule"]) if "rule" in group else default
+
+
+def checked_group(rule: Rule, default: Rule, defaults: dict, group: dict) -> dict:
+    """`group` checked before it is added (`check_group`); a group of another rule than the
+    optimizer's gets that rule's own defaults first, so that torch.optim fills in only the keys
+    the other rule lacks (`settle_group` drops them again)."""
+    own = defaults if rule is default else resolve_hparams(rule, {})
+    check_group(rule, own, group)
+    return group if rule is default else {**own, **group}
+
+
+def settle_group(group: dict, rule: Rule, defaults: dict) -> dict:
+    """An added param group, as its rule reads it: the optimizer's defaults that torch.optim filled
+    in and the rule lacks dropped, its own hyperparameters resolved (in place; returns the group)."""
+    if "rule" in group:  # a group of another rule than the optimizer's
+        for key in set(defaults) - set(rule.defaults):
+            group.pop(key, None)
+    group.update(resolve_hparams(rule, {k: group[k] for k in rule.defaults}))
+    return group
+
+
+def group_rules(groups: list[dict], default: Rule) -> dict:
+    """{"group_rules": the rule of each group} where a group trains with another rule than the
+    optimizer's, else {}: what a saved state only makes sense under beside the rule."""
+    rules = [rule_of_group(group, default).name for group in groups]
+    return {"group_rules": rules} if any(name != default.name for name in rules) else {}
+
+
+def check_whole_matrix(rule: Rule, params, name_of: Callable, state_dtype: str, kahan: bool) -> None:
+    """Refuse what a whole-matrix rule (Muon) cannot train, before its group is added: a parameter
+    that is not one 2-D matrix on this rank, states it does not keep, compensated weights."""
+    from forge.distributed import is_dtensor
+
+    fallback = (
+        f'Train the others with another rule: forge.attach(model, "{rule.name}", ..., fallback="adamw", '
+        "fallback_options=dict(lr=...)) gives every parameter but the hidden matrices to AdamW"
+    )
+    flat = [p for p in params]
+    bad = [name_of(p) for p in flat if p.dim() != 2]
+    if bad:
+        raise ValueError(
+            f"{rule.title} updates 2-D weights only, and was given {len(bad)} other parameter(s): "
+            f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}. {fallback}."
+        )
+    sharded = [name_of(p) for p in flat if is_dtensor(p)]
+    if sharded:
+        raise ValueError(
+            f"{rule.title} orthogonalizes each weight whole, and {sharded[0]} is sharded across ranks (a "
+            "DTensor: FSDP2 or tensor parallelism). Keep Muon's weights whole on every rank (DDP), or "
+            "train the sharded ones with an element-wise rule."
+        )
+    if state_dtype == "int8":
+        raise ValueError(f"{rule.title} keeps its momentum in fp32 or bf16: pass state_dtype='fp32' or 'bf16'")
+    if kahan:
+        raise ValueError(
+            f"{rule.title} updates the weight after its Newton-Schulz step, outside the kernels that keep a "
+            "compensated weight's residual: use master_weights=None (bf16 weights rounded to nearest, as "
+            "torch.optim.Muon rounds them) or fp32 weights"
+        )
 
 
 def _nonnegative(value, what: str, upper: float = math.inf, upper_open: bool = True) -> None:
@@ -350,6 +470,20 @@ def check_hparams(rule: str, h: dict) -> None:
         raise ValueError(f"Invalid dampening value: {h['dampening']}")
     if rule == "sgd" and h["nesterov"] and (h["momentum"] <= 0 or h["dampening"] != 0):
         raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+    if rule == "muon":
+        _check_muon(h)
+
+
+def _check_muon(h: dict) -> None:
+    """torch.optim.Muon's checks (some of which it makes only at its first step), before anything runs."""
+    from forge.muon import ADJUST_LR_FNS
+
+    if h["adjust_lr_fn"] not in ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {h['adjust_lr_fn']} is not supported")
+    if len(tuple(h["ns_coefficients"])) != 3:
+        raise ValueError("Coefficients must be a tuple of exactly 3 values")
+    if not 0 < int(h["ns_steps"]) < 100 or int(h["ns_steps"]) != h["ns_steps"]:
+        raise ValueError(f"ns_steps must be a whole number from 1 to 99, got {h['ns_steps']!r}")
 
 
 def reference_update(

@@ -40,14 +40,14 @@ class Steps:
 
     def __init__(
         self,
-        rule: Rule,
+        rule_of: Callable[[torch.Tensor], Rule],
         seed: int,
         capturable: bool,
         group_of: Callable[[torch.Tensor], dict],
         state_of: Callable[[torch.Tensor], dict],
         salt: Callable[[torch.Tensor], int] | None = None,
     ):
-        self.rule = rule
+        self.rule_of = rule_of  # p -> the rule of p's param group
         self.seed = int(seed)
         self.capturable = bool(capturable)
         self._group_of, self._state_of = group_of, state_of
@@ -59,13 +59,13 @@ class Steps:
         self.captured: dict[torch.Tensor, None] = {}  # updated inside a capture, in order (an ordered set)
 
     def add(self, p: torch.Tensor, state: dict) -> None:
-        """Count the steps of a new parameter p, whose state is `state`: step 0, and the rule's host
-        values (NAdam's mu product) at their start."""
+        """Count the steps of a new parameter p, whose state is `state`: step 0, and its rule's host
+        values at their start (NAdam's mu product; Muon's take p's shape)."""
         self.index[p] = len(self.index)
         self.params.append(p)
         self.version[p] = 0
         state["step"] = 0
-        state.update(self.rule.host_state)
+        state.update(self.rule_of(p).initial_host_state(p))
 
     def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, row) of p's next update, its step counted. The row is None unless
@@ -83,7 +83,7 @@ class Steps:
     def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
         state = self._state_of(p)
         step = self._count(p, state)
-        return self.rule.coefficients(self._group_of(p), step, state), self.seed_for(p, step)
+        return self.rule_of(p).coefficients(self._group_of(p), step, state), self.seed_for(p, step)
 
     def _count(self, p: torch.Tensor, state: dict) -> int:
         """Count one more step of p; its new step."""
@@ -154,14 +154,14 @@ class Steps:
         steps = np.empty(len(params), np.int64)
         coefficient_rows = []
         shared: dict[tuple[int, int], tuple] = {}  # (group, step) -> coefficients, rules without host state
-        per_parameter = bool(self.rule.host_state)  # NAdam: each parameter's own running product
         for j, p in enumerate(params):
-            state, group = self._state_of(p), self._group_of(p)
+            state, group, rule = self._state_of(p), self._group_of(p), self.rule_of(p)
             step = steps[j] = self._count(p, state)
             key = (id(group), step)
-            coefficients = None if per_parameter else shared.get(key)
+            # NAdam: each parameter's own running product; Muon: its shape's learning rate
+            coefficients = None if rule.per_parameter else shared.get(key)
             if coefficients is None:
-                coefficients = self.rule.coefficients(group, step, state)
+                coefficients = rule.coefficients(group, step, state)
                 shared[key] = coefficients
             coefficient_rows.append(coefficients)
         at = np.fromiter((self.index[p] for p in params), np.int64, len(params))

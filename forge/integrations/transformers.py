@@ -71,7 +71,8 @@ def _optim_rules() -> dict[str, str]:
     """{`optim` name: FORGE rule} for the names this transformers knows (see `_OPTIMIZER_CLASS`)."""
     rule_of_class: dict[str, str] = {}
     for rule in forge.RULES.values():
-        rule_of_class.setdefault(rule.torch_class().__name__, rule.name)
+        if not rule.whole_matrix:  # Muon needs the split of its attach (fallback=): not an `optim` name
+            rule_of_class.setdefault(rule.torch_class().__name__, rule.name)
     known = {o.value for o in OptimizerNames}
     return {name: rule_of_class[cls] for name, cls in _OPTIMIZER_CLASS.items() if name in known}
 

@@ -1,4 +1,4 @@
-"""The eight update rules on the device: one `@triton.jit` function per rule, on fp32 tiles.
+"""The update rules on the device: one `@triton.jit` function per rule, on fp32 tiles.
 
 FORGE fuses any optimizer whose update of one weight element depends only on that element's
 gradient, weight and states. Such a rule splits in two. Its host half (`forge.rules`: `Rule`,
@@ -144,6 +144,23 @@ def sgd(w, g, buf, coupled_wd, buf_decay, grad_scale, grad_keep, buf_mix, lr, HA
 
 
 @triton.jit
+def _lerp(start, end, weight, one_minus_weight):
+    """torch's lerp as its CUDA kernel takes it: fma(weight, end - start, start) below one half,
+    fma(start - end, 1 - weight, end) from one half on (both forms are exact at their own end)."""
+    return tl.where(weight < 0.5, tl.fma(end - start, weight, start), tl.fma(start - end, one_minus_weight, end))
+
+
+@triton.jit
+def muon(g, buf, one_minus_momentum, momentum, nesterov):
+    """Muon's element-wise half: the momentum, buf.lerp_(g, 1 - momentum), and what Newton-Schulz
+    orthogonalizes, g.lerp(buf, momentum) with Nesterov (nesterov == 1), else buf. The caller
+    stores the latter where the weight would go (a scratch: `forge.muon` finishes the step)."""
+    buf = _lerp(buf, g, one_minus_momentum, momentum)
+    u = tl.where(nesterov != 0.0, _lerp(g, buf, momentum, one_minus_momentum), buf)
+    return u, buf
+
+
+@triton.jit
 def apply_rule(
     w, g, s1, s2, s3,  # fp32 tiles of one shape: weight, gradient, state slots (unused slots: any)
     h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 scalars from `forge.rules.Rule.coefficients`, padded with zeros
@@ -165,6 +182,8 @@ def apply_rule(
         w, s1, s2, s3 = rmsprop(w, g, s1, s2, s3, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM, CENTERED, FAST)
     elif RULE == "adagrad":
         w, s1 = adagrad(w, g, s1, h0, h1, h2, FAST)
+    elif RULE == "muon":  # w: what the whole-matrix half takes (`forge.muon`), not the new weight
+        w, s1 = muon(g, s1, h0, h1, h2)
     else:
         tl.static_assert(RULE == "sgd", "unknown FORGE rule")
         w, s1 = sgd(w, g, s1, h0, h1, h2, h3, h4, h5, HAS_MOMENTUM)

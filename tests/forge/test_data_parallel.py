@@ -527,6 +527,37 @@ def _refusals() -> dict[str, str]:
     return out
 
 
+MUON = dict(lr=0.02, momentum=0.95, weight_decay=0.1)
+MUON_FALLBACK = dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def _muon_under_ddp(rank: int) -> dict:
+    """FORGE Muon (hidden matrices) with AdamW (the rest) under DDP against torch.optim.Muon and
+    AdamW under DDP on the same split and batches, two steps (`tests/forge/test_muon.py` says why
+    two); and FSDP2's sharded weights, which Muon cannot orthogonalize on one rank, refused."""
+    import forge
+
+    base = _base()
+    ours, ref = _wrap("ddp", copy.deepcopy(base)), _wrap("ddp", copy.deepcopy(base))
+    forge.attach(ours, "muon", state_dtype="fp32", fallback="adamw", fallback_options=MUON_FALLBACK, **MUON)
+    hidden, rest = forge.muon.hidden_matrices(_inner(ref))
+    muon, adamw = torch.optim.Muon(hidden, **MUON), torch.optim.AdamW(rest, **MUON_FALLBACK)
+    batches = _batches(rank, 2)
+    for ids in batches:
+        ref(input_ids=ids, labels=ids).loss.backward()
+        for opt in (muon, adamw):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    _train(ours, batches)
+    sharded = _wrap("fsdp2", _base())
+    try:
+        forge.attach(sharded, "muon", fallback="adamw")
+        refusal = None
+    except ValueError as e:
+        refusal = str(e)
+    return {"forge": full(ours), "torch": full(ref), "fsdp2_refusal": refusal}
+
+
 def _two_ranks(rank: int, world: int, tmp, four_rank_checkpoints) -> dict:
     import forge
     from forge.data_parallel import SHARDS
@@ -562,6 +593,7 @@ def _two_ranks(rank: int, world: int, tmp, four_rank_checkpoints) -> dict:
     out["resharded"] = _load_resharded(rank, four_rank_checkpoints)
     out["refusals"] = _refusals()
     out["static_graph"] = _static_graph(rank)
+    out["muon"] = _muon_under_ddp(rank)
     return out
 
 
@@ -835,3 +867,15 @@ def test_ddp_static_graph_is_refused_and_the_wrapper_left_working(two):
         assert "static_graph=True" in run["message"] and "DistributedDataParallel(model)" in run["message"]
         assert run["untouched"]
     assert _equal(runs[0]["grads"], runs[1]["grads"])  # DDP still reduced them itself
+
+
+def test_muon_under_ddp_equals_torchs_and_fsdp2_is_refused(two):
+    """Muon under DDP orthogonalizes each reduced gradient's update whole on every rank: as torch's
+    Muon beside AdamW under DDP, and the same on both ranks; FSDP2's shards are refused, saying why."""
+    runs = [rank["muon"] for rank in two[0]]
+    for run in runs:
+        for name, w in run["forge"].items():
+            ref = run["torch"][name]
+            assert float((w - ref).norm() / ref.norm()) <= 2e-3, name
+        assert "sharded across ranks" in run["fsdp2_refusal"]
+    assert _equal(runs[0]["forge"], runs[1]["forge"])

@@ -63,7 +63,8 @@ def hyperparameters(draw, rule: str) -> dict:
 
 @st.composite
 def cases(draw) -> dict:
-    rule = draw(st.sampled_from(sorted(forge.RULES)))
+    # the element-wise rules (Muon's bf16 Newton-Schulz has its own comparison: tests/forge/test_muon.py)
+    rule = draw(st.sampled_from(sorted(name for name, r in forge.RULES.items() if not r.whole_matrix)))
     k, n = draw(st.sampled_from((1, 3, 8, 17))), draw(st.sampled_from((1, 2, 5, 9)))
     batch = draw(st.sampled_from(((1,), (4,), (2, 3), (7,))))
     return dict(

@@ -307,8 +307,14 @@ def test_each_rule_states_its_facts(name):
 
 
 def test_every_rule_is_trained_against_its_torch_class():
-    """Each rule has a case in `tests.helpers.RULE_CASES`, which `tests/forge/test_rules.py` trains
-    against the rule's torch.optim class: a new rule's case is its test (docs/how-forge-works.md)."""
+    """Each element-wise rule has a case in `tests.helpers.RULE_CASES`, which
+    `tests/forge/test_rules.py` trains against the rule's torch.optim class: a new rule's case is its
+    test (docs/how-forge-works.md). A rule that finishes on the whole matrix (Muon) rounds its
+    update through bf16 Newton-Schulz, past those tests' tolerances: its own file,
+    tests/forge/test_<rule>.py, compares it with its torch.optim class."""
     from tests.helpers import RULE_CASES
 
-    assert {case.split("-")[0] for case in RULE_CASES} == set(forge.RULES)
+    element_wise = {name for name, rule in forge.RULES.items() if not rule.whole_matrix}
+    assert {case.split("-")[0] for case in RULE_CASES} == element_wise
+    for name in set(forge.RULES) - element_wise:
+        assert (Path(__file__).parent / f"test_{name}.py").is_file(), f"{name} has no test file of its own"

@@ -58,7 +58,11 @@ def _ids(case):
     return f"{rule}-" + "-".join(f"{k}={v}" for k, v in bad.items())
 
 
-def _model():
+def _model(rule: str = "adamw"):
+    """Two linear layers and a LayerNorm; for a rule that trains matrices only (Muon), the linear
+    layers alone, without biases."""
+    if forge.RULES[rule].whole_matrix:
+        return nn.Sequential(nn.Linear(5, 4, bias=False), nn.Tanh(), nn.Linear(4, 3, bias=False))
     return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3), nn.LayerNorm(3))
 
 
@@ -77,7 +81,7 @@ def _untouched(model, before):
 @pytest.mark.parametrize("case", BAD, ids=[_ids(c) for c in BAD])
 def test_attach_refuses_with_torch_optims_message(case):
     rule, bad, message = case
-    model = _model()
+    model = _model(rule)
     before = _snapshot(model)
     with pytest.raises(ValueError, match="^" + _escape(message)):
         forge.attach(model, rule, **bad)
@@ -89,13 +93,13 @@ def test_attach_refuses_with_torch_optims_message(case):
 def test_direct_construction_refuses_too(case):
     rule, bad, message = case
     with pytest.raises(ValueError, match="^" + _escape(message)):
-        forge.ForgeOptimizer(_model().parameters(), rule, **bad)
+        forge.ForgeOptimizer(_model(rule).parameters(), rule, **bad)
 
 
 @pytest.mark.parametrize("case", BAD[::5], ids=[_ids(c) for c in BAD[::5]])
 def test_a_param_group_dict_is_checked(case):
     rule, bad, message = case
-    model = _model()
+    model = _model(rule)
     before = _snapshot(model)
     groups = [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), **bad}]
     with pytest.raises(ValueError, match="^" + _escape(message)):
@@ -106,13 +110,13 @@ def test_a_param_group_dict_is_checked(case):
 @pytest.mark.parametrize("case", BAD[::5], ids=[_ids(c) for c in BAD[::5]])
 def test_add_param_group_is_checked_before_anything_is_added(case):
     rule, bad, message = case
-    model = _model()
+    model = _model(rule)
     opt = forge.attach(model, rule, params=list(model[0].parameters()))
     groups, states = len(opt.param_groups), len(opt.state)
     with pytest.raises(ValueError, match="^" + _escape(message)):
         opt.add_param_group({"params": list(model[2].parameters()), **bad})
     assert len(opt.param_groups) == groups and len(opt.state) == states
-    assert type(model[2]) is nn.Linear and not model[2].bias._post_accumulate_grad_hooks
+    assert type(model[2]) is nn.Linear and not model[2].weight._post_accumulate_grad_hooks
 
 
 def test_a_group_option_is_checked_with_the_optimizers_defaults():
