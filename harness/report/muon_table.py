@@ -241,7 +241,8 @@ def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | N
         "Predicted (harness.report.token_model): weights and states over the recipe's split (Muon's momentum "
         "on the hidden matrices, AdamW's two moments on the rest), the larger of the activations and the "
         f"gradients {torch_} keeps until its step, and each method's Newton-Schulz workspace of the largest "
-        "hidden layer where it falls (torch's beside every gradient, FORGE's beside the activations).",
+        "hidden layer where it falls (torch's beside every gradient, FORGE's beside the decoder layers' "
+        "activations in the backward).",
         f"{NOT_MEASURED}: no record of that point yet (python -m harness sweep +exp={EXPERIMENT}).",
     ]
     table = Table(

@@ -73,10 +73,13 @@ Muon (`harness.run.methods.muon`). A method that trains the hidden matrices (`hi
 one rule and the rest by another has its bytes a parameter averaged over the model's split
 (`footprint_at`). Its orthogonalization holds one layer's workspace at a time (`workspace_bytes`,
 the largest hidden layer's): torch's Muon in its step, beside every gradient, so `gradients P`
-becomes `gradients P + workspace`; FORGE's inside the backward, beside the activations still alive,
-so `T (a + l)` becomes at most `T (a + l) + workspace`. Newton-Schulz is matrix work of its own,
-5 (4 m^2 n + 2 m^3) FLOPs an (m, n) matrix (m <= n) at 5 iterations (`newton_schulz_flops`),
-whatever the tokens, the same for both; the time model does not place it (`overhead` is None).
+becomes `gradients P + workspace`; FORGE's inside the backward, from the last decoder layer's on,
+when the loss's and lm_head's backward have freed what they held: at most `T a_hidden + workspace`
+beside the start of the backward's `T (a + l)`, where a_hidden is every decoder layer's activations
+(`hidden_layers_bytes`; with checkpointing, the last layer's recomputation, r). Newton-Schulz is
+matrix work of its own, 5 (4 m^2 n + 2 m^3) FLOPs an (m, n) matrix (m <= n) at 5 iterations
+(`newton_schulz_flops`), whatever the tokens, the same for both; the time model does not place it
+(`overhead` is None).
 
 So FORGE's saving over fused AdamW with the same states is the gradient's 2 B a parameter less
 the embedding's gradient it still forms when the activations are small, shrinks by s = max(a + l,
@@ -313,6 +316,13 @@ def recompute_bytes(arch: Architecture) -> float:
     return checkpoint_bytes(arch) + layer_bytes(arch)
 
 
+def hidden_layers_bytes(arch: Architecture, checkpointing: bool) -> float:
+    """Bytes a token holds when the backward reaches the hidden matrices (the last decoder layer's,
+    after the loss's and lm_head's backward freed what they held): every decoder layer's
+    activations, or with checkpointing every checkpointed input beside the recomputed layer."""
+    return recompute_bytes(arch) if checkpointing else arch.layers * layer_bytes(arch)
+
+
 def embedding_gradient_bytes(arch: Architecture) -> float:
     """The embedding's bf16 gradient, formed whole at the end of the backward: what a method that
     keeps no gradients still holds there (FORGE updates the embedding element-wise from it)."""
@@ -357,8 +367,9 @@ def peak_gib(
     workspace = workspace_bytes(fp, arch)
     if fp.grads_persist:
         return (static + gradients + activations) / GIB
-    if not gradients:  # a workspace in the backward, beside the activations (at most all of them)
-        return (static + max(activations + workspace, embedding_gradient_bytes(arch))) / GIB
+    if not gradients:  # a workspace in the backward, beside the decoder layers' activations
+        inside = tokens * hidden_layers_bytes(arch, checkpointing) + workspace if workspace else 0.0
+        return (static + max(activations, inside, embedding_gradient_bytes(arch))) / GIB
     late = late_backward_bytes(arch, n_params, fp.grads, tokens)
     return (static + max(activations, gradients + workspace, late)) / GIB  # a workspace in the step
 
@@ -398,8 +409,9 @@ def largest_tokens(
     transient = workspace if fp.grads else max(workspace, embedding_gradient_bytes(arch))  # as in peak_gib
     if static + gradients + transient > capacity:
         return 0
-    beside = 0.0 if fp.grads else workspace  # what the activations share the backward with
-    largest = (capacity - static - beside) // _per_token(arch, checkpointing, _loss(options))
+    largest = (capacity - static) // _per_token(arch, checkpointing, _loss(options))
+    if workspace and not fp.grads:  # and a hidden layer's update, beside the decoder's activations
+        largest = min(largest, (capacity - static - workspace) // hidden_layers_bytes(arch, checkpointing))
     if gradients:  # and the first layer's backward, beside nearly every gradient
         kept = late_backward_bytes(arch, n_params, fp.grads, 0)
         largest = min(largest, (capacity - static - kept) // layer_bytes(arch))

@@ -8,13 +8,11 @@ made up (shaped like a sweep's); no GPU figure is claimed from them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 import yaml
 
-import forge
 from harness.report import muon_table, preambles, report
 from harness.report import token_model as tm
 from harness.report.markup import to_markdown
@@ -60,16 +58,6 @@ def _record(label: str, method: str, batch: int, graphed: bool, peak: float, ste
     return record
 
 
-@pytest.fixture
-def muon_rule(monkeypatch):
-    """forge's Muon rule as the contract states its facts (one state tensor, title "Muon"), for the
-    prediction, where this checkout's forge does not register it yet."""
-    if "muon" not in forge.RULES:
-        rule = dataclasses.replace(forge.RULES["lion"], name="muon", title="Muon")
-        monkeypatch.setitem(forge.rules.RULES, "muon", rule)
-    assert forge.RULES["muon"].state_count() == 1
-
-
 def _cells(selection) -> dict[tuple, list[str]]:
     return {(row[0], int(row[1]), row[3]): row for row in selection.table.rows}
 
@@ -91,7 +79,7 @@ def test_without_records_the_committed_report_lists_exactly_the_experiments_poin
     assert muon_table.muon_table([], planned=False) is None  # a named report: only what ran
 
 
-def test_records_fill_their_row_and_a_failed_point_shows_its_status(muon_rule):
+def test_records_fill_their_row_and_a_failed_point_shows_its_status():
     records = [
         _record("no_optimizer_graph", "no_optimizer", 1, True, 20.0, 100.0),
         _record("muon_graph", "muon", 1, True, 55.0, 950.0),
@@ -117,7 +105,7 @@ def test_records_fill_their_row_and_a_failed_point_shows_its_status(muon_rule):
     assert graphed[11] == f"{torch_ - forge_:.1f}" != "—"
 
 
-def test_the_predicted_saving_before_activations_is_the_gradient_less_the_workspaces(muon_rule):
+def test_the_predicted_saving_before_activations_is_the_gradient_less_the_workspaces():
     """At no tokens: torch keeps every gradient (2 B a parameter) and its workspace; FORGE the larger
     of its workspace and the embedding's gradient it forms at the backward's end. In bf16 both hold
     the same states (Muon's momentum 2, AdamW's 2 x 2), and the same workspace, 6 N K + 4 K^2 of the
@@ -152,7 +140,7 @@ def test_the_section_is_in_the_committed_report_and_only_there_without_records(t
     assert 'id="muon"' not in (named / "README.md").read_text()
 
 
-def test_a_report_of_the_sweeps_records_has_the_section(tmp_path, muon_rule):
+def test_a_report_of_the_sweeps_records_has_the_section(tmp_path):
     folder = tmp_path / "results"
     folder.mkdir()
     records = [

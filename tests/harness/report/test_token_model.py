@@ -259,3 +259,24 @@ def test_torch_muons_peak_holds_every_gradient_and_one_layers_workspace(llama):
         <= 139.8
         < tm.peak_gib("muon", {}, llama, n, largest + 1, False)
     )
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_forge_muons_workspace_lands_beside_the_decoder_layers_activations(llama, checkpointing):
+    """FORGE orthogonalizes in the backward once the loss's and lm_head's backward are done: its
+    workspace sits beside the decoder layers' activations (with checkpointing, the recomputed
+    layer's and every checkpointed input), not beside the start of the backward's peak."""
+    n, bf16 = LLAMA_PARAMS, {"state_dtype": "bf16"}
+    static = 2 * n + 2 * llama.hidden_params() + 4 * (n - llama.hidden_params())
+    workspace = 6 * 14336 * 4096 + 4 * 4096**2
+    start = tm.activation_bytes(llama, checkpointing) + tm.loss_backward_bytes(llama)
+    per_token = max(start, tm.recompute_bytes(llama)) if checkpointing else start
+    inside = tm.recompute_bytes(llama) if checkpointing else llama.layers * tm.layer_bytes(llama)
+    assert tm.hidden_layers_bytes(llama, checkpointing) == inside
+    for tokens in (1, 1024, 8192):
+        peak = tm.peak_gib("forge_muon", bf16, llama, n, tokens, checkpointing) * tm.GIB
+        expected = max(tokens * per_token, tokens * inside + workspace, 2 * llama.vocab * llama.hidden)
+        assert peak == pytest.approx(static + expected)
+    largest = tm.largest_tokens("forge_muon", bf16, llama, n, checkpointing, 139.8)
+    peak = lambda t: tm.peak_gib("forge_muon", bf16, llama, n, t, checkpointing)  # noqa: E731
+    assert peak(largest) <= 139.8 < peak(largest + 1)
