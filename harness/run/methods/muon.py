@@ -25,9 +25,10 @@ Memory (`footprint`, `harness.run.methods.footprint`), bytes a parameter of w-by
 holds weights w, every gradient w until its step, Muon's momentum in the weights' dtype (w) and
 AdamW's two moments (2w) for the rest; during its step, one layer's Newton-Schulz workspace beside
 all of them (`torch/optim/_muon.py`): the Nesterov update (w bytes an element, alive through the
-iteration as the function's argument), the current bf16 iterate (2: the update's normalized bf16
-copy, or the last iterate) and the new one (2), and the Gram matrix A and its polynomial B (2 + 2
-bytes an element of min(N, K)^2): 6 N K + 4 m^2 bytes in bf16, 8 N K + 4 m^2 in fp32. FORGE holds
+iteration as the function's argument; without Nesterov torch orthogonalizes the momentum buffer
+itself), the current bf16 iterate (2: the update's normalized bf16 copy, or the last iterate) and
+the new one (2), and the Gram matrix A and its polynomial B (2 + 2 bytes an element of
+min(N, K)^2): 6 N K + 4 m^2 bytes in bf16, 8 N K + 4 m^2 in fp32. FORGE holds
 weights w and its states, no gradient, and while a layer's update runs one layer's workspace
 (`forge.muon.orthogonalize`): the bf16 scratch the fused kernel writes (2 N K), its normalized
 copy X (2), the new X (2) and A and B: 6 N K + 4 m^2, inside the backward, beside the activations
@@ -143,12 +144,12 @@ class ForgeMuonOptions(MuonOptions):
         return tuple(dict.fromkeys(("lr", *forge.rules.get_rule(self.fallback).defaults)))
 
 
-def torch_workspace(weights: float) -> tuple[float, float]:
+def torch_workspace(weights: float, nesterov: bool = True) -> tuple[float, float]:
     """torch.optim.Muon's step, one layer: the Nesterov update in the weights' dtype, alive through
-    the iteration; the current bf16 iterate (the update's normalized copy, then each iterate; from
-    the second iteration on in bf16, where the first iterate is the update itself) and the new one;
-    A and B."""
-    return (weights + 2 * ITERATE_BYTES, GRAM_BYTES)
+    the iteration (without Nesterov the momentum buffer itself is orthogonalized: a state, no new
+    tensor); the current bf16 iterate (the update's normalized copy, then each iterate) and the new
+    one; A and B."""
+    return ((weights if nesterov else 0.0) + 2 * ITERATE_BYTES, GRAM_BYTES)
 
 
 FORGE_WORKSPACE = (3 * ITERATE_BYTES, GRAM_BYTES)  # the bf16 scratch, X normalized, the new X; A and B
@@ -171,7 +172,7 @@ class TorchMuon(Method):
             hidden,
             update_traffic=hidden.update_traffic + 2 * weights,
             rest=separate(weights, weights, 2 * weights),
-            workspace=torch_workspace(weights),
+            workspace=torch_workspace(weights, bool(options.get("nesterov", True))),
         )
 
     def setup(self) -> None:

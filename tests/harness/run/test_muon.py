@@ -192,6 +192,7 @@ def test_torch_muons_footprint():
     assert (bf16.rest.grads, bf16.rest.states) == (2.0, 4.0)  # AdamW's two moments
     assert bf16.update_traffic == 2 * 2 + 2 * 2 + 2 * 2 + 2 * 2  # gradient, weight, momentum, NS input
     assert bf16.workspace == (6.0, 4.0) and fp32.workspace == (8.0, 4.0)
+    assert ex.footprint("muon", {"nesterov": False}).workspace == (4.0, 4.0)  # the buffer itself
     assert (fp32.states, fp32.rest.states) == (4.0, 8.0)
     # the largest of Llama-3.1-8B's hidden layers is the MLP's, 14336 x 4096: 6 N K + 4 K^2 bytes
     assert bf16.workspace_bytes(LLAMA_8B) == 6 * 14336 * 4096 + 4 * 4096**2 == 419_430_400
