@@ -53,7 +53,14 @@ def test_the_sweep_records_an_unavailable_graphed_point_without_a_worker(tmp_pat
 
 def test_only_capturable_methods_say_so():
     capturable = {name for name, cls in methods.registry().items() if cls.graph_capturable}
-    assert capturable == {"fused_adamw", "fused_adamw_fp32grad", "no_optimizer", "forge"}
+    assert capturable == {
+        "fused_adamw",
+        "fused_adamw_fp32grad",
+        "no_optimizer",
+        "forge",
+        "muon",
+        "forge_muon",
+    }
 
 
 def test_method_options_record_cuda_graph_only_when_on():
