@@ -87,7 +87,10 @@ class ForgeOptions:
     bucket_cap_mb: float | None = None  # ddp: FORGE's bucket size in MiB (None: DDP's 25)
 
     def __post_init__(self) -> None:
-        check_choice("rule", self.rule, tuple(forge.RULES))
+        element_wise = tuple(name for name, rule in forge.RULES.items() if not rule.whole_matrix)
+        if self.rule not in element_wise and self.rule in forge.RULES:  # Muon trains a split of the model
+            raise ValueError(f"rule={self.rule!r} trains a split of the model: use method=forge_muon")
+        check_choice("rule", self.rule, element_wise)
         check_choice("data_parallel", self.data_parallel, KINDS)
         if self.data_parallel is not None and (self.fp8 or self.update_stream):
             raise ValueError(

@@ -23,7 +23,10 @@ class TorchRuleOptions:
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice("rule", self.rule, tuple(forge.RULES))
+        element_wise = tuple(name for name, rule in forge.RULES.items() if not rule.whole_matrix)
+        if self.rule not in element_wise and self.rule in forge.RULES:  # Muon trains a split of the model
+            raise ValueError(f"rule={self.rule!r} trains the hidden matrices of a split: use method=muon")
+        check_choice("rule", self.rule, element_wise)
 
 
 class TorchRule(Method):

@@ -227,3 +227,15 @@ def test_a_method_with_one_learning_rate_is_scheduled_exactly():
     for lr in (1e-7, 2.9e-3, 3e-3 / 7):
         convergence.set_scaled_lr(groups, lr)
         assert fused.opt.param_groups[0]["lr"] == lr  # bit for bit: the scale is exactly 1.0
+
+
+@pytest.mark.parametrize("options, method", [("forge", "forge_muon"), ("torch_rule", "muon")])
+def test_the_element_wise_methods_send_muon_to_its_own(options, method):
+    """`forge` and `torch_rule` train every parameter by one rule; Muon trains a split of the model,
+    so naming it there is refused at once, with the method that runs it."""
+    import importlib
+
+    module = importlib.import_module(f"harness.run.methods.{options}")
+    cls = module.ForgeOptions if options == "forge" else module.TorchRuleOptions
+    with pytest.raises(ValueError, match=f"use method={method}"):
+        cls(rule="muon")
