@@ -208,3 +208,28 @@ def test_what_muon_cannot_train_is_refused_before_anything_changes(kwargs, messa
 def test_fallback_is_for_matrix_rules_only():
     with pytest.raises(ValueError, match="trains every parameter itself"):
         forge.attach(_matrices(), "adamw", fallback="sgd")
+
+
+def test_a_checkpoint_of_muon_and_its_fallback_resumes_bit_for_bit_and_refuses_other_rules(tmp_path):
+    import forge.checkpoint as ckpt
+
+    def build(seed: int, fallback: str = "adamw"):
+        model = _llama_with_biases(seed)
+        return model, forge.attach(model, "muon", state_dtype="fp32", fallback=fallback, **HPARAMS)
+
+    ids = [torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    straight, _ = build(0)
+    for batch in ids:
+        straight(input_ids=batch, labels=batch).loss.backward()
+    saved, opt = build(0)
+    for batch in ids[:2]:
+        saved(input_ids=batch, labels=batch).loss.backward()
+    path = ckpt.save(tmp_path, saved, opt, step=2)
+    resumed, opt2 = build(1)
+    ckpt.load(path, resumed, opt2)
+    for batch in ids[2:]:
+        resumed(input_ids=batch, labels=batch).loss.backward()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), straight.parameters()))
+    other, opt3 = build(1, fallback="sgd")
+    with pytest.raises(ckpt.CheckpointError, match=r"group_rules=\['muon', 'adamw'\]"):
+        ckpt.load(path, other, opt3)
