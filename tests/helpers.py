@@ -138,3 +138,38 @@ def convergence_record(
         method_options=dict(label=label),
         **fields,
     )
+
+
+def damage_checkpoint(path, item: str, where: str, files: str = "") -> None:
+    """Flip four bytes of a DCP checkpoint's data, keeping the file's size: inside `item` ("largest"
+    or "last" of the records whose file name starts with `files`, e.g. "__1_" for rank 1's) at
+    `where` ("middle" or "header")."""
+    from pathlib import Path
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = Path(path)
+    records = sorted(
+        (i for i in FileSystemReader(str(path)).read_metadata().storage_data.values()
+         if i.relative_path.startswith(files)),
+        key=lambda i: i.offset,
+    )  # fmt: skip
+    record = max(records, key=lambda i: i.length) if item == "largest" else records[-1]
+    at = record.offset + (record.length // 2 if where == "middle" else 0)
+    data = path / record.relative_path
+    raw = bytearray(data.read_bytes())
+    raw[at : at + 4] = bytes(b ^ 0xFF for b in raw[at : at + 4])
+    data.write_bytes(bytes(raw))
+
+
+def without_checksums(path) -> None:
+    """A checkpoint's manifest as one written before checksums were kept has it."""
+    import json
+    from pathlib import Path
+
+    import forge.checkpoint as ckpt
+
+    manifest_path = Path(path) / ckpt.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest.pop("files", None)
+    manifest_path.write_text(json.dumps(manifest))

@@ -80,14 +80,13 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests and benchmarks: calls that skipped Triton's dispatch
 
     def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, options: dict) -> None:
-        options = dict(options, enable_fp_fusion=FP_FUSION)
         if self._interpreted:
-            self.kernel[grid](*args, **constexprs, **options)
+            self.kernel[grid](*args, **constexprs, **options, enable_fp_fusion=FP_FUSION)
             return
         device = driver.active.get_current_device()
         entry = self._compiled.get((device, key))
-        if entry is None or _launch_hooks_installed():
-            compiled = self.kernel[grid](*args, **constexprs, **options)
+        if entry is None or _launch_hooks_installed():  # Triton's own path: the options matter here only
+            compiled = self.kernel[grid](*args, **constexprs, **options, enable_fp_fusion=FP_FUSION)
             if entry is None:
                 self._remember(device, key, compiled, len(args), constexprs)
             return

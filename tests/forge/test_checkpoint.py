@@ -7,7 +7,6 @@ tests/forge/test_data_parallel.py.)"""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import torch
 
 import forge
 import forge.checkpoint as ckpt
-from tests.helpers import tiny_llama
+from tests.helpers import damage_checkpoint, tiny_llama, without_checksums
 
 STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10, resumed from there
 HPARAMS = dict(lr=1e-2, weight_decay=0.1)
@@ -128,35 +127,12 @@ def _held(model, opt) -> dict:
     }
 
 
-def _damage(path: Path, item: str, where: str) -> None:
-    """Flip four bytes of the checkpoint's data file, keeping its size: inside `item` ("largest" or
-    "last" of its records) at `where` ("middle" or "header")."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    records = sorted(
-        FileSystemReader(str(path)).read_metadata().storage_data.values(), key=lambda i: i.offset
-    )
-    record = max(records, key=lambda i: i.length) if item == "largest" else records[-1]
-    at = record.offset + (record.length // 2 if where == "middle" else 0)
-    data = path / record.relative_path
-    raw = bytearray(data.read_bytes())
-    raw[at : at + 4] = bytes(b ^ 0xFF for b in raw[at : at + 4])
-    data.write_bytes(bytes(raw))
-
-
-def _without_checksums(path: Path) -> None:
-    """The manifest as a checkpoint written before checksums were kept has it."""
-    manifest = json.loads((path / ckpt.MANIFEST).read_text())
-    manifest.pop("files", None)
-    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
-
-
 @pytest.mark.parametrize("file", ["data", "metadata"])
 def test_bytes_flipped_inside_a_file_are_refused_before_anything_changes(tmp_path, file):
     model, opt = _batch_norm_model(0)
     path = ckpt.save(tmp_path, model, opt, step=2)
     if file == "data":  # the middle of the largest tensor: without checksums it would load as it is
-        _damage(path, "largest", "middle")
+        damage_checkpoint(path, "largest", "middle")
         damaged = next(path.glob("*.distcp"))
     else:
         damaged = path / ".metadata"
@@ -176,8 +152,8 @@ def test_a_read_that_fails_half_way_changes_nothing(tmp_path):
     fails, with a CheckpointException (a BaseException); what it read never reaches the model."""
     model, opt = _batch_norm_model(0)
     path = ckpt.save(tmp_path, model, opt, step=2)
-    _without_checksums(path)
-    _damage(path, "last", "header")
+    without_checksums(path)
+    damage_checkpoint(path, "last", "header")
     other, opt2 = _batch_norm_model(1)
     before = _held(other, opt2)
     with pytest.raises(ckpt.CheckpointError, match=r"could not be read \(\w+ on rank 0;.*Nothing was loaded"):

@@ -27,7 +27,6 @@ done once); the parent compares. What is checked:
 from __future__ import annotations
 
 import copy
-import json
 import re
 import shutil
 import weakref
@@ -37,7 +36,7 @@ import torch
 
 from tests.forge.exactness import TRANSFORMER_FP32, assert_close_to_update, near_zero
 from tests.forge.ranks import full, full_states, run_on_ranks
-from tests.helpers import RULE_CASES, tiny_llama
+from tests.helpers import RULE_CASES, damage_checkpoint, tiny_llama, without_checksums
 
 STEPS = 2  # a first step, and one that reads the states it wrote
 RESUME_STEPS, SAVED_AT = 10, 5  # saved at step 5 of 10
@@ -406,7 +405,6 @@ def _damaged(rank: int, tmp, checkpoint) -> dict:
     rank 1 after the other tensors are read. Per case: the error each rank raised, and whether every
     tensor, step, param group, seed and RNG state it holds is as it was."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
 
     import forge
@@ -417,22 +415,11 @@ def _damaged(rank: int, tmp, checkpoint) -> dict:
         copy_of = tmp / f"damaged-{case}"
         if rank == 0:
             shutil.copytree(checkpoint, copy_of)
-            metadata = FileSystemReader(str(copy_of)).read_metadata()
-            items = sorted(
-                (i for i in metadata.storage_data.values() if i.relative_path.startswith("__1_")),
-                key=lambda i: i.offset,
-            )
             # "inside": the middle of rank 1's largest tensor; "read": the header of its last record
-            item = max(items, key=lambda i: i.length) if case == "inside" else items[-1]
-            at = item.offset + (item.length // 2 if case == "inside" else 0)
-            data = copy_of / item.relative_path
-            raw = bytearray(data.read_bytes())
-            raw[at : at + 4] = bytes(b ^ 0xFF for b in raw[at : at + 4])
-            data.write_bytes(bytes(raw))
+            where = ("largest", "middle") if case == "inside" else ("last", "header")
+            damage_checkpoint(copy_of, *where, files="__1_")
             if case == "read":
-                manifest = json.loads((copy_of / ckpt.MANIFEST).read_text())
-                manifest.pop("files", None)
-                (copy_of / ckpt.MANIFEST).write_text(json.dumps(manifest))
+                without_checksums(copy_of)
         dist.barrier()
         model = _wrap("fsdp2", _base(4))
         opt = forge.attach(model, "adamw", state_dtype="int8", seed=11, **ADAMW)
