@@ -101,6 +101,10 @@ class KernelConfig:
     # programs); `forge.kernels.wgrad_update_split`. 0 keeps both halves in every program.
     update_programs: int = 0
     ring_tiles: int = 0
+    # Warp-specialized, bf16 operands, fp32 or bf16 states: the epilogue's slices of W and the
+    # states come into shared memory by bulk tensor copies, this many slices ahead of the one being
+    # updated (`forge.kernels.wgrad_update_prefetch`), instead of by loads into registers. 0: loads.
+    update_stages: int = 0
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -218,6 +222,31 @@ def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tenso
     return operands and _is_hopper(dy.device)
 
 
+def _check_update_stages(config: KernelConfig, weight, states, state_dtype: str, fp8: bool, kahan: bool) -> None:
+    """Refuse a `KernelConfig.update_stages` config the prefetching kernel cannot run, saying why."""
+    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+
+    if not config.warp_specialized or fp8 or config.update_programs:
+        raise ValueError("KernelConfig.update_stages is an option of the warp-specialized kernel on bf16 operands "
+                         f"without update_programs (got warp_specialized={config.warp_specialized}, "
+                         f"update_programs={config.update_programs}, FP8 operands: {fp8})")
+    if state_dtype not in ("fp32", "bf16") or kahan:
+        raise ValueError(f"KernelConfig.update_stages reads W and fp32 or bf16 states by bulk copies; {state_dtype} "
+                         f"states{' and compensated weights' if kahan else ''} take update_stages=0")
+    tensors = [weight, *(s for s in states if s is not None)]
+    if any(t.shape != weight.shape or not t.is_contiguous() or (t.shape[1] * t.element_size()) % 16
+           or t.data_ptr() % 16 for t in tensors):
+        raise ValueError("KernelConfig.update_stages needs W and its states contiguous and 16-byte aligned, with rows "
+                         f"of a multiple of 16 bytes (got W {tuple(weight.shape)} {weight.dtype}); take update_stages=0")
+    if config.block_n % config.epilogue_rows:
+        raise ValueError(f"KernelConfig.epilogue_rows={config.epilogue_rows} must divide block_n={config.block_n}")
+    needed = shared_bytes(config, weight.element_size(), tuple(s.element_size() for s in states if s is not None))
+    if needed > SHARED_BYTES:
+        raise ValueError(f"KernelConfig(update_stages={config.update_stages}, epilogue_rows={config.epilogue_rows}, "
+                         f"num_stages={config.num_stages}) takes {needed} bytes of shared memory, more than the "
+                         f"{SHARED_BYTES} a Hopper multiprocessor gives a program: fewer stages or rows")
+
+
 @functools.cache
 def _is_hopper(device: torch.device) -> bool:
     """sm_90 exactly: wgmma, which the warp-specialized kernel is written with, is Hopper's alone."""
@@ -293,8 +322,8 @@ def fp8_config(cfg: KernelConfig, on_interpreter: bool) -> KernelConfig:
 class Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
-    # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws) or "split"
-    # (forge.kernels.wgrad_update_split)
+    # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws), "split"
+    # (forge.kernels.wgrad_update_split) or "prefetch" (forge.kernels.wgrad_update_prefetch)
     kernel: str
     config: KernelConfig
     tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
@@ -335,6 +364,8 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
     if config is not None and config.update_programs and not (config.warp_specialized and not fp8):
         raise ValueError("KernelConfig.update_programs is an option of the warp-specialized kernel on bf16 operands "
                          f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, dy {dy.dtype})")
+    if config is not None and config.update_stages:
+        _check_update_stages(config, weight, states, state_dtype, fp8, kahan)
     if config is not None and config.fp8_fast_accum and config.warp_specialized:
         raise ValueError("KernelConfig.fp8_fast_accum is an option of the Triton kernel: the warp-specialized one "
                          "always adds each T tile into fp32 (set warp_specialized=False)")
@@ -382,4 +413,9 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
         constexprs.pop("OVERLAP_PROMOTION")
         return Plan("split", cfg, "host", (programs,), cdiv(K, int8_group), constexprs, options)
     grid = (min(tiles, _multiprocessors(device)),)
+    if cfg.update_stages:
+        for name in ("ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"):  # the slice: the descriptors' blocks
+            constexprs.pop(name)
+        return Plan("prefetch", cfg, "host", grid, cdiv(K, int8_group), dict(constexprs, UPDATE_STAGES=cfg.update_stages),
+                    options)
     return Plan("gluon", cfg, "host", grid, cdiv(K, int8_group), constexprs, options)

@@ -50,9 +50,9 @@ from forge.kernels.update_tile import (
 from forge.kernels.wgrad_tile import tile_origin, wgrad_tile
 
 try:  # Gluon (Triton >= 3.5): the warp-specialized kernels for Hopper
-    from forge.kernels import wgrad_update_split, wgrad_update_ws
+    from forge.kernels import wgrad_update_prefetch, wgrad_update_split, wgrad_update_ws
 except ImportError:  # pragma: no cover - an older Triton: configs never plans them
-    wgrad_update_ws = wgrad_update_split = None
+    wgrad_update_ws = wgrad_update_split = wgrad_update_prefetch = None
 
 
 @triton.jit
@@ -197,6 +197,9 @@ def wgrad_update(
         return
     if plan.kernel == "split":
         wgrad_update_split.launch(key, plan, weight, slots, dy, x, step)
+        return
+    if plan.kernel == "prefetch":
+        wgrad_update_prefetch.launch(key, plan, weight, slots, dy, x, step)
         return
     dy_src, x_src = dy, x
     if plan.tma == "host":

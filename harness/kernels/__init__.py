@@ -41,5 +41,6 @@ FORGE_MODULES = (
     "forge.kernels.wgrad_tile",  # tile_origin (overlap's probe kernels)
     "forge.kernels.wgrad_update_ws",  # the warp-specialized kernel and mma_warps (build, overlap)
     "forge.kernels.wgrad_update_split",  # the split kernel (build)
+    "forge.kernels.wgrad_update_prefetch",  # the prefetching kernel, shared_bytes (build, overlap)
     "forge.kernels.fp8_cast",  # cast_kernel, MAX_PARTIALS: the FP8 cast (build)
 )

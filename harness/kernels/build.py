@@ -121,6 +121,16 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 fast_epilogue=True,
             ),
         ],
+        # The update fed by the copy engine (`forge.kernels.wgrad_update_prefetch`): W and the
+        # states of `update_stages` slices in flight through shared memory instead of registers,
+        # beside 4 or 3 stages of dy and x (what fits 227 KiB). The first three for bf16 states
+        # (fast epilogue), the last for fp32 states (the exact epilogue, 10 bytes a weight a slice).
+        "prefetch": [
+            dict(warp_specialized_base, fast_epilogue=True, epilogue_rows=16, update_stages=2),
+            dict(warp_specialized_base, fast_epilogue=True, num_stages=3, update_stages=2),
+            dict(warp_specialized_base, fast_epilogue=True, epilogue_rows=16, num_stages=3, update_stages=4),
+            dict(warp_specialized_base, epilogue_rows=16, num_stages=3, update_stages=2),
+        ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
         # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
@@ -201,11 +211,19 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
 
     from forge.kernels import ws_max_registers
     from forge.kernels.launch import FP_FUSION
+    from forge.kernels.wgrad_update_prefetch import wgrad_update_prefetch_kernel
     from forge.kernels.wgrad_update_split import wgrad_update_split_kernel
     from forge.kernels.wgrad_update_ws import wgrad_update_ws_kernel
 
     split = bool(config.get("update_programs"))  # the multiprocessor-specialized twin
-    kernel = wgrad_update_split_kernel if split else wgrad_update_ws_kernel
+    prefetch = bool(config.get("update_stages"))  # the update fed by bulk copies
+    kernel = (
+        wgrad_update_split_kernel
+        if split
+        else wgrad_update_prefetch_kernel
+        if prefetch
+        else wgrad_update_ws_kernel
+    )
     bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
     T, N, K = PROBLEM
     signature = _slots_signature(state_dtype)
@@ -216,6 +234,12 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         else (("dy_desc", "bf16", bt, bn), ("x_desc", "bf16", bt, bk))
     )
     element = {"bf16": gl.bfloat16, "fp8e5": gl.float8e5, "fp8e4nv": gl.float8e4nv}
+    if prefetch:  # W and each state in (epilogue_rows, block_k) blocks; AdamW has no third slot
+        state = {"bf16": "bf16", "fp32": "fp32"}[state_dtype]
+        rows = config["epilogue_rows"]
+        blocks += (("w_desc", "bf16", rows, bk), ("s1_desc", state, rows, bk), ("s2_desc", state, rows, bk))
+        blocks += (("s3_desc", "bf16", rows, bk),)
+        element["fp32"] = gl.float32
     for name, dtype, rows, cols in blocks:
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], element[dtype])
         signature[name] = f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
@@ -234,7 +258,11 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
     )
-    if not split:
+    if prefetch:  # the slice is the descriptors' block; the ring replaces the overlapped loads
+        for name in ("ROWS", "OVERLAP_SLICES"):
+            constants.pop(name)
+        constants["UPDATE_STAGES"] = config["update_stages"]
+    elif not split:
         constants["OVERLAP_PROMOTION"] = config.get("overlap_promotion", False)
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}
@@ -456,6 +484,8 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
         shared_bytes=shared,
         instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?[A-Z]", sass)),  # in the SASS
         epilogue_loads_before_first_store=loads_before_first_store(sass),
+        global_loads=len(re.findall(r"\bLDG\b", sass)),  # instructions: each thread's loads into registers
+        bulk_tensor_loads=len(re.findall(r"\bUTMALDG\b", sass)),  # the copy engine's, one thread each
         tensor_core_mmas={op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA")},
         programs_per_sm=programs_per_multiprocessor(registers, shared, threads),
     )
@@ -529,7 +559,8 @@ def _describe_warp_specialized(c: dict) -> str:
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"
         + (", fast epilogue" if c.get("fast_epilogue") else "")
-        + (", overlapped slices" if c.get("overlap_slices") else "")
+        + (", overlapped slices" if c.get("overlap_slices") and not c.get("update_stages") else "")
+        + (f", W and states copied {c['update_stages']} slices ahead" if c.get("update_stages") else "")
     )
 
 

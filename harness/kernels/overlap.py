@@ -24,10 +24,16 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
                        bound of any cut in operand traffic
     split_u<U>         the multiprocessor-specialized kernel (`forge.kernels.wgrad_update_split`)
                        with U update programs, the others running the GEMM
+    prefetch_<config>  the kernel whose update reads W and the states from shared memory, filled by
+                       bulk copies `update_stages` slices ahead (`forge.kernels.wgrad_update_prefetch`;
+                       its candidates for bf16 states: u<update_stages>_r<rows>_s<dy and x stages>)
+    ..._update_only    that kernel's epilogue warps on a synthetic gradient, no operand reads: its
+                       update half, beside ws_epilogue_only
 
-Each timing records the SM clock and power NVML read while it ran. Every split is also checked
-against the warp-specialized kernel: the same step from the same state, W and both states equal to
-the bit (the split kernel sums the same tiles in the same order and runs the same epilogue).
+Each timing records the SM clock and power NVML read while it ran. Every split and prefetching
+config is also checked against the warp-specialized kernel: the same step from the same state, W
+and both states equal to the bit (both sum the same tiles in the same order and run the same
+epilogue arithmetic).
 
 Records (JSONL, one per point, with the run's metadata) go to --out; the last lines printed are a
 table of each time over the roofline.
@@ -48,6 +54,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from forge.kernels import wgrad_update_prefetch as pf
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
 
@@ -241,6 +248,101 @@ def halves_kernel(
         )
 
 
+@gluon.jit(do_not_specialize=["seed"])
+def prefetch_update_only_kernel(
+    w_ptr,
+    s1_ptr,
+    s2_ptr,
+    s3_ptr,
+    q1_ptr,
+    q2_ptr,
+    q3_ptr,
+    r_ptr,
+    w_desc,
+    s1_desc,
+    s2_desc,
+    s3_desc,
+    dy_desc,
+    x_desc,
+    T,
+    N,
+    K,
+    NUM_GROUPS,
+    h0,
+    h1,
+    h2,
+    h3,
+    h4,
+    h5,
+    h6,
+    h7,
+    h8,
+    seed,
+    step_ptr,
+    scale_ptr,
+    UPDATE: gl.constexpr,
+    GRAD_SCALE: gl.constexpr,
+    STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr,
+    UPDATE_STAGES: gl.constexpr,
+    FAST_EPILOGUE: gl.constexpr,
+):
+    """`wgrad_update_prefetch_kernel`'s buffers and epilogue beside `synthetic_mma` and an idle
+    loader: its update half alone (the same arguments as that kernel)."""
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(
+        dy_desc, x_desc, STAGES
+    )
+    bufs, landed = pf.allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, K)
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    descs = (w_desc, s1_desc, s2_desc, s3_desc)
+    gl.warp_specialize(
+        [
+            (
+                pf.prefetching_epilogue,
+                (
+                    acc_smem,
+                    acc_ready,
+                    acc_empty,
+                    descs,
+                    bufs,
+                    landed,
+                    params,
+                    N,
+                    K,
+                    NUM_GROUPS,
+                    step,
+                    step_ptr,
+                    scale_ptr,
+                    UPDATE,
+                    GRAD_SCALE,
+                    STEPS_IN_MEMORY,
+                    FAST_EPILOGUE,
+                ),
+            ),
+            (synthetic_mma, workers),
+            (idle_loader, workers),
+        ],
+        [4, 1],
+        [ws.MMA_REGS, ws.LOADER_REGS],
+    )
+
+
+def prefetch_configs() -> dict:
+    """The prefetching kernel's candidates that fit beside bf16 AdamW states, by probe name."""
+    from forge.kernels import KernelConfig
+    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+    from harness.kernels.build import candidate_groups
+
+    configs = {}
+    for fields in candidate_groups()["prefetch"]:
+        c = KernelConfig(**fields)
+        if c.fast_epilogue and shared_bytes(c, 2, (2, 2)) <= SHARED_BYTES:  # bf16 states' epilogue
+            configs[f"prefetch_u{c.update_stages}_r{c.epilogue_rows}_s{c.num_stages}"] = c
+    return configs
+
+
 class Point:
     """One layer's weight with FORGE attached (AdamW, bf16 states), its operands and launches."""
 
@@ -261,15 +363,12 @@ class Point:
     def step(self, config) -> None:
         self.opt.update_linear(self.w, self.dy, self.x, config=config)
 
-    def probe(self, mode: str):
-        """A launch of the probe kernel in `mode` (PROBE_MODES) on this point's tensors."""
-        from forge.kernels import WARP_SPECIALIZED_DEFAULTS, configs
-        from forge.kernels.update_tile import slot_arguments, step_arguments
+    def plan(self, cfg):
+        """`forge.kernels.configs.plan` of this point's launch under `cfg`."""
+        from forge.kernels import configs
 
-        epilogue, operands = PROBE_MODES[mode]
-        cfg = WARP_SPECIALIZED_DEFAULTS["bf16"]
         slots, options = self.opt.slots_of(self.w), self.opt.options_of(self.w)
-        plan = configs.plan(
+        return configs.plan(
             self.w,
             slots.states,
             slots.signed,
@@ -283,6 +382,16 @@ class Point:
             config=cfg,
             steps_in_memory=False,
         )
+
+    def probe(self, mode: str):
+        """A launch of the probe kernel in `mode` (PROBE_MODES) on this point's tensors."""
+        from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+        from forge.kernels.update_tile import slot_arguments, step_arguments
+
+        epilogue, operands = PROBE_MODES[mode]
+        cfg = WARP_SPECIALIZED_DEFAULTS["bf16"]
+        slots = self.opt.slots_of(self.w)
+        plan = self.plan(cfg)
         coefficients, seed, _ = self.opt.steps.begin(self.w)
         T, N = self.dy.shape
         K = self.x.shape[1]
@@ -301,6 +410,19 @@ class Point:
         constexprs = {k: v for k, v in plan.constexprs.items() if k != "OVERLAP_PROMOTION"}
         return lambda: halves_kernel[plan.grid](*head, *step, **constexprs, EPILOGUE=epilogue, **plan.options)
 
+    def prefetch_update_only(self, cfg):
+        """A launch of `prefetch_update_only_kernel` under the prefetching config `cfg`."""
+        from forge.kernels.update_tile import slot_arguments, step_arguments
+
+        plan = self.plan(cfg)
+        slots = self.opt.slots_of(self.w)
+        coefficients, seed, _ = self.opt.steps.begin(self.w)
+        step = step_arguments(self.w, coefficients, seed, None)
+        args = pf.arguments(
+            plan, self.w, slot_arguments(self.w, slots.states, slots.scales), self.dy, self.x, step
+        )
+        return lambda: prefetch_update_only_kernel[plan.grid](*args, **plan.constexprs, **plan.options)
+
 
 def split_config(update_programs: int):
     """The bf16 states' warp-specialized config with `update_programs` update programs."""
@@ -309,9 +431,10 @@ def split_config(update_programs: int):
     return dataclasses.replace(WARP_SPECIALIZED_DEFAULTS["bf16"], update_programs=update_programs)
 
 
-def split_matches_ws(N: int, K: int, T: int, update_programs: int) -> dict:
-    """One step of the split kernel and one of the warp-specialized kernel from the same state: how
-    many elements of W and of each state differ (0 everywhere: equal to the bit)."""
+def matches_ws(N: int, K: int, T: int, config) -> dict:
+    """One step under `config` (a split or prefetching one) and one of the warp-specialized kernel
+    from the same state: how many elements of W and of each state differ (0 everywhere: equal to
+    the bit)."""
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
 
     a = Point(N, K, T)
@@ -321,7 +444,7 @@ def split_matches_ws(N: int, K: int, T: int, update_programs: int) -> dict:
     b.opt.load_state_dict(a.opt.state_dict())
     b.dy, b.x = a.dy, a.x
     a.step(WARP_SPECIALIZED_DEFAULTS["bf16"])
-    b.step(split_config(update_programs))
+    b.step(config)
     torch.cuda.synchronize()
     diffs = [
         int((p.view(torch.int16) != q.view(torch.int16)).sum()) for p, q in zip(a.tensors(), b.tensors())
@@ -359,7 +482,11 @@ def time_point(name: str, N: int, K: int, T: int, update_programs, copy_tbps: fl
         timed(mode, point.probe(mode))
     for u in update_programs:
         timed(f"split_u{u}", lambda u=u: point.step(split_config(u)))
-        row[f"split_u{u}_differs"] = split_matches_ws(N, K, T, u)
+        row[f"split_u{u}_differs"] = matches_ws(N, K, T, split_config(u))
+    for name, cfg in prefetch_configs().items():
+        timed(name, lambda cfg=cfg: point.step(cfg))
+        timed(f"{name}_update_only", point.prefetch_update_only(cfg))
+        row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
     row["roofline_ms"] = max(row["cublas_gemm_ms"], row["update_bytes"] / (copy_tbps * 1e9))
     assert torch.isfinite(point.w).all(), "weights became non-finite during timing"
     return row
@@ -398,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                 point.step(None)
                 for u in args.update_programs:
                     point.step(split_config(u))
+                for cfg in prefetch_configs().values():
+                    point.step(cfg)
                 torch.cuda.synchronize()
         return 0
     from harness.kernels.bench import measure_ceilings
@@ -432,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         "shipped",
         *PROBE_MODES,
         *(f"split_u{u}" for u in args.update_programs),
+        *(f"{name}{part}" for name in prefetch_configs() for part in ("", "_update_only")),
         "foreach_update",
         "cublas_gemm",
     ]

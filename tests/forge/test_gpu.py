@@ -529,3 +529,64 @@ def test_the_multiprocessor_split_kernel_equals_the_warp_specialized_one(rule, h
                 assert torch.equal(a, b), (
                     f"{update_programs} update programs, capturable={capturable}: differs"
                 )
+
+
+@pytest.mark.parametrize(
+    "rule, hp, state_dtype",
+    [
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "bf16"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "fp32"),
+        ("lion", dict(lr=1e-4), "bf16"),
+        ("rmsprop", dict(lr=1e-3, momentum=0.9, centered=True), "bf16"),  # three state slots
+        ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
+    ],
+)
+@pytest.mark.parametrize(
+    "T, N, K", [(1024, 4096, 2048), (2000, 1000, 4096), (1000, 1000, 1960)], ids=["tiles", "edges", "ragged"]
+)
+def test_the_prefetching_kernel_equals_the_warp_specialized_one(rule, hp, state_dtype, T, N, K):
+    """`forge.kernels.wgrad_update_prefetch` (W and the states copied into shared memory slices
+    ahead) against the warp-specialized kernel whose loader, MMA warps and update arithmetic it
+    reuses: W and the states equal to the bit over three launches in a row, with rows and columns
+    past the weight's edge (the copy engine's zeros, masked stores), the step passed in or read from
+    device memory, and every candidate that fits beside the states."""
+    from dataclasses import replace
+
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+    from forge.rules import get_rule
+    from harness.kernels.build import candidate_groups
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
+    w0 = torch.randn(N, K, device="cuda", generator=g) * 0.02
+
+    def steps(config, capturable=False):
+        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(w0)
+        opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
+        for _ in range(3):
+            opt.update_linear(layer.weight, dy, x, config=config)
+        state = opt.state[layer.weight]
+        return [layer.weight.detach()] + [
+            state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
+        ]
+
+    ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    want = steps(ws)
+    states = (2 if state_dtype == "bf16" else 4,) * get_rule(rule).state_count(hp)
+    fields = ("num_stages", "epilogue_rows", "update_stages")
+    shapes = {tuple(c[f] for f in fields) for c in candidate_groups()["prefetch"]} | {(4, 16, 1)}
+    tried = 0
+    for num_stages, rows, stages in sorted(shapes):
+        config = replace(ws, num_stages=num_stages, epilogue_rows=rows, update_stages=stages)
+        if shared_bytes(config, 2, states) > SHARED_BYTES:
+            continue  # a candidate for fewer or narrower states
+        tried += 1
+        for capturable in (False, True):
+            got = steps(config, capturable)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"
+    assert tried >= 2

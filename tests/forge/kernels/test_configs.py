@@ -51,3 +51,91 @@ def test_the_warp_specialized_kernel_takes_small_grids_with_bf16_states(
     x = torch.empty(T, K, dtype=torch.bfloat16)
     config = configs._warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter=False)
     assert (config and (config.block_n, config.block_k)) == expected
+
+
+def _prefetch_plan(monkeypatch, state_dtype="bf16", K=4096, kahan=False, **fields):
+    """`configs.plan` of a prefetching config on a Hopper of 132 multiprocessors (stubbed: CPU tensors)."""
+    import dataclasses
+
+    import torch
+
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS, configs
+
+    monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
+    monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[state_dtype]
+    w = torch.empty(1000, K, dtype=torch.bfloat16)
+    states = (torch.empty(1000, K, dtype=dtype), torch.empty(1000, K, dtype=dtype), None)
+    dy, x = torch.empty(512, 1000, dtype=torch.bfloat16), torch.empty(512, K, dtype=torch.bfloat16)
+    config = dataclasses.replace(
+        WARP_SPECIALIZED_DEFAULTS["bf16"], **{"epilogue_rows": 16, "update_stages": 2, **fields}
+    )
+    return configs.plan(
+        w,
+        states,
+        (True, False, False),
+        dy,
+        x,
+        rule="adamw",
+        flags={"momentum": False, "centered": False},
+        state_dtype=state_dtype,
+        stochastic_rounding=True,
+        int8_group=64,
+        config=config,
+        steps_in_memory=False,
+        kahan=kahan,
+    )
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+def test_a_prefetching_config_plans_the_prefetching_kernel(monkeypatch, state_dtype):
+    """`KernelConfig.update_stages` takes `forge.kernels.wgrad_update_prefetch`: its ring depth as
+    a compile-time argument, the slice's rows from the descriptors (no ROWS), one program a
+    multiprocessor."""
+    stages = 4 if state_dtype == "bf16" else 3  # fp32 states' slices take more shared memory
+    plan = _prefetch_plan(monkeypatch, state_dtype, num_stages=stages)
+    assert plan.kernel == "prefetch" and plan.grid == (min(132, 8 * 32),)
+    assert plan.constexprs["UPDATE_STAGES"] == 2 and plan.constexprs["STAGES"] == stages
+    assert not {"ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"} & set(plan.constexprs)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(state_dtype="int8"), "int8 states"),
+        (dict(kahan=True), "compensated weights"),
+        (dict(update_programs=8), "without update_programs"),
+        (dict(warp_specialized=False), "warp-specialized kernel"),
+        (dict(K=4100), "multiple of 16 bytes"),
+        (dict(epilogue_rows=48), "must divide block_n"),
+        (dict(state_dtype="fp32"), "shared memory"),  # 4 stages and fp32 slices: 234 KiB
+        (dict(epilogue_rows=32), "shared memory"),  # 4 stages and 32-row slices: 242 KiB
+    ],
+)
+def test_a_prefetching_config_it_cannot_run_is_refused_saying_why(monkeypatch, fields, match):
+    with pytest.raises(ValueError, match=match):
+        _prefetch_plan(monkeypatch, **fields)
+
+
+def test_the_prefetching_launch_passes_every_argument_of_its_kernel(monkeypatch):
+    """`wgrad_update_prefetch.arguments` and the plan's compile-time arguments name each of the
+    kernel's parameters once; W and each state get a descriptor of one epilogue slice,
+    a slot the rule lacks W's again."""
+    import torch
+
+    from forge.kernels import wgrad_update_prefetch as pf
+    from forge.kernels.update_tile import slot_arguments, step_arguments
+
+    plan = _prefetch_plan(monkeypatch)
+    w = torch.empty(1000, 4096, dtype=torch.bfloat16)
+    m, v = torch.empty_like(w), torch.empty_like(w)
+    dy, x = torch.empty(512, 1000, dtype=torch.bfloat16), torch.empty(512, 4096, dtype=torch.bfloat16)
+    args = pf.arguments(
+        plan, w, slot_arguments(w, (m, v, None), (None,) * 3), dy, x, step_arguments(w, (0.0,) * 9, 0, None)
+    )
+    names = pf.wgrad_update_prefetch_kernel.arg_names
+    assert len(args) + len(plan.constexprs) == len(names)
+    assert set(plan.constexprs) == set(names[len(args) :])  # passed by name
+    w_desc, s1_desc, s2_desc, s3_desc = args[8:12]
+    assert [d.block_shape for d in (w_desc, s1_desc, s2_desc)] == [[16, 128]] * 3
+    assert s1_desc.base is m and s2_desc.base is v and s3_desc is w_desc

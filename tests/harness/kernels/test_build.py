@@ -66,7 +66,13 @@ def _planned(state_dtype: str) -> list[dict]:
     if state_dtype == "bf16":
         configs += [groups["pointers"][1], kernel_build.ELEMENTWISE, kernel_build.FP8_CAST]
         configs += _fp8_candidates()
-    return configs + _warp_specialized(state_dtype)
+    return configs + _warp_specialized(state_dtype) + _prefetching(state_dtype)
+
+
+def _prefetching(state_dtype: str) -> list[dict]:
+    """The prefetching kernel's candidates that fit beside `state_dtype` states (the last is fp32's)."""
+    prefetch = kernel_build.candidate_groups()["prefetch"]
+    return {"bf16": prefetch, "fp32": prefetch[3:]}.get(state_dtype, [])
 
 
 def _key(config: dict, state_dtype: str) -> tuple[str, str]:
@@ -316,3 +322,23 @@ def test_a_warp_specialized_config_where_it_cannot_run_says_why():
             stochastic_rounding=False,
             config=config,
         )
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+def test_the_prefetching_kernel_reads_w_and_the_states_by_bulk_copies_only(state_dtype):
+    """`forge.kernels.wgrad_update_prefetch` builds for sm_90 as every candidate: the warp-specialized
+    kernel's register cap, no spills, one program per multiprocessor, the shared memory that
+    `shared_bytes` counts (within its 1 KiB allowance), and not one load into registers from
+    global memory: W and the states arrive by bulk tensor copies (the warp-specialized kernel's
+    epilogue issues 24 global loads in its SASS, triton 3.6 and 3.9)."""
+    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+
+    configs = _prefetching(state_dtype)
+    size = {"bf16": 2, "fp32": 4}[state_dtype]
+    for config, r in zip(configs, built(configs, state_dtype)):
+        assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"]), config
+        assert r["stack_bytes"] == 0 and r["spill_stores"] == 0, (config, r)
+        assert r["programs_per_sm"] == 1 and not r["mmas_serialized"], config
+        counted = shared_bytes(KernelConfig(**config), 2, (size, size))
+        assert counted - 1024 <= r["shared_bytes"] <= counted <= SHARED_BYTES, (config, r["shared_bytes"])
+        assert r["global_loads"] == 0 and r["bulk_tensor_loads"] > 0, (config, r)

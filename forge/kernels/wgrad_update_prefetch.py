@@ -1,0 +1,258 @@
+"""The warp-specialized kernel with its update fed by the copy engine: W and the states through shared memory.
+
+In the warp-specialized kernel (`forge.kernels.wgrad_update_ws`) the epilogue warps load each
+slice of W and its states with plain global loads into registers: at most two slices are in flight
+(`KernelConfig.overlap_slices`), and each load holds its registers until its bytes arrive. On the
+H200 that update half alone moves its bytes at about 1.2x the copy rate's time, and Nsight Compute
+finds the kernel latency-bound, with no unit saturated and half an eligible warp per scheduler
+(docs/performance.md, "Where the time goes").
+
+Here the epilogue asks the copy engine instead. Each slice's blocks of W and of every state the
+rule has arrive in shared memory by bulk tensor copies (TMA), issued `update_stages` slices ahead
+of the slice being updated, across tile boundaries (a tile's first slices load while the tile
+before is updated), into a ring of `update_stages` slots, each with its mbarrier:
+
+    for each slice q of this program's tiles, in order:
+        wait for slot q % S                       (its copies of W and the states have landed)
+        read the slice from the slot and the gradient rows from the staging buffer
+        barrier of the epilogue warps             (every warp has read both)
+        ask for slice q + S into the same slot    (one thread issues the copies)
+        the rule in registers, W and the states stored to global memory
+
+No register waits on a load, and the bytes in flight are `update_stages` slices whatever the
+registers allow. The update's arithmetic is `update_tile.finish_tile_at`'s on the same values (the
+copy engine fills rows past the weight's edge with zeros, as the masked loads do, and the stores
+are masked as before), and the loader and MMA warps are the warp-specialized kernel's: a step
+equals that kernel's to the bit.
+
+Shared memory holds the dy and x ring and the staging buffer of the warp-specialized kernel, plus
+`update_stages` x epilogue_rows x BLOCK_K elements of W and of each state (`shared_bytes`);
+`forge.kernels.configs` refuses a config that does not fit a Hopper multiprocessor.
+
+Where it runs: the warp-specialized kernel's (Hopper, bf16 dy and x), fp32 or bf16 states, plain
+weights (int8 states' scales and compensated weights' residuals are read by the shipped kernel only),
+rows of W and the states 16-byte aligned, as the copy engine reads them. It is an option
+(`KernelConfig.update_stages`), never FORGE's own choice until it is measured to win.
+"""
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from forge.kernels import wgrad_update_ws as ws
+from forge.kernels.launch import DirectLauncher
+from forge.kernels.update_tile import finish_tile_at, load_step_values, offsets_of
+from forge.kernels.wgrad_tile import tile_origin
+
+SHARED_BYTES = 227 * 1024  # a Hopper multiprocessor's shared memory, as one program may take it
+
+
+@gluon.jit
+def allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, STAGES: gl.constexpr, UPDATE):
+    """The ring of STAGES slots of one slice of W and of each state the rule has (the descriptors'
+    block shape and layout), and each slot's barrier, initialised. A slot the rule lacks gets W's
+    buffers again (never written or read)."""
+    ROWS: gl.constexpr = w_desc.block_type.shape[0]
+    COLS: gl.constexpr = w_desc.block_type.shape[1]
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, ROWS, COLS], w_desc.layout)
+    s1_bufs = w_bufs
+    s2_bufs = w_bufs
+    s3_bufs = w_bufs
+    if UPDATE[3]:
+        s1_bufs = gl.allocate_shared_memory(s1_desc.dtype, [STAGES, ROWS, COLS], s1_desc.layout)
+    if UPDATE[4]:
+        s2_bufs = gl.allocate_shared_memory(s2_desc.dtype, [STAGES, ROWS, COLS], s2_desc.layout)
+    if UPDATE[5]:
+        s3_bufs = gl.allocate_shared_memory(s3_desc.dtype, [STAGES, ROWS, COLS], s3_desc.layout)
+    landed = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(landed.index(i), count=1)
+    fence_async_shared()  # the barriers initialised before the copy engine signals them
+    return (w_bufs, s1_bufs, s2_bufs, s3_bufs), landed
+
+
+@gluon.jit
+def request_slice(q, descs, bufs, landed, N, K, UPDATE, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Ask the copy engine for this program's slice q (slice q % SLICES of its (q // SLICES)-th
+    tile) of W and of each state, into slot q % STAGES of the ring."""
+    w_desc, s1_desc, s2_desc, s3_desc = descs
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    STAGES: gl.constexpr = w_bufs.type.shape[0]
+    ROWS: gl.constexpr = w_bufs.type.shape[1]
+    SLICES: gl.constexpr = BLOCK_N // ROWS
+    BYTES: gl.constexpr = (w_desc.block_type.nbytes + s1_desc.block_type.nbytes * UPDATE[3]
+                           + s2_desc.block_type.nbytes * UPDATE[4] + s3_desc.block_type.nbytes * UPDATE[5])
+    tile = gl.program_id(0) + (q // SLICES) * gl.num_programs(0)
+    n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+    row = n0 + (q % SLICES) * ROWS
+    slot = q % STAGES
+    bar = landed.index(slot)
+    mbarrier.expect(bar, BYTES)  # rows past N arrive as zeros and count as bytes
+    ws.tma_load(w_desc, [row, k0], bar, w_bufs.index(slot))
+    if UPDATE[3]:
+        ws.tma_load(s1_desc, [row, k0], bar, s1_bufs.index(slot))
+    if UPDATE[4]:
+        ws.tma_load(s2_desc, [row, k0], bar, s2_bufs.index(slot))
+    if UPDATE[5]:
+        ws.tma_load(s3_desc, [row, k0], bar, s3_bufs.index(slot))
+
+
+@gluon.jit
+def read_slice(bufs, slot, layout: gl.constexpr, UPDATE):
+    """A slot's slice in `layout`, as `update_tile.load_tile_at` returns a slice: (w, s1, q1, s2,
+    q2, s3, q3), the scales being the values again (no int8 here) and a slot the rule lacks W."""
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    w = w_bufs.index(slot).load(layout)
+    s1 = w
+    s2 = w
+    s3 = w
+    if UPDATE[3]:
+        s1 = s1_bufs.index(slot).load(layout)
+    if UPDATE[4]:
+        s2 = s2_bufs.index(slot).load(layout)
+    if UPDATE[5]:
+        s3 = s3_bufs.index(slot).load(layout)
+    return w, s1, s1, s2, s2, s3, s3
+
+
+@gluon.jit
+def prefetching_epilogue(
+    acc_smem, acc_ready, acc_empty, descs, bufs, landed,
+    params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
+    GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
+):
+    """The optimizer update of each staged tile, slice by slice, W and the states from the ring
+    (module docstring)."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
+    STAGES: gl.constexpr = bufs[0].type.shape[0]
+    ROWS: gl.constexpr = bufs[0].type.shape[1]
+    SLICES: gl.constexpr = BLOCK_N // ROWS
+    QGROUP: gl.constexpr = UPDATE[10]
+    THREADS_K: gl.constexpr = BLOCK_K // 8  # 8 elements per thread along K, as `ws.update_staged_tile`
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
+    if STEPS_IN_MEMORY:
+        step = load_step_values(step_ptr)
+    grad_scale = 1.0
+    if GRAD_SCALE:
+        grad_scale = gl.load(scale_ptr)
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    slices = gl.cdiv(tiles - gl.program_id(0), gl.num_programs(0)) * SLICES  # this program's
+    for q in gl.static_range(STAGES):
+        if q < slices:
+            request_slice(q, descs, bufs, landed, N, K, UPDATE, BLOCK_N, BLOCK_K)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    q = 0
+    done = 0
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+        offs_k = k0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+        groups = k0 // QGROUP + gl.arange(0, BLOCK_K // QGROUP, layout=gl.SliceLayout(0, layout))
+        mbarrier.wait(acc_ready, done & 1)
+        for r in gl.static_range(SLICES):
+            slot = q % STAGES
+            mbarrier.wait(landed.index(slot), (q // STAGES) & 1)
+            loaded = read_slice(bufs, slot, layout, UPDATE)
+            g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
+            ws.partition_barrier()  # every warp has read the slot and the gradient rows
+            if r == SLICES - 1:  # the whole tile is read: the MMA warps may stage the next
+                mbarrier.arrive(acc_empty)
+            if q + STAGES < slices:
+                fence_async_shared()  # the reads above before the copy engine's writes
+                request_slice(q + STAGES, descs, bufs, landed, N, K, UPDATE, BLOCK_N, BLOCK_K)
+            if GRAD_SCALE:
+                g = g * grad_scale
+            offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
+            finish_tile_at(g, offsets, loaded, params, step, UPDATE, ROWS, BLOCK_K, FAST_EPILOGUE, True)
+            q += 1
+        done += 1
+
+
+@gluon.jit(do_not_specialize=["seed"])
+def wgrad_update_prefetch_kernel(
+    w_ptr,  # (N, K) fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # unread (int8 scales: not here), as `update_tile` takes them
+    r_ptr,  # unread (compensated weights: not here)
+    w_desc,  # W: a Gluon TMA descriptor of (ROWS, BLOCK_K) blocks, ROWS the epilogue's slice
+    s1_desc, s2_desc, s3_desc,  # each state slot likewise; a slot the rule lacks: w_desc, unread
+    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_N) blocks
+    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
+    T, N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
+    seed,  # int32 stochastic-rounding seed for this step and tensor
+    step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
+    scale_ptr,  # GRAD_SCALE: one fp32 the gradient is multiplied by (the clip coefficient); else unread
+    UPDATE: gl.constexpr,  # the update: rule, state slots, storage (`update_tile.epilogue_constexprs`)
+    GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
+    STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr,  # ring slots of dy and x tiles
+    UPDATE_STAGES: gl.constexpr,  # ring slots of W and state slices
+    FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
+):
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
+    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
+    bufs, landed = allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    descs = (w_desc, s1_desc, s2_desc, s3_desc)
+    gl.warp_specialize([
+        (prefetching_epilogue, (acc_smem, acc_ready, acc_empty, descs, bufs, landed, params, N, K, NUM_GROUPS, step,
+                                step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE)),
+        (ws.mma_partition, workers),
+        (ws.load_partition, workers),
+    ], [BLOCK_N // 32, 1], [ws.MMA_REGS if BLOCK_N == 128 else ws.WIDE_MMA_REGS, ws.LOADER_REGS])
+
+
+_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
+@functools.cache
+def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], _GLUON_DTYPES[dtype])
+
+
+def slice_descriptor(t: torch.Tensor, rows: int, cols: int):
+    """A Gluon TMA descriptor of the (N, K) fp32 or bf16 tensor `t` in (rows, cols) blocks."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, [rows, cols], _shared_layout(rows, cols, t.dtype))
+
+
+def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
+    """Shared memory of one program under `cfg` (bf16 operands): the dy and x ring, the staging
+    buffer (rows padded by 4 words, `ws.allocate_buffers`), and `update_stages` slices of W (elements of
+    `weight_bytes`) and of each state the rule has (`state_bytes`), and 1 KiB for the barriers and
+    the buffers' alignment (the builds take 160-180 bytes of it)."""
+    ring = cfg.num_stages * cfg.block_t * (cfg.block_n + cfg.block_k) * 2
+    staging = cfg.block_n * (cfg.block_k + 4) * 4
+    update = cfg.update_stages * cfg.epilogue_rows * cfg.block_k * (weight_bytes + sum(state_bytes))
+    return ring + staging + update + 1024
+
+
+_launch = DirectLauncher(wgrad_update_prefetch_kernel)
+
+
+def arguments(plan, weight, slots, dy, x, step: tuple) -> tuple:
+    """The kernel's arguments for `plan` (a "prefetch" `forge.kernels.configs.Plan`): `slots` as
+    `update_tile.slot_arguments`, `step` as `update_tile.step_arguments` return them. W and each
+    state get descriptors of (epilogue_rows, block_k) blocks, dy and x of the plan's blocks, built
+    on every launch (they hold the tensors' addresses)."""
+    cfg = plan.config
+    T, N = dy.shape
+    K = x.shape[1]
+    rows, cols = cfg.epilogue_rows, cfg.block_k
+    w_desc = slice_descriptor(weight, rows, cols)
+    state_descs = [w_desc if s is weight else slice_descriptor(s, rows, cols) for s in slots[:3]]
+    dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
+    x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
+    return (weight, *slots, w_desc, *state_descs, dy_desc, x_desc, T, N, K, plan.num_groups, *step)
+
+
+def launch(key, plan, weight, slots, dy, x, step: tuple) -> None:
+    """Run `plan` for the problem `key` (`arguments` says what the others are)."""
+    _launch(key, plan.grid, arguments(plan, weight, slots, dy, x, step), plan.constexprs, plan.options)
