@@ -25,6 +25,13 @@ What the TrainingArguments become:
 `forge_options` go to `forge.attach` as they are (`state_dtype`, `stochastic_rounding`, `capturable`,
 ...); `seed`, the stochastic-rounding seed, defaults to the Trainer's `seed`.
 
+Muon: `forge_options=dict(muon=dict(lr=0.02, ...))` trains the hidden matrices
+(`forge.muon.hidden_matrices`: every nn.Linear weight but the output head) with FORGE's Muon, its
+hyperparameters torch.optim.Muon's (its defaults where left out; `weight_decay` the
+TrainingArguments' unless named there), and every other parameter with the `optim` rule as above,
+in the Trainer's two decay groups. The scheduler scales every group's lr alike, and `optimizer.pt`
+resumes all three groups with their rules.
+
 Several processes (torchrun, `accelerate launch`): data-parallel FORGE (`forge.data_parallel`).
 FORGE is attached over the default process group, so each gradient is all-reduced before its
 update, and the DDP wrapper the Trainer puts around the model afterwards is taken over at the first
@@ -50,6 +57,7 @@ from transformers.training_args import OptimizerNames
 
 import forge
 from forge.data_parallel import take_over_ddp
+from forge.muon import hidden_matrices
 
 # `optim` names whose arithmetic is one of FORGE's rules, by the name of the optimizer class the Trainer
 # builds for each: the rule is the one exact against that class (`forge.rules.Rule.torch_class`). A
@@ -155,11 +163,27 @@ def check_training_args(args: TrainingArguments) -> None:
         )
 
 
+def check_muon_options(muon: Any) -> None:
+    """Refuse `forge_options["muon"]` that is not a dict of torch.optim.Muon's hyperparameters, saying why."""
+    from forge.rules import check_hparams, get_rule, resolve_hparams
+
+    if not isinstance(muon, dict):
+        raise ValueError(f"forge_options['muon'] is a dict of torch.optim.Muon's options, got {muon!r}")
+    taken = sorted({"params", "rule", "fallback", "fallback_options"} & set(muon))
+    if taken:
+        raise ValueError(
+            f"forge_options['muon'] {taken}: ForgeTrainer gives Muon the hidden matrices and the optim rule "
+            "the rest; name only Muon's hyperparameters (lr, momentum, nesterov, ns_steps, weight_decay, ...)"
+        )
+    check_hparams("muon", resolve_hparams(get_rule("muon"), {"weight_decay": 0.0, **muon}))
+
+
 class ForgeTrainer(Trainer):
     """A `transformers.Trainer` whose optimizer is FORGE, built from its TrainingArguments.
 
     Takes every Trainer argument, plus `forge_options`: a dict of `forge.attach` options
-    (`state_dtype`, `stochastic_rounding`, `seed`, `capturable`, ...)."""
+    (`state_dtype`, `stochastic_rounding`, `seed`, `capturable`, ...), and `muon`, Muon's
+    hyperparameters for the hidden matrices (module docstring)."""
 
     def __init__(
         self, model=None, args=None, *trainer_args, forge_options: dict | None = None, **trainer_kwargs
@@ -178,6 +202,8 @@ class ForgeTrainer(Trainer):
         if taken:
             where = "; ".join(f"{key}: {_FROM_TRAINING_ARGS[key]}" for key in taken)
             raise ValueError(f"forge_options {taken} are set from the TrainingArguments ({where})")
+        if "muon" in self.forge_options:
+            check_muon_options(self.forge_options["muon"])
         if args is not None:
             check_training_args(args)  # before the Trainer moves or wraps anything
         self._forge_optimizer = None
@@ -216,6 +242,7 @@ class ForgeTrainer(Trainer):
         if clash:
             raise ValueError(f"forge_options {clash} are also set by the TrainingArguments (optim_args)")
         options = {"seed": self.args.seed, **self.forge_options}
+        muon = options.pop("muon", None)
         if self.args.world_size > 1:  # data parallel: every gradient reduced before its update
             import torch.distributed as dist
 
@@ -223,13 +250,31 @@ class ForgeTrainer(Trainer):
         opt_model = self.model if model is None else model
         decay = set(self.get_decay_parameter_names(opt_model))
         trained = [(name, p) for name, p in opt_model.named_parameters() if p.requires_grad]
-        groups = [
+        if muon is None:
+            groups = self._decay_groups(trained, decay)
+            self._forge_optimizer = forge.attach(opt_model, rule, groups, **hparams, **options)
+        else:  # the hidden matrices in Muon's group, the rest in the optim rule's decay groups
+            hidden = {id(p) for p in hidden_matrices(opt_model)[0]}
+            if not hidden:
+                raise ValueError(
+                    "forge_options['muon']: the model has no trainable hidden matrix (an nn.Linear weight "
+                    "but the output head) for Muon; leave muon out"
+                )
+            clip = {"max_grad_norm": hparams.pop("max_grad_norm")} if "max_grad_norm" in hparams else {}
+            rest = [(name, p) for name, p in trained if id(p) not in hidden]
+            groups = [{"params": [p for _, p in trained if id(p) in hidden]}]
+            groups += [dict(g, rule=rule, **hparams) for g in self._decay_groups(rest, decay)]
+            muon = {"weight_decay": self.args.weight_decay, **muon}
+            self._forge_optimizer = forge.attach(opt_model, "muon", groups, **muon, **clip, **options)
+        self.optimizer = self._forge_optimizer
+        return self.optimizer
+
+    def _decay_groups(self, trained: list, decay: set) -> list[dict]:
+        """The Trainer's two groups of `trained` (name, parameter) pairs: those it decays, the rest."""
+        return [
             {"params": [p for name, p in trained if name in decay], "weight_decay": self.args.weight_decay},
             {"params": [p for name, p in trained if name not in decay], "weight_decay": 0.0},
         ]
-        self._forge_optimizer = forge.attach(opt_model, rule, groups, **hparams, **options)
-        self.optimizer = self._forge_optimizer
-        return self.optimizer
 
     def training_step(self, model, *args, **kwargs):
         """The Trainer's step; at the first, FORGE takes over the DDP wrapper the Trainer has put

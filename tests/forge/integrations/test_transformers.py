@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
+import forge.muon
 from forge.integrations.transformers import ForgeTrainer
 from forge.nn import ForgeLinear
 
@@ -250,6 +251,117 @@ def test_other_optimizers_and_clashing_options_are_refused(tmp_path):
         ForgeTrainer(model=model, args=args, forge_options=dict(lr=1e-4))
     with pytest.raises(ValueError, match="fp16=True .* Use bf16=True"):
         ForgeTrainer(model=model, args=training_args(tmp_path, fp16=True, use_cpu=False))
+    assert untouched(model)
+
+
+class MuonBesideAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the hidden matrices and torch's AdamW on the Trainer's two decay groups of
+    the rest, stepped as one optimizer (the Trainer and its scheduler take one)."""
+
+    def __init__(self, trainer: Trainer, muon: dict):
+        model, args = trainer.model, trainer.args
+        hidden, rest = forge.muon.hidden_matrices(model)
+        decay = {
+            id(p) for name, p in model.named_parameters() if name in trainer.get_decay_parameter_names(model)
+        }
+        self.muon = torch.optim.Muon(hidden, weight_decay=args.weight_decay, **muon)
+        self.adamw = torch.optim.AdamW(
+            [
+                {"params": [p for p in rest if id(p) in decay], "weight_decay": args.weight_decay},
+                {"params": [p for p in rest if id(p) not in decay], "weight_decay": 0.0},
+            ],
+            lr=args.learning_rate,
+        )
+        super().__init__([{**g} for g in self.muon.param_groups + self.adamw.param_groups], {})
+
+    def step(self, closure=None):
+        """Both steps at the lr the scheduler set on this optimizer's groups (accelerate's wrapper
+        may replace those dicts, so they are handed over at every step, not shared)."""
+        for outer, inner in zip(
+            self.param_groups, self.muon.param_groups + self.adamw.param_groups, strict=True
+        ):
+            inner["lr"] = outer["lr"]
+        self.muon.step()
+        self.adamw.step()
+
+
+MUON = dict(lr=0.02, momentum=0.9, ns_steps=4)
+
+
+def test_muon_trains_the_hidden_matrices_as_torch_muon_beside_the_optim_rule(tmp_path):
+    """forge_options["muon"]: FORGE's Muon on the hidden matrices and the `optim` rule (AdamW) on the
+    Trainer's decay groups of the rest, against the plain Trainer stepping torch's Muon beside torch's
+    AdamW on the same groups, with clipping and a decaying lr. Two steps land within 2e-3 of each
+    other (norm-relative per parameter; the bf16 orthogonalization's flips, as in test_muon.py)."""
+    model, data = tiny_llama(), RandomTokens()
+    args = dict(max_steps=2, warmup_steps=0, max_grad_norm=1.0)
+    reference = Trainer(
+        model=copy.deepcopy(model), args=training_args(tmp_path / "torch", **args), train_dataset=data
+    )
+    reference.optimizer = MuonBesideAdamW(reference, MUON)
+    reference.train()
+    trainer = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp_path / "forge", **args),
+        train_dataset=data,
+        forge_options=dict(state_dtype="fp32", muon=MUON),
+    )
+    trainer.train()
+
+    groups = trainer.optimizer.param_groups
+    assert [g.get("rule", "muon") for g in groups] == ["muon", "adamw", "adamw"]
+    assert [len(g["params"]) for g in groups] == [len(g["params"]) for g in reference.optimizer.param_groups]
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.01, 0.0]
+    assert (groups[0]["momentum"], groups[0]["ns_steps"], groups[0]["initial_lr"]) == (0.9, 4, 0.02)
+    assert groups[1]["initial_lr"] == groups[2]["initial_lr"] == 1e-3
+    assert logged(trainer, "learning_rate") == logged(reference, "learning_rate")
+    norms, reference_norms = logged(trainer, "grad_norm"), logged(reference, "grad_norm")
+    assert len(norms) == 2 and max(norms) > 1.0  # clipping was active
+    torch.testing.assert_close(norms[0], reference_norms[0], rtol=1e-5, atol=0)  # the same weights
+    torch.testing.assert_close(norms[1], reference_norms[1], rtol=1e-3, atol=0)  # after one Muon step each
+    for (name, p), q in zip(reference.model.named_parameters(), trainer.model.parameters(), strict=True):
+        assert float((q - p).norm() / p.norm()) < 2e-3, name
+
+
+def test_a_muon_run_resumes_bit_for_bit(tmp_path):
+    model, data = tiny_llama(), RandomTokens()
+    options = dict(state_dtype="fp32", muon=MUON)
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2, max_grad_norm=1.0)
+    straight = ForgeTrainer(
+        model=copy.deepcopy(model),
+        args=training_args(tmp_path / "straight", **common),
+        train_dataset=data,
+        forge_options=options,
+    )
+    straight.train()
+    resumed = ForgeTrainer(
+        model=tiny_llama(),
+        args=training_args(tmp_path / "resumed", **common),
+        train_dataset=data,
+        forge_options=options,
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
+
+    assert logged(resumed, "loss") == logged(straight, "loss")
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert [g.get("rule", "muon") for g in resumed.optimizer.param_groups] == ["muon", "adamw", "adamw"]
+
+
+@pytest.mark.parametrize(
+    "muon, match",
+    [
+        ("muon", "a dict of torch.optim.Muon's options"),
+        (dict(lr=0.02, fallback="adamw"), r"\['fallback'\]: ForgeTrainer gives Muon the hidden matrices"),
+        (dict(ns_steps=0), "ns_steps must be a whole number from 1 to 99"),
+        (dict(betas=(0.9, 0.95)), r"unexpected hyperparameter\(s\) \['betas'\]"),
+    ],
+    ids=["not-a-dict", "fallback", "ns_steps", "not-muons"],
+)
+def test_muon_options_it_cannot_take_are_refused_before_anything_changes(tmp_path, muon, match):
+    model = tiny_llama()
+    with pytest.raises((ValueError, TypeError), match=match):  # TypeError: as torch.optim.Muon's own
+        ForgeTrainer(model=model, args=training_args(tmp_path), forge_options=dict(muon=muon))
     assert untouched(model)
 
 
