@@ -25,12 +25,12 @@ What the TrainingArguments become:
 `forge_options` go to `forge.attach` as they are (`state_dtype`, `stochastic_rounding`, `capturable`,
 ...); `seed`, the stochastic-rounding seed, defaults to the Trainer's `seed`.
 
-Muon: `forge_options=dict(muon=dict(lr=0.02, ...))` trains the hidden matrices
-(`forge.muon.hidden_matrices`: every nn.Linear weight but the output head) with FORGE's Muon, its
-hyperparameters torch.optim.Muon's (its defaults where left out; `weight_decay` the
-TrainingArguments' unless named there), and every other parameter with the `optim` rule as above,
-in the Trainer's two decay groups. The scheduler scales every group's lr alike, and `optimizer.pt`
-resumes all three groups with their rules.
+Muon (a matrix rule, `forge.rules.Rule.whole_matrix`): `forge_options=dict(muon=dict(lr=0.02, ...))`
+trains the hidden matrices (`forge.muon.hidden_matrices`: every nn.Linear weight but the output
+head) with FORGE's Muon, its hyperparameters torch.optim.Muon's (its defaults where left out;
+`weight_decay` the TrainingArguments' unless named there), and every other parameter with the
+`optim` rule as above, in the Trainer's two decay groups. The scheduler scales every group's lr
+alike, and `optimizer.pt` resumes all three groups with their rules.
 
 Several processes (torchrun, `accelerate launch`): data-parallel FORGE (`forge.data_parallel`).
 FORGE is attached over the default process group, so each gradient is all-reduced before its
@@ -163,19 +163,28 @@ def check_training_args(args: TrainingArguments) -> None:
         )
 
 
-def check_muon_options(muon: Any) -> None:
-    """Refuse `forge_options["muon"]` that is not a dict of torch.optim.Muon's hyperparameters, saying why."""
+def matrix_rule_options(forge_options: dict) -> tuple[str, dict] | tuple[None, None]:
+    """(the matrix rule `forge_options` names as a key, its hyperparameters), or (None, None);
+    refused, saying why, where they are not a dict of its torch class's hyperparameters."""
     from forge.rules import check_hparams, get_rule, resolve_hparams
 
-    if not isinstance(muon, dict):
-        raise ValueError(f"forge_options['muon'] is a dict of torch.optim.Muon's options, got {muon!r}")
-    taken = sorted({"params", "rule", "fallback", "fallback_options"} & set(muon))
+    named = [name for name in forge_options if name in forge.RULES and forge.RULES[name].whole_matrix]
+    if not named:
+        return None, None
+    if len(named) > 1:
+        raise ValueError(f"forge_options name {named}: one matrix rule trains the hidden matrices")
+    rule, options = named[0], forge_options[named[0]]
+    title = get_rule(rule).title
+    if not isinstance(options, dict):
+        raise ValueError(f"forge_options[{rule!r}] is a dict of {title}'s hyperparameters, got {options!r}")
+    taken = sorted({"params", "rule", "fallback", "fallback_options"} & set(options))
     if taken:
         raise ValueError(
-            f"forge_options['muon'] {taken}: ForgeTrainer gives Muon the hidden matrices and the optim rule "
-            "the rest; name only Muon's hyperparameters (lr, momentum, nesterov, ns_steps, weight_decay, ...)"
+            f"forge_options[{rule!r}] {taken}: ForgeTrainer gives {title} the hidden matrices and the optim "
+            f"rule the rest; name only {title}'s hyperparameters ({', '.join(get_rule(rule).defaults)})"
         )
-    check_hparams("muon", resolve_hparams(get_rule("muon"), {"weight_decay": 0.0, **muon}))
+    check_hparams(rule, resolve_hparams(get_rule(rule), {"weight_decay": 0.0, **options}))
+    return rule, options
 
 
 class ForgeTrainer(Trainer):
@@ -202,8 +211,7 @@ class ForgeTrainer(Trainer):
         if taken:
             where = "; ".join(f"{key}: {_FROM_TRAINING_ARGS[key]}" for key in taken)
             raise ValueError(f"forge_options {taken} are set from the TrainingArguments ({where})")
-        if "muon" in self.forge_options:
-            check_muon_options(self.forge_options["muon"])
+        matrix_rule_options(self.forge_options)
         if args is not None:
             check_training_args(args)  # before the Trainer moves or wraps anything
         self._forge_optimizer = None
@@ -242,7 +250,8 @@ class ForgeTrainer(Trainer):
         if clash:
             raise ValueError(f"forge_options {clash} are also set by the TrainingArguments (optim_args)")
         options = {"seed": self.args.seed, **self.forge_options}
-        muon = options.pop("muon", None)
+        matrix_rule, matrix_options = matrix_rule_options(options)
+        options.pop(matrix_rule, None)
         if self.args.world_size > 1:  # data parallel: every gradient reduced before its update
             import torch.distributed as dist
 
@@ -250,22 +259,24 @@ class ForgeTrainer(Trainer):
         opt_model = self.model if model is None else model
         decay = set(self.get_decay_parameter_names(opt_model))
         trained = [(name, p) for name, p in opt_model.named_parameters() if p.requires_grad]
-        if muon is None:
+        if matrix_rule is None:
             groups = self._decay_groups(trained, decay)
             self._forge_optimizer = forge.attach(opt_model, rule, groups, **hparams, **options)
-        else:  # the hidden matrices in Muon's group, the rest in the optim rule's decay groups
+        else:  # the hidden matrices in the matrix rule's group, the rest in the optim rule's decay groups
             hidden = {id(p) for p in hidden_matrices(opt_model)[0]}
             if not hidden:
                 raise ValueError(
-                    "forge_options['muon']: the model has no trainable hidden matrix (an nn.Linear weight "
-                    "but the output head) for Muon; leave muon out"
+                    f"forge_options[{matrix_rule!r}]: the model has no trainable hidden matrix (an nn.Linear "
+                    f"weight but the output head) for it; leave {matrix_rule} out"
                 )
             clip = {"max_grad_norm": hparams.pop("max_grad_norm")} if "max_grad_norm" in hparams else {}
             rest = [(name, p) for name, p in trained if id(p) not in hidden]
             groups = [{"params": [p for _, p in trained if id(p) in hidden]}]
             groups += [dict(g, rule=rule, **hparams) for g in self._decay_groups(rest, decay)]
-            muon = {"weight_decay": self.args.weight_decay, **muon}
-            self._forge_optimizer = forge.attach(opt_model, "muon", groups, **muon, **clip, **options)
+            matrix_options = {"weight_decay": self.args.weight_decay, **matrix_options}
+            self._forge_optimizer = forge.attach(
+                opt_model, matrix_rule, groups, **matrix_options, **clip, **options
+            )
         self.optimizer = self._forge_optimizer
         return self.optimizer
 

@@ -7,20 +7,23 @@ H200 that update half alone moves its bytes at about 1.2x the copy rate's time, 
 finds the kernel latency-bound, with no unit saturated and half an eligible warp per scheduler
 (docs/performance.md, "Where the time goes").
 
-Here the epilogue asks the copy engine instead. Each slice's blocks of W and of every state the
-rule has arrive in shared memory by bulk tensor copies (TMA), issued `update_stages` slices ahead
-of the slice being updated, across tile boundaries (a tile's first slices load while the tile
-before is updated), into a ring of `update_stages` slots, each with its mbarrier:
+Here the copy engine brings them. A fourth partition, one copy warp, asks it for each slice's
+blocks of W and of every state the rule has, by bulk tensor copies (TMA) into a ring of
+`update_stages` slots in shared memory, as far ahead of the epilogue as the ring allows and across
+tile boundaries (a tile's first slices load while the tile before is updated). Each slot has two
+barriers, `landed` and `freed`:
 
-    for each slice q of this program's tiles, in order:
-        wait for slot q % S                       (its copies of W and the states have landed)
-        read the slice from the slot and the gradient rows from the staging buffer
-        barrier of the epilogue warps             (every warp has read both)
-        ask for slice q + S into the same slot    (one thread issues the copies)
-        the rule in registers, W and the states stored to global memory
+    copy warp (1)           for each slice q of this program's tiles, in order:
+                                wait until slot q % S is freed, ask for slice q into it (`landed`)
+    epilogue warps (8)      for each slice q:
+                                wait until slot q % S has landed
+                                read the slice, and the gradient rows from the staging buffer
+                                barrier of the epilogue warps, then free the slot
+                                the rule in registers; W and the states stored to global memory
 
-No register waits on a load, and the bytes in flight are `update_stages` slices whatever the
-registers allow. The update's arithmetic is `update_tile.finish_tile_at`'s on the same values (the
+No register waits on a load, the bytes in flight are `update_stages` slices whatever the registers
+allow, and the epilogue issues no copy itself (one issued from its 8 warps costs a barrier of all
+of them per copy). The update's arithmetic is `update_tile.finish_tile_at`'s on the same values (the
 copy engine fills rows past the weight's edge with zeros, as the masked loads do, and the stores
 are masked as before), and the loader and MMA warps are the warp-specialized kernel's: a step
 equals that kernel's to the bit.
@@ -53,14 +56,17 @@ SHARED_BYTES = 227 * 1024  # a Hopper multiprocessor's shared memory, as one pro
 @gluon.jit
 def allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, STAGES: gl.constexpr, UPDATE):
     """The ring of STAGES slots of one slice of W and of each state the rule has (the descriptors'
-    block shape and layout), and each slot's barrier, initialised. A slot the rule lacks gets W's
-    buffers again (never written or read)."""
+    block shape and layout), with two barriers a slot: `landed` (the copy engine has written it)
+    and `freed` (the epilogue has read it), initialised. A slot the rule lacks gets a placeholder
+    of a few int8 bytes, never written or read: its 8-bit type is how the copy warp, which sees no
+    compile-time argument but its buffers' types, knows the slot is absent."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     COLS: gl.constexpr = w_desc.block_type.shape[1]
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, ROWS, COLS], w_desc.layout)
-    s1_bufs = w_bufs
-    s2_bufs = w_bufs
-    s3_bufs = w_bufs
+    absent = gl.allocate_shared_memory(gl.int8, [STAGES, 1, 16], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    s1_bufs = absent
+    s2_bufs = absent
+    s3_bufs = absent
     if UPDATE[3]:
         s1_bufs = gl.allocate_shared_memory(s1_desc.dtype, [STAGES, ROWS, COLS], s1_desc.layout)
     if UPDATE[4]:
@@ -68,36 +74,46 @@ def allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, STAGES: gl.constexpr
     if UPDATE[5]:
         s3_bufs = gl.allocate_shared_memory(s3_desc.dtype, [STAGES, ROWS, COLS], s3_desc.layout)
     landed = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    freed = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(landed.index(i), count=1)
+        mbarrier.init(freed.index(i), count=1)
     fence_async_shared()  # the barriers initialised before the copy engine signals them
-    return (w_bufs, s1_bufs, s2_bufs, s3_bufs), landed
+    return (w_bufs, s1_bufs, s2_bufs, s3_bufs), landed, freed
 
 
 @gluon.jit
-def request_slice(q, descs, bufs, landed, N, K, UPDATE, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """Ask the copy engine for this program's slice q (slice q % SLICES of its (q // SLICES)-th
-    tile) of W and of each state, into slot q % STAGES of the ring."""
-    w_desc, s1_desc, s2_desc, s3_desc = descs
-    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+def copy_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed, acc_smem,
+                   N, K):
+    """The update's copy warp: for each slice of this program's tiles, in the epilogue's order, wait
+    for its slot to be freed, then ask the copy engine for the slice of W and of each state (rows
+    and columns past the weight's edge arrive as zeros, and count as bytes)."""
+    BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
+    BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     ROWS: gl.constexpr = w_bufs.type.shape[1]
-    SLICES: gl.constexpr = BLOCK_N // ROWS
-    BYTES: gl.constexpr = (w_desc.block_type.nbytes + s1_desc.block_type.nbytes * UPDATE[3]
-                           + s2_desc.block_type.nbytes * UPDATE[4] + s3_desc.block_type.nbytes * UPDATE[5])
-    tile = gl.program_id(0) + (q // SLICES) * gl.num_programs(0)
-    n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
-    row = n0 + (q % SLICES) * ROWS
-    slot = q % STAGES
-    bar = landed.index(slot)
-    mbarrier.expect(bar, BYTES)  # rows past N arrive as zeros and count as bytes
-    ws.tma_load(w_desc, [row, k0], bar, w_bufs.index(slot))
-    if UPDATE[3]:
-        ws.tma_load(s1_desc, [row, k0], bar, s1_bufs.index(slot))
-    if UPDATE[4]:
-        ws.tma_load(s2_desc, [row, k0], bar, s2_bufs.index(slot))
-    if UPDATE[5]:
-        ws.tma_load(s3_desc, [row, k0], bar, s3_bufs.index(slot))
+    HAS_S1: gl.constexpr = s1_bufs.dtype.primitive_bitwidth > 8  # else the placeholder (`allocate_update_ring`)
+    HAS_S2: gl.constexpr = s2_bufs.dtype.primitive_bitwidth > 8
+    HAS_S3: gl.constexpr = s3_bufs.dtype.primitive_bitwidth > 8
+    BYTES: gl.constexpr = (w_desc.block_type.nbytes + s1_desc.block_type.nbytes * HAS_S1
+                           + s2_desc.block_type.nbytes * HAS_S2 + s3_desc.block_type.nbytes * HAS_S3)
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    q = 0  # slices requested so far
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+        for r in gl.static_range(BLOCK_N // ROWS):
+            slot = q % STAGES
+            mbarrier.wait(freed.index(slot), ((q // STAGES) & 1) ^ 1)  # passes at once on the first lap
+            bar = landed.index(slot)
+            mbarrier.expect(bar, BYTES)
+            ws.tma_load(w_desc, [n0 + r * ROWS, k0], bar, w_bufs.index(slot))
+            if HAS_S1:
+                ws.tma_load(s1_desc, [n0 + r * ROWS, k0], bar, s1_bufs.index(slot))
+            if HAS_S2:
+                ws.tma_load(s2_desc, [n0 + r * ROWS, k0], bar, s2_bufs.index(slot))
+            if HAS_S3:
+                ws.tma_load(s3_desc, [n0 + r * ROWS, k0], bar, s3_bufs.index(slot))
+            q += 1
 
 
 @gluon.jit
@@ -120,7 +136,7 @@ def read_slice(bufs, slot, layout: gl.constexpr, UPDATE):
 
 @gluon.jit
 def prefetching_epilogue(
-    acc_smem, acc_ready, acc_empty, descs, bufs, landed,
+    acc_smem, acc_ready, acc_empty, bufs, landed, freed,
     params, N, K, NUM_GROUPS, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
     GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
 ):
@@ -140,10 +156,6 @@ def prefetching_epilogue(
     if GRAD_SCALE:
         grad_scale = gl.load(scale_ptr)
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
-    slices = gl.cdiv(tiles - gl.program_id(0), gl.num_programs(0)) * SLICES  # this program's
-    for q in gl.static_range(STAGES):
-        if q < slices:
-            request_slice(q, descs, bufs, landed, N, K, UPDATE, BLOCK_N, BLOCK_K)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     q = 0
     done = 0
@@ -158,11 +170,10 @@ def prefetching_epilogue(
             loaded = read_slice(bufs, slot, layout, UPDATE)
             g = acc_smem.slice(r * ROWS, ROWS, dim=0).load(layout)
             ws.partition_barrier()  # every warp has read the slot and the gradient rows
+            fence_async_shared()  # those reads before the copy engine's next writes to the slot
+            mbarrier.arrive(freed.index(slot))
             if r == SLICES - 1:  # the whole tile is read: the MMA warps may stage the next
                 mbarrier.arrive(acc_empty)
-            if q + STAGES < slices:
-                fence_async_shared()  # the reads above before the copy engine's writes
-                request_slice(q + STAGES, descs, bufs, landed, N, K, UPDATE, BLOCK_N, BLOCK_K)
             if GRAD_SCALE:
                 g = g * grad_scale
             offsets = offsets_of(n0 + r * ROWS + rows, offs_k, groups, N, K, NUM_GROUPS)
@@ -195,17 +206,19 @@ def wgrad_update_prefetch_kernel(
 ):
     BLOCK_N: gl.constexpr = dy_desc.block_type.shape[1]
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(dy_desc, x_desc, STAGES)
-    bufs, landed = allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    bufs, landed, freed = allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K)
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
-    descs = (w_desc, s1_desc, s2_desc, s3_desc)
     gl.warp_specialize([
-        (prefetching_epilogue, (acc_smem, acc_ready, acc_empty, descs, bufs, landed, params, N, K, NUM_GROUPS, step,
+        (prefetching_epilogue, (acc_smem, acc_ready, acc_empty, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
                                 step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE)),
         (ws.mma_partition, workers),
         (ws.load_partition, workers),
-    ], [BLOCK_N // 32, 1], [ws.MMA_REGS if BLOCK_N == 128 else ws.WIDE_MMA_REGS, ws.LOADER_REGS])
+        (copy_partition, (w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed,
+                          acc_smem, N, K)),
+    ], [BLOCK_N // 32, 1, 1], [ws.MMA_REGS if BLOCK_N == 128 else ws.WIDE_MMA_REGS, ws.LOADER_REGS, ws.LOADER_REGS])
 
 
 _GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
@@ -227,7 +240,7 @@ def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
     """Shared memory of one program under `cfg` (bf16 operands): the dy and x ring, the staging
     buffer (rows padded by 4 words, `ws.allocate_buffers`), and `update_stages` slices of W (elements of
     `weight_bytes`) and of each state the rule has (`state_bytes`), and 1 KiB for the barriers and
-    the buffers' alignment (the builds take 160-180 bytes of it)."""
+    the buffers' alignment (the builds take under 400 bytes of it)."""
     ring = cfg.num_stages * cfg.block_t * (cfg.block_n + cfg.block_k) * 2
     staging = cfg.block_n * (cfg.block_k + 4) * 4
     update = cfg.update_stages * cfg.epilogue_rows * cfg.block_k * (weight_bytes + sum(state_bytes))

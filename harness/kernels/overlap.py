@@ -287,16 +287,16 @@ def prefetch_update_only_kernel(
     UPDATE_STAGES: gl.constexpr,
     FAST_EPILOGUE: gl.constexpr,
 ):
-    """`wgrad_update_prefetch_kernel`'s buffers and epilogue beside `synthetic_mma` and an idle
-    loader: its update half alone (the same arguments as that kernel)."""
+    """`wgrad_update_prefetch_kernel`'s buffers, epilogue and copy warp beside `synthetic_mma` and an
+    idle loader: its update half alone (the same arguments as that kernel)."""
     dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(
         dy_desc, x_desc, STAGES
     )
-    bufs, landed = pf.allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    bufs, landed, freed = pf.allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
     workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, K)
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
-    descs = (w_desc, s1_desc, s2_desc, s3_desc)
     gl.warp_specialize(
         [
             (
@@ -305,9 +305,9 @@ def prefetch_update_only_kernel(
                     acc_smem,
                     acc_ready,
                     acc_empty,
-                    descs,
                     bufs,
                     landed,
+                    freed,
                     params,
                     N,
                     K,
@@ -323,9 +323,27 @@ def prefetch_update_only_kernel(
             ),
             (synthetic_mma, workers),
             (idle_loader, workers),
+            (
+                pf.copy_partition,
+                (
+                    w_desc,
+                    s1_desc,
+                    s2_desc,
+                    s3_desc,
+                    w_bufs,
+                    s1_bufs,
+                    s2_bufs,
+                    s3_bufs,
+                    landed,
+                    freed,
+                    acc_smem,
+                    N,
+                    K,
+                ),
+            ),
         ],
-        [4, 1],
-        [ws.MMA_REGS, ws.LOADER_REGS],
+        [4, 1, 1],
+        [ws.MMA_REGS, ws.LOADER_REGS, ws.LOADER_REGS],
     )
 
 

@@ -351,7 +351,7 @@ def test_a_muon_run_resumes_bit_for_bit(tmp_path):
 @pytest.mark.parametrize(
     "muon, match",
     [
-        ("muon", "a dict of torch.optim.Muon's options"),
+        ("muon", "a dict of Muon's hyperparameters"),
         (dict(lr=0.02, fallback="adamw"), r"\['fallback'\]: ForgeTrainer gives Muon the hidden matrices"),
         (dict(ns_steps=0), "ns_steps must be a whole number from 1 to 99"),
         (dict(betas=(0.9, 0.95)), r"unexpected hyperparameter\(s\) \['betas'\]"),
