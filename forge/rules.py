@@ -228,7 +228,8 @@ class Rule:
     `torch_class` (where the torch.optim optimizer it must match lives, "module:Class"), the host
     half `coefficients_fn` and the PyTorch reference `reference_fn`. `device_half`: the name of
     the device half in `forge.kernels.rules` when it is another rule's (a rule that differs
-    only in its host half); None: the rule's own name. `host_state_of` and `whole_matrix`: below."""
+    only in its host half); None: the rule's own name. `host_state_of`, `whole_matrix` and
+    `check`: below."""
 
     name: str
     title: str
@@ -244,6 +245,9 @@ class Rule:
     # The rule finishes on the whole matrix (Muon's Newton-Schulz, `forge.muon`): its tile half
     # writes what the whole-matrix half takes to a scratch, not the weight; 2-D weights only.
     whole_matrix: bool = False
+    # The rule's own checks of its hyperparameters, with torch.optim's messages, beyond those every
+    # rule shares by a hyperparameter's name (`check_hparams`); None: the shared ones only.
+    check: Callable[[dict], None] | None = None
 
     @property
     def device_name(self) -> str:
@@ -284,6 +288,29 @@ class Rule:
         return {"momentum": hparams.get("momentum", 0) != 0, "centered": bool(hparams.get("centered", False))}
 
 
+def _betas_below_one(h: dict) -> None:
+    """The Adam family divides by 1 - beta ** step (RAdam by 1 - beta2): both betas in [0, 1)."""
+    for i, beta in enumerate(h["betas"]):
+        _nonnegative(beta, f"beta parameter at index {i}", 1.0)
+
+
+def _check_sgd(h: dict) -> None:
+    if h["nesterov"] and (h["momentum"] <= 0 or h["dampening"] != 0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+
+def _check_muon(h: dict) -> None:
+    """torch.optim.Muon's checks (some of which it makes only at its first step), before anything runs."""
+    from forge.muon import ADJUST_LR_FNS
+
+    if h["adjust_lr_fn"] not in ADJUST_LR_FNS:
+        raise ValueError(f"Adjust learning rate function {h['adjust_lr_fn']} is not supported")
+    if len(tuple(h["ns_coefficients"])) != 3:
+        raise ValueError("Coefficients must be a tuple of exactly 3 values")
+    if not 0 < int(h["ns_steps"]) < 100 or int(h["ns_steps"]) != h["ns_steps"]:
+        raise ValueError(f"ns_steps must be a whole number from 1 to 99, got {h['ns_steps']!r}")
+
+
 _SIGNED = {n: StateSlot(n, True) for n in ("exp_avg", "momentum_buffer", "grad_avg")}
 _POSITIVE = {n: StateSlot(n, False) for n in ("exp_avg_sq", "square_avg", "sum")}
 _ADAM_SLOTS = (_SIGNED["exp_avg"], _POSITIVE["exp_avg_sq"], None)
@@ -301,14 +328,14 @@ RULES: dict[str, Rule] = {
     r.name: r
     for r in (
         Rule("adamw", "AdamW", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
-             lambda h: _ADAM_SLOTS, _coefficients_adamw, _ref_adamw, "torch.optim:AdamW"),
+             lambda h: _ADAM_SLOTS, _coefficients_adamw, _ref_adamw, "torch.optim:AdamW", check=_betas_below_one),
         Rule("nadam", "NAdam", dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
                                     decoupled_weight_decay=False),
              lambda h: _ADAM_SLOTS, _coefficients_nadam, _ref_nadam, "torch.optim:NAdam",
-             host_state={"mu_product": 1.0}),
+             host_state={"mu_product": 1.0}, check=_betas_below_one),
         Rule("radam", "RAdam", dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                     decoupled_weight_decay=False),
-             lambda h: _ADAM_SLOTS, _coefficients_radam, _ref_radam, "torch.optim:RAdam"),
+             lambda h: _ADAM_SLOTS, _coefficients_radam, _ref_radam, "torch.optim:RAdam", check=_betas_below_one),
         Rule("lion", "Lion", dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
              lambda h: (_SIGNED["exp_avg"], None, None), _coefficients_lion, _ref_lion, "forge.baseline:Lion"),
         Rule("rmsprop", "RMSprop", dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False),
@@ -318,11 +345,11 @@ RULES: dict[str, Rule] = {
              lambda h: (_POSITIVE["sum"], None, None), _coefficients_adagrad, _ref_adagrad, "torch.optim:Adagrad"),
         Rule("sgd", "SGD", dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
              lambda h: (_SIGNED["momentum_buffer"] if h["momentum"] != 0 else None, None, None),
-             _coefficients_sgd, _ref_sgd, "torch.optim:SGD"),
+             _coefficients_sgd, _ref_sgd, "torch.optim:SGD", check=_check_sgd),
         Rule("muon", "Muon", dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                                   ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None),
              lambda h: (_SIGNED["momentum_buffer"], None, None), _coefficients_muon, _ref_muon, "torch.optim:Muon",
-             host_state_of=_muon_shape, whole_matrix=True),
+             host_state_of=_muon_shape, whole_matrix=True, check=_check_muon),
     )
 }  # fmt: skip
 
@@ -448,7 +475,8 @@ def _nonnegative(value, what: str, upper: float = math.inf, upper_open: bool = T
 def check_hparams(rule: str, h: dict) -> None:
     """Refuse, with torch.optim's messages, every hyperparameter torch.optim refuses, before anything
     is updated: a value accepted here never fails or turns the weights to NaN mid-backward because
-    of its own range. Called for the defaults and for every param group."""
+    of its own range. Called for the defaults and for every param group. The checks every rule
+    shares by a hyperparameter's name are here; a rule's own are its `Rule.check`."""
     _nonnegative(h["lr"], "learning rate")
     if "eps" in h:
         _nonnegative(h["eps"], "epsilon value")
@@ -456,10 +484,8 @@ def check_hparams(rule: str, h: dict) -> None:
         betas = h["betas"]
         if len(betas) != 2:
             raise ValueError(f"Invalid betas: {betas} (a pair (beta1, beta2))")
-        for i, beta in enumerate(betas):
-            # 1 - beta**step divides (the Adam family) and 2 / (1 - beta2) (RAdam): [0, 1) as torch.optim;
-            # Lion divides by nothing, and beta = 1 is meaningful there (a frozen or sign-only moment).
-            _nonnegative(beta, f"beta parameter at index {i}", 1.0, upper_open=rule != "lion")
+        for i, beta in enumerate(betas):  # 1 is meaningful where nothing divides by 1 - beta (Lion)
+            _nonnegative(beta, f"beta parameter at index {i}", 1.0, upper_open=False)
     _nonnegative(h["weight_decay"], "weight_decay value")
     for key in ("momentum", "lr_decay", "initial_accumulator_value", "momentum_decay"):
         if key in h:
@@ -468,22 +494,9 @@ def check_hparams(rule: str, h: dict) -> None:
         _nonnegative(h["alpha"], "alpha value", 1.0, upper_open=False)  # > 1: a negative square_avg
     if "dampening" in h and not math.isfinite(float(h["dampening"])):
         raise ValueError(f"Invalid dampening value: {h['dampening']}")
-    if rule == "sgd" and h["nesterov"] and (h["momentum"] <= 0 or h["dampening"] != 0):
-        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-    if rule == "muon":
-        _check_muon(h)
-
-
-def _check_muon(h: dict) -> None:
-    """torch.optim.Muon's checks (some of which it makes only at its first step), before anything runs."""
-    from forge.muon import ADJUST_LR_FNS
-
-    if h["adjust_lr_fn"] not in ADJUST_LR_FNS:
-        raise ValueError(f"Adjust learning rate function {h['adjust_lr_fn']} is not supported")
-    if len(tuple(h["ns_coefficients"])) != 3:
-        raise ValueError("Coefficients must be a tuple of exactly 3 values")
-    if not 0 < int(h["ns_steps"]) < 100 or int(h["ns_steps"]) != h["ns_steps"]:
-        raise ValueError(f"ns_steps must be a whole number from 1 to 99, got {h['ns_steps']!r}")
+    found = get_rule(rule)
+    if found.check is not None:
+        found.check(h)
 
 
 def reference_update(
