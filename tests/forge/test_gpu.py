@@ -531,6 +531,12 @@ def test_the_multiprocessor_split_kernel_equals_the_warp_specialized_one(rule, h
                 )
 
 
+# (num_stages, epilogue_rows, update_stages) of the prefetching kernel: each candidate of the tuner
+# for bf16 AdamW, and one that fits beside every state (3 stages of dy and x, 16-row slices, 2 slots)
+# for the others, whose builds cost the GPU run more than their schedules differ.
+_FITS_EVERY_STATE = (3, 16, 2)
+
+
 @pytest.mark.parametrize(
     "rule, hp, state_dtype",
     [
@@ -541,20 +547,16 @@ def test_the_multiprocessor_split_kernel_equals_the_warp_specialized_one(rule, h
         ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
     ],
 )
-@pytest.mark.parametrize(
-    "T, N, K", [(1024, 4096, 2048), (2000, 1000, 4096), (1000, 1000, 1960)], ids=["tiles", "edges", "ragged"]
-)
+@pytest.mark.parametrize("T, N, K", [(2000, 1000, 4096), (1000, 1000, 1960)], ids=["edges", "ragged"])
 def test_the_prefetching_kernel_equals_the_warp_specialized_one(rule, hp, state_dtype, T, N, K):
-    """`forge.kernels.wgrad_update_prefetch` (W and the states copied into shared memory slices
-    ahead) against the warp-specialized kernel whose loader, MMA warps and update arithmetic it
-    reuses: W and the states equal to the bit over three launches in a row, with rows and columns
-    past the weight's edge (the copy engine's zeros, masked stores), the step passed in or read from
-    device memory, and every candidate that fits beside the states."""
+    """`forge.kernels.wgrad_update_prefetch` (a copy warp brings W and the states into shared memory
+    slices ahead) against the warp-specialized kernel whose loader, MMA warps and update arithmetic
+    it reuses: W and the states equal to the bit over three launches in a row, with rows and
+    columns past the weight's edge (the copy engine's zeros, masked stores), the step passed in
+    and, for the first config, read from device memory."""
     from dataclasses import replace
 
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
-    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
-    from forge.rules import get_rule
     from harness.kernels.build import candidate_groups
 
     g = torch.Generator(device="cuda").manual_seed(6)
@@ -576,17 +578,13 @@ def test_the_prefetching_kernel_equals_the_warp_specialized_one(rule, hp, state_
 
     ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
     want = steps(ws)
-    states = (2 if state_dtype == "bf16" else 4,) * get_rule(rule).state_count(hp)
-    fields = ("num_stages", "epilogue_rows", "update_stages")
-    shapes = {tuple(c[f] for f in fields) for c in candidate_groups()["prefetch"]} | {(4, 16, 1)}
-    tried = 0
-    for num_stages, rows, stages in sorted(shapes):
+    shapes = [_FITS_EVERY_STATE]
+    if (rule, state_dtype) == ("adamw", "bf16"):
+        fields = ("num_stages", "epilogue_rows", "update_stages")
+        shapes += [tuple(c[f] for f in fields) for c in candidate_groups()["prefetch"][:3]] + [(4, 16, 1)]
+    for i, (num_stages, rows, stages) in enumerate(dict.fromkeys(shapes)):
         config = replace(ws, num_stages=num_stages, epilogue_rows=rows, update_stages=stages)
-        if shared_bytes(config, 2, states) > SHARED_BYTES:
-            continue  # a candidate for fewer or narrower states
-        tried += 1
-        for capturable in (False, True):
+        for capturable in (False, True) if i == 0 else (False,):
             got = steps(config, capturable)
             for a, b in zip(got, want):
                 assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"
-    assert tried >= 2
