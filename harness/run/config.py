@@ -305,8 +305,37 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as e:
         message = _chain(e)
         raise ConfigError(message + _valid_keys_hint(message)) from None
+    _check_schema(cfg)
     validate(cfg)
     return cfg
+
+
+def _check_schema(cfg: DictConfig) -> None:
+    """Refuse keys the schema lacks: Hydra's `+key=value` opens the config to append one, and the
+    worker's `from_dict` would refuse it only when each point starts. Only keys can be wrong here
+    (Hydra typed every value it set against the schema)."""
+    unknown = _unknown_keys(cfg, Config)
+    if unknown:
+        full_key, schema = unknown[0]
+        message = f"Key '{full_key.split('.')[-1]}' not in '{schema.__name__}'\n    full_key: {full_key}"
+        raise ConfigError(message + _valid_keys_hint(message))
+
+
+def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[tuple[str, type]]:
+    """(full key, the dataclass it is not a field of) for every key of `node` below a dataclass of
+    the schema that names no field (free-form dicts, such as a method's options, are not walked)."""
+    if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(schema):
+        return []
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key, value in node.items_ex(resolve=False):
+        if key not in hints:
+            found.append((f"{prefix}{key}", schema))
+            continue
+        hint = hints[key]
+        inner = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]  # Optional[Dataclass]
+        found += _unknown_keys(value, inner[0] if inner else hint, f"{prefix}{key}.")
+    return found
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:

@@ -76,6 +76,7 @@ def test_architectures_have_the_published_size(model, expected):
         ("sweep.mode=random", "grid, capacity"),
         ("method.options.state_dtype=fp8", "fp32, bf16, int8"),
         ("+method.options.colour=red", "valid options"),
+        ("+method.fallback_options={lr: 1.0}", "Key 'fallback_options' not in 'MethodConfig'"),
         ("gpu.allocator=expandable", "expandable_segments:True"),
     ],
 )
