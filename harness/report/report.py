@@ -16,7 +16,8 @@ The procedure:
 
 `--out` picks another folder. Without it, results that all lie in scratch folders (`python -m
 harness report results/smoke`) are rendered beside them, into results/smoke/report/, never over
-the committed reports/.
+the committed reports/; other results named without `--out` are refused, before anything is
+written, since their report would replace the committed one (step 4 removes what it did not write).
 
 A report is shaped by what ran. The committed report (no RESULTS given) is the map of every
 experiment: a section without data says which sweep produces it, and the data-parallel table lists
@@ -424,32 +425,47 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--out",
-        help=f"output directory (default: {DEFAULT_OUT}/; for results that are all scratch, such as "
-        "results/smoke/, a report/ folder inside the first of them, so reports/ keeps the committed report)",
+        help=f"output directory (default: {DEFAULT_OUT}/ for the committed results; for results that are all "
+        "scratch, such as results/smoke/, a report/ folder inside the first of them; needed for others)",
     )
     return parser.parse_args(list(argv))
 
 
-def default_out(inputs: Sequence[str], default: bool) -> Path:
-    """reports/, except for scratch results: their report goes beside them, into FOLDER/report/
-    (scratch too), so that rendering a smoke run never replaces the committed report."""
+def default_out(inputs: Sequence[str], default: bool) -> Path | None:
+    """reports/ for the committed results; for scratch results, FOLDER/report/ beside them (scratch
+    too), so that rendering a smoke run never replaces the committed report; None for other named
+    results, whose report must be given a folder (`--out`)."""
+    if default:
+        return Path(DEFAULT_OUT)
     folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in inputs]
-    if not default and all(in_scratch(folder) for folder in folders):
+    if all(in_scratch(folder) for folder in folders):
         return folders[0] / "report"
-    return Path(DEFAULT_OUT)
+    return None
+
+
+def names_the_committed_results(inputs: Sequence[str]) -> bool:
+    """Whether `inputs` is results/ itself (`python -m harness report results/`): the default."""
+    return [Path(p).resolve() for p in inputs] == [Path(DEFAULT_RESULTS).resolve()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m harness report`; returns the exit status."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inputs = args.results or [f"{DEFAULT_RESULTS}/"]
-    default = not args.results
+    default = not args.results or names_the_committed_results(args.results)
+    out = Path(args.out) if args.out else default_out(inputs, default)
+    if out is None:
+        print(
+            f"report: {DEFAULT_OUT}/ holds the report of all of {DEFAULT_RESULTS}/, and {' '.join(inputs)} "
+            f"would replace it; name another folder for this one: --out DIR",
+            file=sys.stderr,
+        )
+        return 2
     try:
         records = _read(inputs, default)
     except (FileNotFoundError, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else default_out(inputs, default)
     written = write_report(records, out, inputs, planned=default)
     tables = sum(1 for p in written if p.suffix == ".md" and p.name != "README.md")
     plots_n = sum(1 for p in written if p.suffix == ".png")

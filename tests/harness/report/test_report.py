@@ -192,6 +192,26 @@ def test_a_scratch_run_renders_into_its_own_folder(tmp_path, monkeypatch):
     assert not (tmp_path / "reports").exists()
 
 
+def test_other_named_results_need_an_out_folder_and_leave_reports_alone(tmp_path, monkeypatch, capsys):
+    """Named results outside a scratch folder would render over the committed reports/ (and remove
+    every table they do not hold): refused before anything is written, saying to name --out.
+    results/ named as such is the default, the committed report."""
+    committed = tmp_path / "results"
+    committed.mkdir()
+    shutil.copy(FIXTURES / "smoke.jsonl", committed / "one.jsonl")
+    kept = tmp_path / "reports" / "tables" / "t1.md"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("the committed table")
+    monkeypatch.chdir(tmp_path)
+    assert report.main(["results/one.jsonl"]) == 2
+    assert "--out DIR" in capsys.readouterr().err
+    assert kept.read_text() == "the committed table" and not (tmp_path / "reports" / "README.md").exists()
+    assert report.main(["results/one.jsonl", "--out", "elsewhere"]) == 0
+    assert (tmp_path / "elsewhere" / "README.md").exists() and kept.exists()
+    assert report.main(["results/"]) == 0  # the default: the committed report, planned
+    assert "No results yet." in (tmp_path / "reports" / "README.md").read_text()
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     """(width, height) in pixels, from the PNG's IHDR chunk."""
     data = path.read_bytes()[:24]
