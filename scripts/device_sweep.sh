@@ -10,7 +10,11 @@
 #   bash scripts/device_sweep.sh 'tests | +exp=convergence sweep.methods=[torch_adamw_fp32]'
 #
 # Each argument is one step, run in order:
-#   tests                the GPU tests (`pytest -m gpu tests`)
+#   tests [PATHS]        the GPU tests (`pytest -m gpu PATHS`, default tests/; files or node ids,
+#                        e.g. 'tests tests/forge/test_gpu_muon.py')
+#   overlap [ARGS]       where the fused kernel's time goes and its design candidates
+#                        (`python -m harness.kernels.overlap ARGS`; JSONL to $OUT), e.g.
+#                        'overlap --update-programs --shapes gate --tokens 1024 4096'
 #   kernels [ARGS]       the kernel benchmark (`python -m harness kernels ARGS`, e.g. 'kernels --quick')
 #   tune [GROUPS]        times candidate launch configs (`python -m harness kernels --tune`; GROUPS
 #                        from harness.kernels.build.candidate_groups, e.g. 'tune wide', default all;
@@ -134,6 +138,12 @@ for step in "$@"; do
       tail -n +"$start" "$log" | tail -n 8
       continue
       ;;
+    overlap)
+      # shellcheck disable=SC2086  # one option per word
+      timeout -k 10 "$left" python3 -m harness.kernels.overlap $rest --out "$out" >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | tail -n 20
+      continue
+      ;;
     tp-exactness)
       limit=$((left < 180 ? left : 180))
       timeout -k 10 "$limit" torchrun --standalone --nproc-per-node=2 -m harness.kernels.tp_exactness \
@@ -147,10 +157,14 @@ for step in "$@"; do
   tests_log=
   for overrides in "${parts[@]}"; do
     # shellcheck disable=SC2086  # trims the part's spaces
-    if [ "$(echo $overrides)" = tests ]; then
+    words=($overrides)
+    if [ "${words[0]:-}" = tests ]; then
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$log"
       tests_log=$(mktemp)
-      timeout -k 10 "$left" python3 -m pytest -o addopts="-ra --strict-markers" -m gpu tests -q -p no:cacheprovider >"$tests_log" 2>&1 &
+      paths=("${words[@]:1}")
+      [ ${#paths[@]} -gt 0 ] || paths=(tests)
+      timeout -k 10 "$left" python3 -m pytest -o addopts="-ra --strict-markers" -m gpu "${paths[@]}" -q \
+        -p no:cacheprovider >"$tests_log" 2>&1 &
     else
       # shellcheck disable=SC2086  # word splitting is the point: one override per word
       timeout -s INT -k 30 "$left" python3 -m harness sweep $overrides >>"$log" 2>&1 &
