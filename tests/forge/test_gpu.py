@@ -4,6 +4,7 @@ Run on the device, in one process (its image has no pytest-xdist):
 `pytest -o addopts="" tests/forge/test_gpu.py -q`.
 """
 
+import functools
 import math
 
 import pytest
@@ -482,6 +483,27 @@ def test_the_head_in_chunks_of_the_vocabulary_steps_as_the_whole_head(state_dtyp
     assert opts[1].state[heads[1].weight]["step"] == 3
 
 
+def _layer_problem(T: int, N: int, K: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w0, dy, x) of one layer on the GPU: an fp32 weight, bf16 operands, fresh random values."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
+    return torch.randn(N, K, device="cuda", generator=g) * 0.02, dy, x
+
+
+def _three_fused_steps(rule, hp, state_dtype, w0, dy, x, config, capturable=False) -> list[torch.Tensor]:
+    """W and every state tensor after three fused launches under `config` from the weight w0."""
+    N, K = w0.shape
+    layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(w0)
+    opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
+    for _ in range(3):
+        opt.update_linear(layer.weight, dy, x, config=config)
+    state = opt.state[layer.weight]
+    return [layer.weight.detach()] + [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
+
+
 @pytest.mark.parametrize(
     "rule, hp, state_dtype",
     [
@@ -503,23 +525,7 @@ def test_the_multiprocessor_split_kernel_equals_the_warp_specialized_one(rule, h
 
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
 
-    g = torch.Generator(device="cuda").manual_seed(5)
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
-    w0 = torch.randn(N, K, device="cuda", generator=g) * 0.02
-
-    def steps(config, capturable=False):
-        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            layer.weight.copy_(w0)
-        opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
-        for _ in range(3):
-            opt.update_linear(layer.weight, dy, x, config=config)
-        state = opt.state[layer.weight]
-        return [layer.weight.detach()] + [
-            state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
-        ]
-
+    steps = functools.partial(_three_fused_steps, rule, hp, state_dtype, *_layer_problem(T, N, K, seed=5))
     ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
     want = steps(ws)
     for update_programs in (1, 40, torch.cuda.get_device_properties(0).multi_processor_count - 1):
@@ -559,23 +565,7 @@ def test_the_prefetching_kernel_equals_the_warp_specialized_one(rule, hp, state_
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
     from harness.kernels.build import candidate_groups
 
-    g = torch.Generator(device="cuda").manual_seed(6)
-    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    dy = (torch.randn(T, N, device="cuda", generator=g) / math.sqrt(T)).bfloat16()
-    w0 = torch.randn(N, K, device="cuda", generator=g) * 0.02
-
-    def steps(config, capturable=False):
-        layer = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            layer.weight.copy_(w0)
-        opt = forge.attach(layer, rule, state_dtype=state_dtype, capturable=capturable, **hp)
-        for _ in range(3):
-            opt.update_linear(layer.weight, dy, x, config=config)
-        state = opt.state[layer.weight]
-        return [layer.weight.detach()] + [
-            state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
-        ]
-
+    steps = functools.partial(_three_fused_steps, rule, hp, state_dtype, *_layer_problem(T, N, K, seed=6))
     ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
     want = steps(ws)
     shapes = [_FITS_EVERY_STATE]

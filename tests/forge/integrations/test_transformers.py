@@ -142,27 +142,33 @@ def test_param_groups_are_the_trainers(tmp_path, optim, optim_args):
     assert [g["weight_decay"] for g in forge_optimizer.param_groups] == [0.01, 0.0]  # norms get none
 
 
+def straight_and_resumed(tmp_path, make_model, forge_options: dict) -> tuple[ForgeTrainer, ForgeTrainer]:
+    """Four steps with clipping, a checkpoint every two: straight through, and resumed from the
+    straight run's step-2 checkpoint into a model of other initial weights (`make_model` draws
+    fresh ones each call), so the checkpoint's must be loaded."""
+    data = RandomTokens()
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2, max_grad_norm=1.0)
+    trainers = []
+    for run in ("straight", "resumed"):
+        trainer = ForgeTrainer(
+            model=make_model(),
+            args=training_args(tmp_path / run, **common),
+            train_dataset=data,
+            forge_options=forge_options,
+        )
+        trainer.train(
+            resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2") if trainers else None
+        )
+        trainers.append(trainer)
+    return trainers[0], trainers[1]
+
+
 def test_resume_from_checkpoint_is_bit_identical(tmp_path):
     # bf16 weights written with stochastic rounding and int8 states: the resumed run must restore the
     # int8 codes and scales in their own dtype and draw the same rounding seeds (they follow the step).
-    model = tiny_llama().to(torch.bfloat16)
-    data = RandomTokens()
-    options = dict(state_dtype="int8", stochastic_rounding=True)
-    common = dict(max_steps=4, save_strategy="steps", save_steps=2, max_grad_norm=1.0)
-    straight = ForgeTrainer(
-        model=copy.deepcopy(model),
-        args=training_args(tmp_path / "straight", **common),
-        train_dataset=data,
-        forge_options=options,
+    straight, resumed = straight_and_resumed(
+        tmp_path, lambda: tiny_llama().to(torch.bfloat16), dict(state_dtype="int8", stochastic_rounding=True)
     )
-    straight.train()
-    resumed = ForgeTrainer(
-        model=tiny_llama().to(torch.bfloat16),  # other initial weights: the checkpoint's must be loaded
-        args=training_args(tmp_path / "resumed", **common),
-        train_dataset=data,
-        forge_options=options,
-    )
-    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
 
     assert resumed.state.global_step == 4
     assert logged(resumed, "loss") == logged(straight, "loss")  # steps 1-2 from the checkpoint's state
@@ -324,23 +330,7 @@ def test_muon_trains_the_hidden_matrices_as_torch_muon_beside_the_optim_rule(tmp
 
 
 def test_a_muon_run_resumes_bit_for_bit(tmp_path):
-    model, data = tiny_llama(), RandomTokens()
-    options = dict(state_dtype="fp32", muon=MUON)
-    common = dict(max_steps=4, save_strategy="steps", save_steps=2, max_grad_norm=1.0)
-    straight = ForgeTrainer(
-        model=copy.deepcopy(model),
-        args=training_args(tmp_path / "straight", **common),
-        train_dataset=data,
-        forge_options=options,
-    )
-    straight.train()
-    resumed = ForgeTrainer(
-        model=tiny_llama(),
-        args=training_args(tmp_path / "resumed", **common),
-        train_dataset=data,
-        forge_options=options,
-    )
-    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
+    straight, resumed = straight_and_resumed(tmp_path, tiny_llama, dict(state_dtype="fp32", muon=MUON))
 
     assert logged(resumed, "loss") == logged(straight, "loss")
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
