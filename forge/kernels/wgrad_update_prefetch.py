@@ -23,10 +23,10 @@ barriers, `landed` and `freed`:
 
 No register waits on a load, the bytes in flight are `update_stages` slices whatever the registers
 allow, and the epilogue issues no copy itself (one issued from its 8 warps costs a barrier of all
-of them per copy). The update's arithmetic is `update_tile.finish_tile_at`'s on the same values (the
-copy engine fills rows past the weight's edge with zeros, as the masked loads do, and the stores
-are masked as before), and the loader and MMA warps are the warp-specialized kernel's: a step
-equals that kernel's to the bit.
+of them per copy). The update's arithmetic is `update_tile.finish_tile_at`'s on the same values (what
+lies past the weight's edge, the copy engine's zeros or a slot's old bytes, is never stored: the
+stores are masked as before), and the loader and MMA warps are the warp-specialized kernel's: a
+step equals that kernel's to the bit.
 
 Shared memory holds the dy and x ring and the staging buffer of the warp-specialized kernel, plus
 `update_stages` x epilogue_rows x BLOCK_K elements of W and of each state (`shared_bytes`);
@@ -87,7 +87,9 @@ def copy_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, 
                    N, K):
     """The update's copy warp: for each slice of this program's tiles, in the epilogue's order, wait
     for its slot to be freed, then ask the copy engine for the slice of W and of each state (rows
-    and columns past the weight's edge arrive as zeros, and count as bytes)."""
+    and columns past the weight's edge arrive as zeros, and count as bytes). A slice wholly past the
+    last row is not copied: its slot is marked landed as it is, since the epilogue stores none of
+    its rows."""
     BLOCK_N: gl.constexpr = acc_smem.type.shape[0]
     BLOCK_K: gl.constexpr = acc_smem.type.shape[1]
     STAGES: gl.constexpr = w_bufs.type.shape[0]
@@ -105,14 +107,18 @@ def copy_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, 
             slot = q % STAGES
             mbarrier.wait(freed.index(slot), ((q // STAGES) & 1) ^ 1)  # passes at once on the first lap
             bar = landed.index(slot)
-            mbarrier.expect(bar, BYTES)
-            ws.tma_load(w_desc, [n0 + r * ROWS, k0], bar, w_bufs.index(slot))
-            if HAS_S1:
-                ws.tma_load(s1_desc, [n0 + r * ROWS, k0], bar, s1_bufs.index(slot))
-            if HAS_S2:
-                ws.tma_load(s2_desc, [n0 + r * ROWS, k0], bar, s2_bufs.index(slot))
-            if HAS_S3:
-                ws.tma_load(s3_desc, [n0 + r * ROWS, k0], bar, s3_bufs.index(slot))
+            row = n0 + r * ROWS
+            if row < N:
+                mbarrier.expect(bar, BYTES)
+                ws.tma_load(w_desc, [row, k0], bar, w_bufs.index(slot))
+                if HAS_S1:
+                    ws.tma_load(s1_desc, [row, k0], bar, s1_bufs.index(slot))
+                if HAS_S2:
+                    ws.tma_load(s2_desc, [row, k0], bar, s2_bufs.index(slot))
+                if HAS_S3:
+                    ws.tma_load(s3_desc, [row, k0], bar, s3_bufs.index(slot))
+            else:  # the slice lies below the weight's last row: no copy, and none of its rows is stored
+                mbarrier.arrive(bar)
             q += 1
 
 
