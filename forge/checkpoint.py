@@ -20,7 +20,8 @@ saved (rule, state dtype, options, and every tensor's global shape and dtype). A
 written as `step-00000500.partial` and renamed into place by one rank once every rank's files
 and DCP's metadata are on disk; `load` only sees renamed ones. A process killed during a save
 (even by SIGKILL) therefore leaves the previous checkpoint as the newest complete one, and the
-next save clears the partial directory away.
+next save clears the partial directory away; a write that fails (a full disk, on any rank) is
+raised as CheckpointError, with the same guarantee.
 
 `load` checks before it touches a tensor, on every rank together (one rank's refusal is every
 rank's): that the checkpoint is FORGE's, of the same rule, state dtype, int8 group and weight
@@ -106,7 +107,6 @@ def save(
     calls it. `extra`: picklable objects to keep beside them (a scheduler's state_dict, the data
     position), the same on every rank. `keep`: then delete all but the newest `keep` checkpoints.
     Returns the checkpoint's path."""
-    import torch.distributed.checkpoint as dcp
 
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step={step!r}: give the training step as a non-negative int")
@@ -120,8 +120,7 @@ def save(
         shutil.rmtree(partial, ignore_errors=True)  # what a killed save of this step left
     _barrier()
     state = _state(model, optimizer, extra or {})
-    with _single_process_quiet():
-        dcp.save(state, checkpoint_id=str(partial), no_dist=not _distributed())
+    _write(partial, state)
     files = _checksums(partial)
     if _rank() == 0:
         manifest = {**_manifest(model, optimizer, state, step), "files": files}
@@ -132,6 +131,41 @@ def save(
                 shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def _write(partial: Path, state: dict[str, Any]) -> None:
+    """DCP's save of `state` into `partial`; any failure of the write, on any rank, as
+    CheckpointError (an interrupt as itself), the checkpoints saved before untouched."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _single_process_quiet():
+            dcp.save(state, checkpoint_id=str(partial), no_dist=not _distributed())
+    except CheckpointException as e:
+        rank, first = _first_failure(e)
+        raise _unwritable(partial, f"{type(first).__name__} on rank {rank}: {first}") from e
+    except Exception as e:
+        raise _unwritable(partial, f"{type(e).__name__}: {e}") from e
+
+
+def _first_failure(e) -> tuple[int, BaseException]:
+    """(rank, failure) of a CheckpointException (a BaseException: every rank's failures, gathered
+    by DCP): an interrupt on any rank is raised as itself, else the lowest failing rank's."""
+    failures = [failure for failure, _ in e.failures.values()]
+    interrupt = next((f for f in failures if isinstance(f, KeyboardInterrupt | SystemExit)), None)
+    if interrupt is not None:
+        raise interrupt from e
+    rank, (first, _) = min(e.failures.items(), key=lambda item: item[0])
+    return rank, first
+
+
+def _unwritable(partial: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{partial} could not be written ({why}; its cause is chained to this error). The checkpoints "
+        "saved before are untouched and the newest complete one is still the latest; free space or fix "
+        "the directory, then save again (the next save clears this partial one away)."
+    )
 
 
 def _state(model: nn.Module, optimizer: ForgeOptimizer, extra: dict[str, Any]) -> dict[str, Any]:
@@ -372,12 +406,8 @@ def _read(checkpoint: Path, staged: dict[str, Any]) -> dict[str, Any]:
             dcp.load(staged, checkpoint_id=str(checkpoint), no_dist=not _distributed())
         extra = staged["extra"]
         return pickle.loads(extra.getvalue()) if isinstance(extra, io.BytesIO) else extra
-    except CheckpointException as e:  # a BaseException: every rank's failures, gathered by DCP
-        failures = [failure for failure, _ in e.failures.values()]
-        interrupt = next((f for f in failures if isinstance(f, KeyboardInterrupt | SystemExit)), None)
-        if interrupt is not None:
-            raise interrupt from e
-        rank, (first, _) = min(e.failures.items(), key=lambda item: item[0])
+    except CheckpointException as e:
+        rank, first = _first_failure(e)
         raise _unreadable(checkpoint, f"{type(first).__name__} on rank {rank}") from e
     except Exception as e:
         raise _unreadable(checkpoint, type(e).__name__) from e

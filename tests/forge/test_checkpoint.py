@@ -294,6 +294,30 @@ def test_bad_arguments_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_write_that_fails_is_a_checkpoint_error_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A full disk half-way through DCP's write (raised inside DCP, which gathers it into its
+    CheckpointException, a BaseException that `except Exception` would not catch) comes out of
+    `save` as CheckpointError naming the failure, and step 1 stays the newest complete checkpoint."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    model, opt = _build(0)
+    _step(model, _batches(1)[0])
+    ckpt.save(tmp_path, model, opt, step=1)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(FileSystemWriter, "finish", full)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"step-00000002\.partial could not be written \(OSError.*No space"
+    ):
+        ckpt.save(tmp_path, model, opt, step=2)
+    assert ckpt.latest(tmp_path) == tmp_path / "step-00000001"
+    monkeypatch.undo()
+    assert ckpt.save(tmp_path, model, opt, step=2) == tmp_path / "step-00000002"  # the next save clears it
+    assert not (tmp_path / "step-00000002.partial").exists()
+
+
 def _save_then_kill(directory: str, where: str) -> None:
     """In a child process: save step 1, then die by SIGKILL in the middle of saving step 2, `where`
     says: while DCP writes (its data on disk, its metadata not yet) or once DCP is done but before
