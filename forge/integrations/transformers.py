@@ -40,6 +40,7 @@ Trainer's `optimizer.pt` (written by rank 0, read by every rank) resumes them as
 
 Refused when the trainer is built, before FORGE touches the model, each with what to do instead:
 `gradient_accumulation_steps` > 1 (each backward is a step: there is nothing to accumulate into),
+`ddp_static_graph` with several processes (FORGE takes over the DDP wrapper's synchronization),
 `fp16` (its loss scaler unscales gradients after backward, by when FORGE has applied them), the
 Trainer's FSDP and DeepSpeed integrations and several GPUs in one process (nn.DataParallel), an
 optimizer of one's own (`optimizers`, `optimizer_cls_and_kwargs`), and `optim` names that have no
@@ -154,6 +155,12 @@ def check_training_args(args: TrainingArguments) -> None:
             f"gradient_accumulation_steps=1 and per_device_train_batch_size="
             f"{steps * args.per_device_train_batch_size} (x{steps}) instead, with {checkpointing}=True if "
             "that batch does not fit in memory: for a mean-reduced loss it is the same update."
+        )
+    if args.ddp_static_graph and args.world_size > 1:
+        raise ValueError(
+            "ddp_static_graph=True cannot work with FORGE: FORGE takes over the DDP wrapper's gradient "
+            "synchronization at the first step, and a static-graph wrapper has its reducer built by then. "
+            "Set ddp_static_graph=False (FORGE reduces each gradient itself, in the backward's order)."
         )
     if args.fp16:
         raise ValueError(

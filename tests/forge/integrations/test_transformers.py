@@ -366,6 +366,20 @@ def test_several_gpus_in_one_process_are_refused(tmp_path, monkeypatch):
     assert untouched(model)
 
 
+def test_a_static_graph_ddp_run_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """DDP(static_graph=True) cannot be taken over (`forge.data_parallel.take_over_ddp` refuses it at
+    the first step): with several processes ForgeTrainer refuses ddp_static_graph when it is built."""
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
+    model = tiny_llama()
+    with pytest.raises(
+        ValueError, match="ddp_static_graph=True cannot work with FORGE.*ddp_static_graph=False"
+    ):
+        ForgeTrainer(
+            model=model, args=training_args(tmp_path, ddp_static_graph=True), train_dataset=RandomTokens()
+        )
+    assert untouched(model)
+
+
 def _ddp_trainers(rank: int, world: int, tmp) -> dict:
     """On each of 2 gloo ranks: ForgeTrainer under DDP, straight for 4 steps (saved at step 2) and
     resumed from that checkpoint, and the plain Trainer with torch AdamW under DDP as the oracle."""
