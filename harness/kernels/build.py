@@ -235,10 +235,11 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     )
     element = {"bf16": gl.bfloat16, "fp8e5": gl.float8e5, "fp8e4nv": gl.float8e4nv}
     if prefetch:  # W and each state in (epilogue_rows, block_k) blocks; AdamW has no third slot
-        state = {"bf16": "bf16", "fp32": "fp32"}[state_dtype]
+        if state_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"the prefetching kernel reads bf16 or fp32 states, not {state_dtype}")
         rows = config["epilogue_rows"]
-        blocks += (("w_desc", "bf16", rows, bk), ("s1_desc", state, rows, bk), ("s2_desc", state, rows, bk))
-        blocks += (("s3_desc", "bf16", rows, bk),)
+        blocks += (("w_desc", "bf16", rows, bk), ("s1_desc", state_dtype, rows, bk))
+        blocks += (("s2_desc", state_dtype, rows, bk), ("s3_desc", "bf16", rows, bk))
         element["fp32"] = gl.float32
     for name, dtype, rows, cols in blocks:
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], element[dtype])
