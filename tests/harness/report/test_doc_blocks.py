@@ -102,3 +102,46 @@ def test_a_run_from_a_dirty_tree_or_missing_a_point_is_refused_saying_what_it_la
         one_run(tmp_path, "results/x.jsonl", needs(["fused_adamw", "forge_bf16"], Where()))
     assert "s at ddddddd: forge_bf16" in str(err.value) and "s at ccccccc: dirty" in str(err.value)
     assert "Measure them in one sweep" in str(err.value)
+
+
+def _overlap_record(time: str, **timings) -> dict:
+    """One point of `python -m harness.kernels.overlap` as it writes it (the fields the blocks read)."""
+    env = dict(gpu_name="NVIDIA H200", torch="2.11.0", triton="3.6.0", git_commit="abcdef0123")
+    point = dict(shape_name="gate", N=14336, K=4096, T=1024, roofline_ms=0.176, ws_epilogue_only_ms=0.21)
+    return dict(env=env, time=time, **point, **timings)
+
+
+def test_the_prefetching_kernels_block_reads_the_newest_run_that_timed_it(tmp_path):
+    """`kernel-prefetch`: what to run while no overlap run timed the prefetching kernel; then, from
+    the newest run that did, its best candidate per point against the shipped kernel and the
+    roofline, its update half against the shipped one's, and how many elements differed."""
+    from harness.report.doc_probes import kernel_prefetch
+
+    logs = tmp_path / "results" / "device-logs"
+    logs.mkdir(parents=True)
+    (logs / "overlap-20261204-f71303c.jsonl").write_text(
+        json.dumps(_overlap_record("2026-12-04", shipped_ms=0.3))
+    )
+    assert kernel_prefetch(tmp_path).startswith("Not measured yet. `python -m harness.kernels.overlap")
+    same = {"w": 0, "states": [0, 0]}
+    timings = {
+        "shipped_ms": 0.300,
+        "prefetch_u2_r16_s4_ms": 0.270,
+        "prefetch_u2_r16_s4_update_only_ms": 0.189,
+        "prefetch_u2_r16_s4_differs": same,
+        "prefetch_u4_r16_s3_ms": 0.255,
+        "prefetch_u4_r16_s3_update_only_ms": 0.168,
+        "prefetch_u4_r16_s3_differs": same,
+    }
+    (logs / "overlap-20270105-1234567.jsonl").write_text(json.dumps(_overlap_record("2027-01-05", **timings)))
+    (logs / "overlap-20270101-7654321.jsonl").write_text(
+        json.dumps(
+            _overlap_record(
+                "2027-01-01", **dict(timings, prefetch_u2_r16_s4_differs={"w": 3, "states": [0, 1]})
+            )
+        )
+    )
+    block = kernel_prefetch(tmp_path)
+    row = "| gate 14336x4096, T = 1024 | 0.300 | 0.255 (u4_r16_s3) | 0.85x | 1.45x | 0.80x | 0 |"
+    assert row in block
+    assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
