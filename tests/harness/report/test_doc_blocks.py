@@ -142,6 +142,6 @@ def test_the_prefetching_kernels_block_reads_the_newest_run_that_timed_it(tmp_pa
         )
     )
     block = kernel_prefetch(tmp_path)
-    row = "| gate 14336x4096, T = 1024 | 0.300 | 0.255 (u4_r16_s3) | 0.85x | 1.45x | 0.80x | 0 |"
+    row = "| gate 14336x4096, T = 1024 | 0.300 | 0.255 (u4_r16_s3) | 0.85x | 1.45x | 0.80x (u4_r16_s3) | 0 |"
     assert row in block
     assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
