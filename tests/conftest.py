@@ -1,7 +1,9 @@
 """Shared test setup: CPU tests run FORGE's kernels in Triton's interpreter; GPU tests are marked."""
 
 import os
+import re
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -66,3 +68,39 @@ def device():
 def _fresh_seed(request):
     # A different but reproducible draw per test: never test on zeros or on one lucky seed.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+# The README claims how many tests there are and how long the whole suite takes on two cores
+# (tests/test_readme.py checks the count). A run of the whole suite on a machine of at most two
+# cores fails if it took longer than the README says: the claim is then false and must be changed.
+_README_CLAIM = re.compile(
+    r"The tests number between ([\d,]+) and ([\d,]+).*?take (\d+) to (\d+) minutes on 2 cores", re.S
+)
+
+
+def readme_claims() -> tuple[int, int, int, int]:
+    """(fewest tests, most tests, fewest minutes, most minutes) as the README states them."""
+    found = _README_CLAIM.search(re.sub(r"\s+", " ", (Path(_ROOT) / "README.md").read_text()))
+    assert found, "README.md no longer says how many tests there are and how long they take"
+    return tuple(int(v.replace(",", "")) for v in found.groups())  # type: ignore[return-value]
+
+
+def pytest_sessionstart(session):
+    session.config._forge_started = time.monotonic()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config, opt = session.config, session.config.option
+    selected = any(getattr(opt, name, None) for name in ("keyword", "markexpr", "lf", "exitfirst"))
+    if hasattr(config, "workerinput") or selected or exitstatus != 0 or (os.cpu_count() or 1) > 2:
+        return  # a worker, a selection, a failure already, or a machine the claim is not about
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    ran = sum(len(reporter.stats.get(kind, [])) for kind in ("passed", "skipped")) if reporter else 0
+    fewest, _most, _low, high = readme_claims()
+    minutes = (time.monotonic() - config._forge_started) / 60
+    if ran >= fewest and minutes > high:
+        print(
+            f"\nREADME.md says the tests take at most {high} minutes on 2 cores; they took {minutes:.1f}:"
+            " change the claim (README.md, 'Two commands')"
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -167,7 +167,7 @@ def paper_setting(root: Path) -> str:
             f" {fmt_gib(run.peak('forge_int8', QWEN))} GiB (the paper: {paper.QWEN14B_FORGE_GIB:.1f}),"
             f" FORGE bf16 at {fmt_gib(run.peak('forge_bf16', QWEN))}. Data: {run.source()}, from `python -m"
             " harness sweep +exp=paper_h200`; each claim's verdict and why a figure misses:"
-            " [reports/tables/paper_comparison.md](reports/tables/paper_comparison.md)."
+            " [reports/tables/paper_comparison.md](../reports/tables/paper_comparison.md)."
             f" The memory cut {_reproduces(int8_peak <= paper.TARGET_PEAK_RATIO)}"
             f" ({fmt_ratio(int8_peak)} against the paper's {paper.TARGET_PEAK_RATIO:.2f}x); the step"
             f" {_reproduces(int8_step <= paper.TARGET_STEP_RATIO)} ({fmt_ratio(int8_step)} against"
@@ -278,12 +278,12 @@ def paper_claims(root: Path) -> str:
             "`+exp=convergence` (and `_lion`, `_sgd`), `+exp=convergence_branched`,"
             " `+exp=convergence_branched_after_warmup`",
             "fp32 exact to summation order; bf16 and int8 states within the noise the runs resolve, which"
-            " is wider than the paper's figure: [docs/convergence.md](docs/convergence.md#branched-fidelity)",
+            " is wider than the paper's figure: [convergence.md](convergence.md#branched-fidelity)",
         ],
         [
             "exact under tensor and sequence parallelism",
             "`bash scripts/device_sweep.sh tp-exactness`",
-            "PASS on two H200s: [docs/tensor-parallel.md](docs/tensor-parallel.md)",
+            "PASS on two H200s: [tensor-parallel.md](tensor-parallel.md)",
         ],
     ]
     header = ["Paper (H200 unless noted)", "Command", "What this repository measured"]
