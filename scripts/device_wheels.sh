@@ -5,6 +5,12 @@
 # sdist) and the rival methods of the `baselines` extra.
 #
 #   bash scripts/device_wheels.sh            # once; then copy .whl/ along with the tree
+#   FORGE_REFERENCE_SRC=../FORGE bash scripts/device_wheels.sh   # also the paper's own FORGE
+#
+# The paper's implementation (package fused_grad_optimizer, Apache-2.0) is not on the package
+# index: with FORGE_REFERENCE_SRC naming a checkout of it (`git clone https://github.com/dk4248/FORGE`),
+# a pure-Python wheel of it is built here from that checkout, without its dependencies (torch,
+# triton, ninja; ninja only serves its optional CUTLASS kernels, which the harness does not use).
 #
 # Expected on the GPU image (not fetched): torch, triton, numpy (the core), transformers,
 # tokenizers, pandas, matplotlib, nvidia-ml-py (the rest of the `harness` extra), PyYAML,
@@ -35,6 +41,16 @@ WHEELS=(
 # pure-Python wheel from it here.
 ls .whl/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1 ||
   "$PY" -m pip wheel -q --no-deps --no-binary=:all: -w .whl antlr4-python3-runtime==4.9.3
+
+if [ -n "${FORGE_REFERENCE_SRC:-}" ]; then
+  [ -f "$FORGE_REFERENCE_SRC/src/fused_grad_optimizer/__init__.py" ] || {
+    echo "device_wheels: FORGE_REFERENCE_SRC=$FORGE_REFERENCE_SRC is not a checkout of" \
+      "https://github.com/dk4248/FORGE (no src/fused_grad_optimizer/); clone it and point there" >&2
+    exit 1
+  }
+  rm -f .whl/fused_grad_optimizer-*.whl
+  "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl "$FORGE_REFERENCE_SRC"
+fi
 
 # Strip bitsandbytes' libraries for other CUDA versions, ROCm and XPU.
 "$PY" - <<'PY'

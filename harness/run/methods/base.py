@@ -16,6 +16,7 @@ A method turns "a model and a batch" into "a trained step". The runner calls, in
     m.autocast = "bf16"                          # optional: loss() under torch.autocast
     m.cuda_graph = True                          # optional: step() replays a captured eager_step
     m.setup()                                    # build the optimizer, register hooks
+    m.prime(input_ids)                           # one-time work outside what is measured
     loss = m.step(input_ids)                     # forward, backward and update; returns the loss
     m.optimizer_state_tensors()                  # for the memory breakdown
     m.gradient_bytes()                           # peak gradient bytes alive at once, by design
@@ -130,6 +131,12 @@ class Method:
         """Build optimizers and register hooks. Called once, before the first step. An ImportError
         raised here (a package that is installed but cannot load on this machine) makes the point
         `unavailable`, with the error as the reason."""
+
+    def prime(self, input_ids: torch.Tensor) -> None:
+        """One-time work before the measured steps, outside their times and memory peaks (the
+        runner calls it after `setup`, before it snapshots the weights). Default: nothing. A method
+        whose kernels autotune on their first use runs its first step here, so that the autotuner's
+        trial copies of weights and states are not counted as the method's memory."""
 
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal-LM loss of the batch against itself (labels are shifted inside the model)."""
