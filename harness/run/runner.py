@@ -5,8 +5,9 @@
 The procedure: resolve the device (and the memory cap of an emulated card), stamp the
 environment, stop early with `unavailable` if the method cannot run here, build the model and the
 method (and let it `prime`: one-time work, such as autotuning, outside what is measured), then
-time `cfg.steps` whole steps from a fixed batch, with the allocator and NVML peaks around them. A method that trains must have moved its parameters and lowered the loss; if not,
-the point is an `error` however fast it was. With `measure.peak_pools`, one more step runs after
+time `cfg.steps` whole steps from a fixed batch, with the allocator and NVML peaks around them.
+A method that trains must have moved its parameters and lowered the loss; if not, the point is an
+`error` however fast it was. With `measure.peak_pools`, one more step runs after
 the timed ones with the CUDA allocator's history on, for the pools at its peak
 (`harness.run.peak_pools`). OOM is a result (`oom`), a NaN or inf loss is
 `diverged`, any other exception is `error` with its message. The worker subprocess

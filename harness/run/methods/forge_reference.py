@@ -159,9 +159,7 @@ class ForgeReference(Method):
     def prime(self, input_ids: torch.Tensor) -> None:
         for _ in range(PRIME_STEPS):
             self.eager_step(input_ids)
-        self.notes.append(
-            f"{PRIME_STEPS} untimed step before the measured ones (its kernels autotune there)"
-        )
+        self.notes.append(f"{PRIME_STEPS} untimed step before the measured ones (its kernels autotune there)")
 
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         o = self.options
