@@ -17,17 +17,15 @@ second that its times mean nothing for speed.
 Among step records, convergence runs (`+exp=convergence`) are told apart by `sweep_mode: convergence`, a
 sweep name starting with 'convergence', or a `loss_curve` field: every step record carries its
 per-step `losses`, but only convergence runs are meant to be compared curve against curve.
-
-If `harness.results` is not importable, a minimal JSONL reader with the same tolerance is used.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import results
 from harness.points import missing
 
 Record = dict[str, Any]
@@ -163,27 +161,4 @@ def _clean(row: dict[str, Any]) -> Record:
 
 
 def _load_frame(files: Sequence[Path]):
-    try:
-        from harness.results import load
-    except ImportError:
-        return _fallback_load(files)
-    return load(*files)
-
-
-def _fallback_load(files: Sequence[Path]):
-    """Plain JSONL reader: one object per line, a broken last line skipped."""
-    import pandas as pd
-
-    rows: list[dict[str, Any]] = []
-    for file in files:
-        lines = file.read_text().splitlines()
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number == len(lines):
-                    continue
-                raise ValueError(f"{file}:{number}: not a JSON object") from None
-    return pd.DataFrame(rows)
+    return results.load(*files)

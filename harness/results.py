@@ -19,11 +19,12 @@ fsyncs, so a killed sweep leaves at worst one truncated last line. Reading toler
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-STATUSES = ("ok", "oom", "error", "diverged", "unavailable")
+# A point's status, from the best to the worst: a point of several processes takes its worst rank's.
+STATUSES = ("ok", "unavailable", "diverged", "error", "oom")
 
 
 @dataclass
@@ -184,9 +186,83 @@ OPTIONAL_FIELDS = {
 }
 
 
+# The kernel lab's records (`python -m harness kernels` and its probes: results/kernels/,
+# results/tuning/, results/device-logs/): one kernel timing per (shape, T, variant), or one probe
+# point. They carry these fields beside the run's metadata (`env`, `gpu_name`, `time`, `sweep`),
+# and the timings and checks each variant adds under a name of `KERNEL_FIELD_FAMILIES`.
+KERNEL_FIELDS = {
+    "variant": "what was timed: cublas_gemm, gemm_plus_fused_adamw(_graph), forge, forge_tune",
+    "rule": "the update rule of a FORGE variant (adamw, lion, sgd-momentum)",
+    "state_dtype": "its optimizer states' dtype (bf16, int8, fp32)",
+    "shape_name": "the linear layer (q, k, v, o, gate, up, down, lm_head; a probe's own names)",
+    "T": "tokens of the weight-gradient GEMM",
+    "N": "the weight's rows (output features)",
+    "K": "the weight's columns (input features)",
+    "rows": "an elementwise probe's weight rows",
+    "cols": "an elementwise probe's weight columns",
+    "storage": "how an elementwise probe stores its states (bf16, int8)",
+    "update_bytes": "the least bytes the update moves: W and each state read and written once",
+    "time_ms": "the variant's median time, ms",
+    "tflops": "2 T N K over that time, TFLOP/s",
+    "repeats": "repeats of the regression suite's timing",
+    "repeat_times_ms": "the median of each repeat, ms",
+    "debug_slowdown": "a deliberate slowdown of the FORGE variant (the suite's self-test), a fraction",
+    "ratio_to_gemm": "time over cuBLAS's weight-gradient GEMM of the same point",
+    "ratio_to_gemm_adamw": "time over the GEMM and fused AdamW",
+    "ratio_to_gemm_adamw_graph": "time over the GEMM and fused AdamW captured in a CUDA graph",
+    "ratio_to_roofline": "time over `roofline_ms`",
+    "floor_ms": "max(FLOPs / measured matmul rate, least bytes / measured copy rate), ms",
+    "fraction_of_floor": "floor_ms over the time",
+    "roofline_ms": "max(the GEMM's time, the update's bytes at the measured copy rate), ms",
+    "ceilings": "the run's measured matmul TFLOP/s and copy TB/s",
+    "chosen": "the variant an FP8 study picks at the point",
+    "fraction": "a probe's split of the work (a fraction)",
+    "pair": "the two kernels a probe compares",
+    "max_abs": "the largest absolute difference of two kernels' outputs",
+    "differing_median_magnitude": "the median magnitude of the elements that differ",
+    "l2_read_tb_s": "the rate operands were read at from L2, TB/s",
+}
+
+# Names a kernel record makes per variant, by their form (`*` is the variant: `shipped_ms`).
+KERNEL_FIELD_FAMILIES = {
+    "*_ms": "a variant's median time, ms",
+    "*_clocks": "a variant's time in GPU clocks",
+    "*_differs": "whether a variant's output differs from the shipped kernel's",
+    "*_error": "why a variant did not build or run",
+    "*_relative_error": "a variant's relative error against its reference",
+    "*_vs_*": "the first variant's time over the second's",
+    "ceiling_*": "a ceiling measured at the start of the run (matmul_tflops, copy_tbps)",
+}
+
+
 def empty_record() -> dict[str, Any]:
     """A record with every field present and unset (None), `schema` filled in."""
     return Record().to_json()
+
+
+def worst_status(statuses: Iterable[str | None]) -> str:
+    """The worst of some statuses (`STATUSES` order; a missing one counts as an error)."""
+    return max((s if s in STATUSES else "error" for s in statuses), key=STATUSES.index)
+
+
+def kernel_record(*parts: Mapping[str, Any], **values: Any) -> dict[str, Any]:
+    """A kernel-lab record: `parts` then `values` merged in order, every name declared (a field of
+    `Record`, `OPTIONAL_FIELDS`, `KERNEL_FIELDS`, or of a `KERNEL_FIELD_FAMILIES` form)."""
+    record = {k: v for part in (*parts, values) for k, v in part.items()}
+    undeclared = [name for name in record if not is_declared(name)]
+    if undeclared:
+        raise KeyError(
+            f"{', '.join(map(repr, undeclared))}: not a record field; declare it in harness.results "
+            "(KERNEL_FIELDS, or a name of a KERNEL_FIELD_FAMILIES form such as '<variant>_ms')"
+        )
+    return record
+
+
+def is_declared(name: str) -> bool:
+    """True for a field of `Record`, of `OPTIONAL_FIELDS`, `KERNEL_FIELDS`, or a family's form."""
+    if name in _FIELD_SET or name in OPTIONAL_FIELDS or name in KERNEL_FIELDS:
+        return True
+    return any(fnmatch.fnmatchcase(name, form) for form in KERNEL_FIELD_FAMILIES)
 
 
 def _json_safe(value: Any) -> Any:
@@ -209,11 +285,16 @@ def _ends_mid_line(f) -> bool:
     return f.read(1) != b"\n"
 
 
-def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
+def _encode(record: Mapping[str, Any]) -> str:
+    """A record as JSON: NaN and inf as null, a value JSON lacks (a path) as its text."""
+    return json.dumps(_json_safe(dict(record)), sort_keys=False, allow_nan=False, default=str)
+
+
+def append(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Append one record as one line: locked, flushed and fsynced, so readers never see half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(_json_safe(record), sort_keys=False, allow_nan=False) + "\n"
+    line = _encode(record) + "\n"
     with open(path, "a+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -224,6 +305,20 @@ def append(path: str | os.PathLike, record: dict[str, Any]) -> None:
             os.fsync(f.fileno())
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_one(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Write one record as a file of its own (a worker's record for the sweep's parent): written
+    whole beside it, then renamed over `path`, so a reader finds it complete or not at all."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(_encode(record))
+    tmp.replace(path)
+
+
+def read_one(path: str | os.PathLike) -> dict[str, Any]:
+    """The record of a file `write_one` wrote."""
+    return json.loads(Path(path).read_text())
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:

@@ -138,9 +138,7 @@ def time_graphed_baseline(dy, x, N, K) -> float:
 
 
 def _record(base: dict, **fields) -> dict:
-    rec = results.empty_record() | base
-    rec.update(fields)
-    return rec
+    return results.kernel_record(results.empty_record(), base, fields)
 
 
 def bench_point(model, shape_name, T, N, K, ceilings, meta, variants, out: Path) -> None:

@@ -20,7 +20,6 @@ by the rule), the shipped launcher `forge.kernels.elementwise_update`, and the k
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -167,6 +166,7 @@ def main(argv: list[str]) -> int:
         return 2
     device = "cpu" if tiny else "cuda"
     shapes, blocks = (TINY_SHAPES, BLOCKS[:3]) if tiny else (SHAPES, BLOCKS)
+    from harness import results
     from harness.run import env
 
     out_dir = Path(os.environ.get("OUT", "results/out"))
@@ -180,9 +180,8 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     for state_dtype in ("bf16", "int8"):
         for name, (rows, cols) in shapes.items():
-            row = dict(meta, **_point(name, rows, cols, state_dtype, device, blocks))
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            row = results.kernel_record(meta, _point(name, rows, cols, state_dtype, device, blocks))
+            results.append(out, row)
             gb = row["update_bytes"] / 1e9
             times = {k[:-3]: v for k, v in row.items() if k.endswith("_ms")}
             rates = " ".join(f"{k} {v:.4f} ({gb / v:.2f} TB/s)" for k, v in times.items())

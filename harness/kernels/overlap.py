@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import math
 import time
 from pathlib import Path
@@ -547,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                     point.step(cfg)
                 torch.cuda.synchronize()
         return 0
+    from harness import results
     from harness.kernels.bench import measure_ceilings
     from harness.run import env
 
@@ -565,14 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         N, K = SHAPES[name]
         for T in args.tokens:
-            row = dict(meta, **time_point(name, N, K, T, args.update_programs, meta["ceilings"]["copy_tbps"]))
+            point = time_point(name, N, K, T, args.update_programs, meta["ceilings"]["copy_tbps"])
+            row = results.kernel_record(meta, point)
             rows.append(row)
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(
-                json.dumps({k: v for k, v in row.items() if k.endswith("_ms") or k.endswith("differs")}),
-                flush=True,
-            )
+            results.append(out, row)
+            print("  ".join(f"{k} {v}" for k, v in row.items() if k.endswith(("_ms", "differs"))), flush=True)
             gc.collect()
             torch.cuda.empty_cache()
     keys = [

@@ -140,8 +140,9 @@ def make_record(
     from harness import results
 
     median = statistics.median(times_ms) if times_ms else None
-    record = results.empty_record() | dict(meta)
-    record.update(
+    return results.kernel_record(
+        results.empty_record(),
+        meta,
         sweep=SWEEP,
         model=MODEL,
         shape_name=point.shape_name,
@@ -160,7 +161,6 @@ def make_record(
         ratio_to_gemm=median / reference_ms if median and reference_ms else None,
         debug_slowdown=debug_slowdown if variant.variant == "forge" else None,
     )
-    return record
 
 
 # ---------------------------------------------------------------------------------------------

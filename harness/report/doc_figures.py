@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import results
 from harness.records import load_records
-from harness.report.doc_probes import OVERLAP, read_jsonl
+from harness.report.doc_probes import OVERLAP
 from harness.report.doc_tables import BASE, HEADLINE, TOKENS, headline_run, tokens_run
 from harness.report.markup import fmt_ratio
 from harness.report.runs import Where, needs, one_run
@@ -82,7 +83,7 @@ def _eager_base_spread(root: Path) -> list[str]:
 
 def _operand_reads(root: Path) -> list[str]:
     """What operand reads cost the kernel at T >= 1024: 1 - (no operand reads) / full."""
-    costs = [1 - r["ws_first_lap_ms"] / r["ws_ms"] for r in read_jsonl(root / OVERLAP) if r["T"] >= 1024]
+    costs = [1 - r["ws_first_lap_ms"] / r["ws_ms"] for r in results.read(root / OVERLAP) if r["T"] >= 1024]
     return [f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"]
 
 
@@ -177,7 +178,7 @@ MASKED = "results/device-logs/graphed-vs-eager-b8-20261203-{}.jsonl"
 def _masked_attention(root: Path) -> list[str]:
     """What the masked attention cost a graphed 8,192-token step: before (b75d62b) over after (debfb64)."""
     before, after = (
-        {r["method_label"]: r for r in read_jsonl(root / MASKED.format(c))} for c in ("b75d62b", "debfb64")
+        {r["method_label"]: r for r in results.read(root / MASKED.format(c))} for c in ("b75d62b", "debfb64")
     )
     cost = [
         before[m]["step_time_ms_median"] / after[m]["step_time_ms_median"] - 1

@@ -24,15 +24,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from harness import results
 from harness.kernels.compare_profiles import kernel_differences, summary
 from harness.report.markup import Table, to_markdown
 
 PROFILES_B1 = "results/device-logs/profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Every JSON line of a probe's output file (results/device-logs/), in order."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> str:
@@ -73,7 +69,7 @@ def _source(path: str, records: list[dict]) -> str:
 def kernel_overlap(root: Path) -> str:
     """The shipped kernel against its roofline, its halves apart, what operand reads cost, and the
     multiprocessor-specialized kernel at its best split (`python -m harness.kernels.overlap`)."""
-    records = read_jsonl(root / OVERLAP)
+    records = results.read(root / OVERLAP)
     rows = []
     for r in records:
         roof = r["roofline_ms"]
@@ -95,7 +91,7 @@ def kernel_overlap(root: Path) -> str:
     header = ["point", "roofline ms", "shipped / roofline", "MMA half / roofline", "update half / roofline"]
     header += ["together / larger half", "half the dy reads", "no operand reads", "split kernel, best (U)"]
     table = _table(header, rows, "l" + "r" * 8)
-    t39 = {(r["shape_name"], r["T"]): r for r in read_jsonl(root / OVERLAP_T39)}
+    t39 = {(r["shape_name"], r["T"]): r for r in results.read(root / OVERLAP_T39)}
     t36 = {(r["shape_name"], r["T"]): r for r in records}
     versions = "; ".join(
         f"{shape} T = {t}: {_ms(t36[(shape, t)]['shipped_ms'])} ms under triton 3.6,"
@@ -128,7 +124,7 @@ def _prefetch_run(root: Path) -> tuple[str, list[dict]] | None:
     kernel's candidates, or None."""
     runs = []
     for path in sorted(root.glob(OVERLAP_RUNS)):
-        records = read_jsonl(path)
+        records = results.read(path)
         if records and any(key.startswith(PREFETCH) for key in records[0]):
             runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
     return max(runs)[1:] if runs else None

@@ -584,12 +584,13 @@ UPDATE_BYTES = 12  # a weight's update with bf16 states: W, m and v read and wri
 def floor_estimate(root: Path) -> str:
     """Llama-3.1-8B's linears at T = 1024 if every fused kernel took only the larger of its halves:
     cuBLAS's dW GEMM, or the update's bytes at the epilogue's measured rate."""
+    from harness import results
     from harness.kernels.layers import MODELS
     from harness.records import load_records, split_kinds
-    from harness.report.doc_probes import OVERLAP, read_jsonl
+    from harness.report.doc_probes import OVERLAP
     from harness.report.kernel_table import SHAPE_ORDER, latest
 
-    probe = next(r for r in read_jsonl(root / OVERLAP) if (r["shape_name"], r["T"]) == ("gate", 1024))
+    probe = next(r for r in results.read(root / OVERLAP) if (r["shape_name"], r["T"]) == ("gate", 1024))
     rate = probe["update_bytes"] / probe["ws_epilogue_only_ms"] / 1e9  # TB/s: bytes / ms / 1e9
     _, kernels = split_kinds(load_records([root / KERNELS / "kernels-llama3.1-8b.jsonl"]))
     at = {

@@ -52,10 +52,10 @@ def rank_record_path(record_path: Path, rank: int, world_size: int) -> Path:
 
 def rank_records(record_path: Path, gpus: int) -> list[dict[str, Any]]:
     """The per-rank records that exist (a rank killed by torchrun wrote none), by rank."""
-    import json
+    from harness import results
 
     paths = [rank_record_path(record_path, r, gpus) for r in range(gpus)]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+    return [results.read_one(p) for p in paths if p.exists()]
 
 
 def local_rank() -> int:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness import results
 from harness.run import config as config_mod
 from harness.run import env, launch, methods
 from harness.run import record as point_record
@@ -122,7 +123,7 @@ def run_isolated(point: Point, git: dict[str, Any]) -> dict[str, Any]:
         if gpus > 1 and (ranks := launch.rank_records(record_path, gpus)):
             return point_record.merge_ranks(ranks)
         if record_path.exists():
-            return json.loads(record_path.read_text())
+            return results.read_one(record_path)
     status = "oom" if "out of memory" in stderr.lower() else "error"
     tail = stderr.strip()[-2000:] or "(no stderr)"
     return crash_record(point, git, status, f"worker exited with code {proc.returncode}: {tail}")

@@ -25,12 +25,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.results import PEAK_FIELDS, Record
+from harness.results import PEAK_FIELDS, Record, worst_status
 from harness.run import config as config_mod
 from harness.run import env, methods
 
 ATTENTION_MASK = "is_causal"  # the mask the models give SDPA (harness.run.models): records say so
-STATUS_ORDER = ("oom", "error", "diverged", "unavailable", "ok")  # the worst status of a point's ranks first
 
 
 def point_config(cfg: DictConfig) -> dict[str, Any]:
@@ -116,7 +115,8 @@ def merge_ranks(records: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r.get(name) for r in by_rank]
         known = [v for v in values if v is not None]
         merged.set(**{f"{name}_per_rank": values, name: max(known) if known else None})
-    worst = min(by_rank, key=lambda r: STATUS_ORDER.index(r.get("status", "error")))
+    status = worst_status(r.get("status", "error") for r in by_rank)
+    worst = next(r for r in by_rank if r.get("status", "error") == status)
     merged.set(status=worst.get("status"), error=worst.get("error"), ranks_reported=len(by_rank))
     world = merged.extra.get("world_size") or len(by_rank)
     merged.gpu_count = (merged.gpu_count or 0) * world  # 0 on CPUs (gloo), else world

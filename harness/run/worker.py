@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     if spec["config"].get("device") == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
+    from harness import results
     from harness.run import config, launch, runner, tensor_parallel
 
     cfg = config.from_dict(spec["config"])
@@ -38,9 +39,7 @@ def main(argv: list[str]) -> int:
     record = runner.measure_point(cfg, point=spec["point"], git=spec.get("git"))
     record.set(rank=rank, world_size=world)
     path = launch.rank_record_path(record_path, rank, world)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record.to_json(), default=str))
-    tmp.replace(path)
+    results.write_one(path, record.to_json())
     if world > 1 and record.status != "ok":
         os._exit(1)  # torchrun then stops the other ranks (they may wait in a collective for us)
     tensor_parallel.finish()

@@ -1,8 +1,15 @@
 """harness.results: atomic appends, truncated-line tolerance, one-call loading."""
 
 import json
+import re
+from pathlib import Path
+
+import pytest
 
 import harness.results as results
+from harness import records
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _record(point: str, **kw) -> dict:
@@ -64,3 +71,62 @@ def test_merge_brings_back_only_missing_records(tmp_path):
     assert [r["point"] for r in results.read(tree / "s.jsonl")] == ["a", "b"]
     assert [r["point"] for r in results.read(tree / "sub" / "t.jsonl")] == ["a", "b"]
     assert results.merge_missing_records(kept, tree) == {}  # a second merge adds nothing
+
+
+def _field_table(text: str) -> list[str]:
+    """The names in the first column of the `| field | meaning |` table of a Markdown page."""
+    rows = []
+    for line in text[text.index("| field | meaning |") :].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1])
+    return [name for row in rows for name in re.findall(r"`([^`]+)`", row)]
+
+
+def test_the_guide_lists_every_record_field_once():
+    """docs/harness.md's field table names exactly `FIELDS`: a field added, renamed or dropped in
+    `Record` is a row of the table to write."""
+    names = _field_table((REPO / "docs" / "harness.md").read_text())
+    assert sorted(names) == sorted(results.FIELDS)
+    assert len(names) == len(set(names))
+
+
+def test_a_kernel_record_refuses_an_undeclared_field():
+    record = results.kernel_record(
+        {"gpu_name": "H200"}, shape_name="q", T=8, shipped_ms=0.1, split_u8_differs=False
+    )
+    assert record["T"] == 8 and record["shipped_ms"] == 0.1
+    with pytest.raises(KeyError, match="KERNEL_FIELDS"):
+        results.kernel_record({"gpu_name": "H200"}, shipped_time=0.1)
+
+
+def test_every_committed_kernel_record_declares_its_fields():
+    """The kernel lab's records under results/ (its probes' under device-logs/overlap-*) carry only
+    declared names: a field a writer adds is declared in harness.results first."""
+    files = [
+        *records.expand([REPO / "results"]),
+        *sorted((REPO / "results" / "device-logs").glob("overlap-*.jsonl")),
+    ]
+    kernel = [
+        r
+        for f in files
+        for r in results.iter_records(f)
+        if "variant" in r or r.get("sweep") == "kernel_overlap"
+    ]
+    assert kernel
+    undeclared = {name for r in kernel for name in r if not results.is_declared(name)}
+    assert not undeclared
+
+
+def test_the_worst_status_of_ranks():
+    assert results.worst_status(["ok", "oom", "error"]) == "oom"
+    assert results.worst_status(["ok", "unavailable"]) == "unavailable"
+    assert results.worst_status(["ok", None]) == "error"
+
+
+def test_one_record_file_round_trips(tmp_path):
+    path = tmp_path / "record.json"
+    results.write_one(path, _record("a", loss_last=float("nan"), notes=[tmp_path]))
+    back = results.read_one(path)
+    assert back["point"] == "a" and back["loss_last"] is None and back["notes"] == [str(tmp_path)]
+    assert not path.with_suffix(".tmp").exists()
