@@ -29,6 +29,9 @@
 #                        on Llama-3.1-8B's k_proj and Qwen3-0.6B's q_proj; JSON to $OUT)
 #   elementwise          the element-wise update at other block shapes (harness.kernels.elementwise)
 #   tp-exactness         tensor-parallel FORGE == torch.optim at a real size (2 GPUs, torchrun)
+#   reference-exactness  the paper's FORGE and ours against the fp64 AdamW step, beside torch.optim
+#                        (`python -m harness.kernels.reference_exactness`; JSON to $OUT; needs the
+#                        fused_grad_optimizer wheel in .whl/)
 #   anything else        the overrides of one `python -m harness sweep` (split on spaces, never
 #                        glob-expanded)
 # Parts joined by ' | ' inside one step run at the same time (`tests` among them too): only for
@@ -142,6 +145,14 @@ for step in "$@"; do
       # shellcheck disable=SC2086  # one option per word
       timeout -k 10 "$left" python3 -m harness.kernels.overlap $rest --out "$out" >>"$log" 2>&1 || rc=$?
       tail -n +"$start" "$log" | tail -n 20
+      continue
+      ;;
+    reference-exactness)
+      limit=$((left < 180 ? left : 180))
+      # shellcheck disable=SC2086  # one case name per word
+      OUT="$out" timeout -k 10 "$limit" python3 -m harness.kernels.reference_exactness $rest \
+        >>"$log" 2>&1 || rc=$?
+      tail -n +"$start" "$log" | tail -n 6
       continue
       ;;
     tp-exactness)
