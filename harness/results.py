@@ -12,7 +12,7 @@ fsyncs, so a killed sweep leaves at worst one truncated last line. Reading toler
 `append` first ends such a fragment with a newline so the next record starts on a line of its own.
 
     >>> import harness.results as results
-    >>> df = results.load("results/")              # every *.jsonl below, one row per record
+    >>> df = results.load("results")               # every *.jsonl below, one row per record
     >>> df[df.status == "ok"][["method", "batch_size", "step_time_ms_median"]]
 """
 

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 import forge
-from harness import results
+from harness import results, sources
 from harness.kernels import regress_suite
 from harness.kernels.layers import (
     MODELS,
@@ -449,7 +449,7 @@ def main(argv: list[str]) -> int:
         return 0
     if args.tune:
         name = "-".join(args.groups or ["all"])
-        out = Path(args.out or "results/tuning") / f"tuning-{name}-{stamp}.jsonl"
+        out = Path(args.out or sources.TUNING) / f"tuning-{name}-{stamp}.jsonl"
         tune(out, meta, args.groups, args.state_dtypes, args.points, tuple(args.tokens or TUNE_TOKENS))
         print(f"results: {out} (python -m harness.kernels.tuning {out})")
         return 0
@@ -458,7 +458,7 @@ def main(argv: list[str]) -> int:
         f"ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s bf16 matmul, "
         f"{ceilings['copy_tbps']:.2f} TB/s copy"
     )
-    out = Path(args.out or "results/kernels") / f"kernels-{stamp}.jsonl"
+    out = Path(args.out or sources.KERNELS) / f"kernels-{stamp}.jsonl"
     variants = list(itertools.product(args.rules, forge.STATE_DTYPES))
     for model in args.models:
         shapes = linear_shapes(MODELS[model])

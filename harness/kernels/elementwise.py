@@ -166,10 +166,10 @@ def main(argv: list[str]) -> int:
         return 2
     device = "cpu" if tiny else "cuda"
     shapes, blocks = (TINY_SHAPES, BLOCKS[:3]) if tiny else (SHAPES, BLOCKS)
-    from harness import results
+    from harness import results, sources
     from harness.run import env
 
-    out_dir = Path(os.environ.get("OUT", "results/out"))
+    out_dir = Path(os.environ.get("OUT", sources.OUT))
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"elementwise-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     meta = dict(

@@ -56,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from forge.kernels import wgrad_update_prefetch as pf
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
+from harness import sources
 
 SHAPES = {"gate": (14336, 4096), "q": (4096, 4096), "down": (4096, 14336)}  # Llama-3.1-8B (N, K)
 TOKENS = (1024, 4096, 16384)
@@ -522,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--update-programs", nargs="*", type=int, default=list(UPDATE_PROGRAMS))
     parser.add_argument(
-        "--out", type=Path, default=Path("results/device-logs"), help="folder for the JSONL records"
+        "--out", type=Path, default=Path(sources.DEVICE_LOGS), help="folder for the JSONL records"
     )
     parser.add_argument(
         "--launch-once",

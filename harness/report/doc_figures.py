@@ -20,11 +20,25 @@ from pathlib import Path
 
 from harness import results
 from harness.records import load_records
-from harness.report.doc_probes import OVERLAP
-from harness.report.doc_tables import BASE, HEADLINE, TOKENS, headline_run, tokens_run
+from harness.report.doc_tables import BASE, headline_run, tokens_run
 from harness.report.markup import fmt_ratio
 from harness.report.runs import Where, needs, one_run
 from harness.report.tables import step_median
+from harness.sources import (
+    ARCHIVE,
+    CLIP,
+    GPU_TESTS,
+    GRAPH_PEAK,
+    HEADLINE,
+    INT8_GROUPS,
+    KAHAN,
+    LAUNCHES,
+    MASKED,
+    OVERLAP,
+    RESULTS,
+    STREAM,
+    TOKENS,
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ def _headline_steps(root: Path) -> list[str]:
 
 def _eager_base_spread(root: Path) -> list[str]:
     """Fused AdamW's eager Llama-3.1-8B step at batch 1, seq 1024 over every run in results/."""
-    records = load_records([root / "results"], exclude_dirs=("baselines",))
+    records = load_records([root / RESULTS], exclude_dirs=("baselines",))
     where = Where()
     steps = [
         step_median(r)
@@ -87,18 +101,12 @@ def _operand_reads(root: Path) -> list[str]:
     return [f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"]
 
 
-LAUNCHES = "results/device-logs/launch-breakdown-1024x2048x1024-20261204-9616b23.json"
-
-
 def _host_per_layer(root: Path) -> list[str]:
     data = json.loads((root / LAUNCHES).read_text())
     layers = data["layers"]
     forge = data["rows"][f"ForgeLinear stack of {layers}, per layer"]["host_us"]
     plain = data["rows"][f"nn.Linear stack of {layers}, per layer"]["host_us"]
     return [f"{forge:.1f}", f"{plain:.1f}", str(layers)]
-
-
-STREAM = "results/llama8b_update_stream_h200.jsonl"
 
 
 def _second_stream(root: Path) -> list[str]:
@@ -127,9 +135,6 @@ def _capture_pays(root: Path) -> list[str]:
     return [f"{ms:.1f}" for ms in steps]
 
 
-KAHAN = "results/kahan_h200.jsonl"
-
-
 def _kahan(root: Path) -> list[str]:
     labels = ["forge_bf16_graph", "forge_bf16_kahan_graph", "forge_int8_graph", "forge_int8_kahan_graph"]
     run = one_run(root, KAHAN, needs(labels))
@@ -152,15 +157,9 @@ def _kahan(root: Path) -> list[str]:
     ]
 
 
-GROUPS = "results/archive/llama8b_graphs_h200-20261130-5acc636.jsonl"
-
-
 def _int8_groups(root: Path) -> list[str]:
-    run = one_run(root, GROUPS, needs(["forge_int8", "forge_int8_g128"]))
+    run = one_run(root, INT8_GROUPS, needs(["forge_int8", "forge_int8_g128"]))
     return [f"{run.peak('forge_int8_g128'):.2f}", f"{run.peak('forge_int8'):.2f}"]
-
-
-CLIP = "results/clip_h200.jsonl"
 
 
 def _clipped_peaks(root: Path) -> list[str]:
@@ -170,9 +169,6 @@ def _clipped_peaks(root: Path) -> list[str]:
     if (f"{bf16:.2f}", f"{int8:.2f}") != (f"{bf16_plain:.2f}", f"{int8_plain:.2f}"):
         raise ValueError(f"{CLIP}: the clipped peaks differ from the unclipped ones")
     return [f"{bf16:.2f}", f"{int8:.2f}"]
-
-
-MASKED = "results/device-logs/graphed-vs-eager-b8-20261203-{}.jsonl"
 
 
 def _masked_attention(root: Path) -> list[str]:
@@ -187,15 +183,9 @@ def _masked_attention(root: Path) -> list[str]:
     return [f"{100 * c:.1f}" for c in cost]
 
 
-GRAPH_PEAK = "results/device-logs/graph-peak-no_optimizer-b4-20261203-b75d62b.json"
-
-
 def _repeated_kv(root: Path) -> list[str]:
     sites = json.loads((root / GRAPH_PEAK).read_text())["difference_by_site"]
     return [f"{sum(s['difference_gib'] for s in sites if 'repeat_kv' in s['site']):.1f}"]
-
-
-GPU_TESTS = "results/device-logs/gpu-tests-and-sweep-llama8b_graphs_h200-20261130-d6b0cab.log"
 
 
 def _gpu_tests_passed(root: Path) -> list[str]:
@@ -212,7 +202,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         PERF,
         "eager Llama-3.1-8B step at batch 1 took {} to {} ms over the runs of it in results/",
-        "results/*.jsonl, results/archive/",
+        f"{RESULTS}*.jsonl, {ARCHIVE}",
         _eager_base_spread,
     ),
     Figure(PERF, "none without checkpointing from {} tokens on", TOKENS, _no_saving_from),
@@ -239,7 +229,7 @@ FIGURES: tuple[Figure, ...] = (
         KAHAN,
         _kahan,
     ),
-    Figure(DESIGN, "groups of 128 peak at {} against {} GiB", GROUPS, _int8_groups),
+    Figure(DESIGN, "groups of 128 peak at {} against {} GiB", INT8_GROUPS, _int8_groups),
     Figure(
         DESIGN,
         "the clipped peaks equal the unclipped ones ({} GiB bf16, {} int8, graphed",

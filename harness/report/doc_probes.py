@@ -27,8 +27,7 @@ from pathlib import Path
 from harness import results
 from harness.kernels.compare_profiles import kernel_differences, summary
 from harness.report.markup import Table, to_markdown
-
-PROFILES_B1 = "results/device-logs/profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
+from harness.sources import NCU, OVERLAP, OVERLAP_RUNS, OVERLAP_T39, PROFILES_B1
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> str:
@@ -41,11 +40,6 @@ def _x(value: float) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:.3f}"
-
-
-OVERLAP = "results/device-logs/overlap-20261204-f71303c.jsonl"
-OVERLAP_T39 = "results/device-logs/overlap-triton3.9-20261204-0a52bdd.jsonl"
-NCU = "results/device-logs/ncu-ws-split-gate-t1024-20261204-926cb1d.csv"
 
 
 def _best_split(r: dict) -> tuple[int, float]:
@@ -115,7 +109,6 @@ def kernel_overlap(root: Path) -> str:
     )
 
 
-OVERLAP_RUNS = "results/device-logs/overlap-*.jsonl"
 PREFETCH = "prefetch_"
 
 

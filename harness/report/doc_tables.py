@@ -18,15 +18,21 @@ from harness.records import Record
 from harness.report import paper
 from harness.report.markup import Table, fmt_gib, fmt_ms, fmt_ratio, to_markdown
 from harness.report.runs import LLAMA, Run, Where, needs, one_run
+from harness.sources import (
+    CHECKPOINTING,
+    CLIP,
+    HEADLINE,
+    INT8_GROUPS,
+    KERNEL_TABLES,
+    KERNELS_LLAMA,
+    OVERLAP,
+    PAPER,
+    PEAKS,
+    QWEN_SCALING,
+    TOKENS,
+    TP2_CAPACITY,
+)
 
-HEADLINE = "results/llama8b_graphs_h200.jsonl"
-PAPER = "results/paper_h200.jsonl"
-QWEN_SCALING = "results/qwen3_scaling_h200.jsonl"
-TP2_CAPACITY = "results/tp2_capacity_40gb.jsonl"
-CHECKPOINTING = "results/activation_checkpointing.jsonl"
-TOKENS = "results/scaling_tokens_h200.jsonl"
-PEAKS = "results/peak_vs_tokens_h200.jsonl"
-CLIP = "results/clip_h200.jsonl"
 QWEN14B = "qwen3-14b"
 BATCHES = (1, 2, 4, 8)  # x 1,024 tokens: the token sweep's steps
 BASE, FP32GRAD, FLOOR = "fused_adamw", "fused_adamw_fp32grad", "no_optimizer"
@@ -494,7 +500,7 @@ def kernel_summary(root: Path) -> str:
     from harness.records import load_records, split_kinds
     from harness.report.kernel_table import t4_kernels
 
-    _, kernels = split_kinds(load_records([root / KERNELS / name for name in KERNEL_TABLES]))
+    _, kernels = split_kinds(load_records([root / path for path in KERNEL_TABLES]))
     summary = next(s.table for s in t4_kernels(kernels) if s.table.name == "t4_kernels_summary")
     rows = [row for row in summary.rows if row[0] == "adamw"]
     return "\n\n".join(
@@ -507,23 +513,16 @@ def kernel_summary(root: Path) -> str:
     )
 
 
-KERNELS = "results/kernels/"
-KERNEL_TABLES = ("kernels-llama3.1-8b.jsonl", "kernels-qwen3-14b.jsonl")
-
-
 def _kernel_runs(root: Path) -> str:
     """'`results/kernels/kernels-llama3.1-8b.jsonl` (d6b0cab, 2026-11-30), ...': each kernel table's run."""
     from harness.report.runs import runs
 
     parts = []
-    for name in KERNEL_TABLES:
-        found = runs(root, KERNELS + name)
+    for path in KERNEL_TABLES:
+        found = runs(root, path)
         commits = ", ".join(f"{run.short}, {run.date}" for run in found)
-        parts.append(f"`{KERNELS}{name}` ({commits})")
+        parts.append(f"`{path}` ({commits})")
     return " and ".join(parts)
-
-
-INT8_GROUPS = "results/archive/llama8b_graphs_h200-20261130-5acc636.jsonl"
 
 
 def _goal(name: str, measured: str, met: bool) -> list[str]:
@@ -587,12 +586,11 @@ def floor_estimate(root: Path) -> str:
     from harness import results
     from harness.kernels.layers import MODELS
     from harness.records import load_records, split_kinds
-    from harness.report.doc_probes import OVERLAP
     from harness.report.kernel_table import SHAPE_ORDER, latest
 
     probe = next(r for r in results.read(root / OVERLAP) if (r["shape_name"], r["T"]) == ("gate", 1024))
     rate = probe["update_bytes"] / probe["ws_epilogue_only_ms"] / 1e9  # TB/s: bytes / ms / 1e9
-    _, kernels = split_kinds(load_records([root / KERNELS / "kernels-llama3.1-8b.jsonl"]))
+    _, kernels = split_kinds(load_records([root / KERNELS_LLAMA]))
     at = {
         (r["shape_name"], r["variant"], r.get("state_dtype")): r
         for r in latest(kernels)
@@ -630,7 +628,7 @@ def floor_estimate(root: Path) -> str:
             f" {sums[2]:.1f} ms a step instead of {sums[3]:.1f}, and the graphed FORGE bf16 step of the first"
             f" table {fmt_ms(floor_step)} ms instead of {fmt_ms(forge_step)}:"
             f" {fmt_ratio(floor_step / base_step)} fused AdamW's. Data: the kernel table"
-            f" `{KERNELS}kernels-llama3.1-8b.jsonl` (AdamW, bf16 states),"
+            f" `{KERNELS_LLAMA}` (AdamW, bf16 states),"
             f" the update half's rate from `{OVERLAP}` (gate, T = 1024), the steps from {head.source()}.",
         ]
     )

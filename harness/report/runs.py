@@ -11,7 +11,7 @@ A point is named by its `method_label` (`forge_int8_graph`) at a model, batch, s
 checkpointing setting and loss (`harness.points.loss_mode`); where a run measured a point twice
 (a resumed sweep), the later record counts.
 
-    >>> run = one_run(Path("."), "results/paper_h200.jsonl", needs(["fused_adamw_fp32grad", "forge_int8"]))
+    >>> run = one_run(Path("."), sources.PAPER, needs(["fused_adamw_fp32grad", "forge_int8"]))
     >>> run.peak("forge_int8") / run.peak("fused_adamw_fp32grad")
 """
 

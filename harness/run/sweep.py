@@ -170,7 +170,8 @@ def predict_largest(small: dict, large: dict, cap_gib: float | None) -> int | No
 
 
 def results_path(cfg: DictConfig, hardware: str | None = None) -> Path:
-    """results/<sweep>.jsonl; a scratch directory gets a .gitignore so its files stay untracked.
+    """The sweep's results file, results/<sweep>.jsonl; a scratch directory gets a .gitignore so
+    its files stay untracked.
 
     Given the hardware this run measures on (`hardware_label`), a results/<sweep>.jsonl that holds
     records measured on other hardware is left alone: the path is results/<sweep>-<hardware>.jsonl."""
