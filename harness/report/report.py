@@ -51,6 +51,8 @@ from harness.report.muon_table import EXPERIMENT as MUON
 from harness.report.muon_table import muon_table
 from harness.report.paper_table import paper_comparison
 from harness.report.readme import Section, render
+from harness.report.reference_table import preamble as reference_preamble
+from harness.report.reference_table import reference_tables
 from harness.report.tables import (
     Selection,
     largest_batches,
@@ -80,6 +82,7 @@ def build_sections(
     measured (the committed report); else only the sections the records fill."""
     sections = [
         _paper_section(paper_comparison(steps)),
+        *_reference_section(steps),
         _step_section("t1", "T1: Llama-3.1-8B, memory and step time", "llama8b_h200", t1_llama(steps), out),
         _step_section("t2", "T2: scaling over Qwen3 sizes", "qwen3_scaling_h200", t2_scaling(steps), out),
         _capacity_section(t3_capacity(steps), preambles.model_sizes(steps), out),
@@ -130,6 +133,18 @@ def _paper_section(sel: Selection | None) -> Section:
         section.selections = [sel]
         section.preamble = preambles.step_preamble(sel.records)
     return section
+
+
+def _reference_section(steps: Sequence[Record]) -> list[Section]:
+    """The paper's code beside ours (`reference_table`): only once a `reference_*` sweep has records."""
+    selections = reference_tables(steps)
+    if not selections:
+        return []
+    section = Section("reference", "The paper's code and ours", _hint("reference_h200"))
+    section.selections = selections
+    records = selections[0].records
+    section.preamble = "\n\n".join([reference_preamble(records), preambles.step_preamble(records)])
+    return [section]
 
 
 def _hint(exp: str) -> str:

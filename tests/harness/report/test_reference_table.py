@@ -1,0 +1,95 @@
+"""The report's section "The paper's code and ours" (harness.report.reference_table).
+
+Made from the records of a `reference_*` sweep only: the README's figures quoted beside what was
+measured at its point, every point's step and peak with ours over the paper's, failed points
+showing their status, and no section (nor a placeholder) without records.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from harness.report import paper, reference_table, report
+from harness.run.config import CONF_DIR
+
+
+def _record(label: str, seq: int, step: float | None, peak: float | None, status: str = "ok", **extra) -> dict:
+    graphed = label.endswith("_graph")
+    record = {
+        "sweep": "reference_h200",
+        "point": f"{label}/llama3.1-8b/b1/s{seq}/h200",
+        "time": "2026-12-06T00:00:00Z",
+        "status": status,
+        "error": None if status == "ok" else "fused_grad_optimizer (the paper's FORGE) is not installed",
+        "method": {"fused": "fused_adamw"}.get(label.split("_")[0], label.split("_")[0]),
+        "method_label": label,
+        "method_options": {"lr": 1e-4, **({"cuda_graph": True} if graphed else {})},
+        "master_weights": "bf16",
+        "model": "llama3.1-8b",
+        "n_params": 8_030_261_248,
+        "batch_size": 1,
+        "seq_len": seq,
+        "steps": 20,
+        "warmup_steps": 5,
+        "activation_checkpointing": False,
+        "gpu": "h200",
+        "gpu_name": "NVIDIA H200",
+        "gpu_count": 1,
+        "step_time_ms_median": step,
+        "peak_alloc_gib": peak,
+        "config": {"seed": 0, "model": yaml.safe_load((CONF_DIR / "model" / "llama3.1-8b.yaml").read_text())},
+    }
+    record.update(extra)
+    return record
+
+
+RECORDS = [
+    _record("fused_adamw", 512, 140.0, 56.0),
+    _record("forge_reference_bf16", 512, 120.0, 45.0, method="forge_reference"),
+    _record("forge_bf16", 512, 110.0, 44.0, method="forge"),
+    _record("forge_reference_int8", 512, None, None, status="unavailable", method="forge_reference"),
+    _record("forge_bf16_graph", 512, 100.0, 44.5, method="forge"),
+    _record("forge_reference_bf16_graph", 512, 105.0, 45.5, method="forge_reference"),
+    _record("fused_adamw_graph", 512, 120.0, 56.1),
+    _record("forge_bf16", 4096, 300.0, 60.0, method="forge"),
+]
+
+
+def test_the_readme_table_quotes_the_published_figures_beside_the_measured_ones():
+    table = reference_table.readme_table(RECORDS)
+    rows = {row[1]: row for row in table.rows}
+    peak, step, spread = paper.REFERENCE_README["forge_reference_bf16"]
+    paper_row = rows["paper's FORGE bf16"]
+    assert paper_row[2:4] == [f"{peak:.2f}", f"{step:.1f} ± {spread:.1f}"]
+    assert paper_row[4] == f"{step / paper.REFERENCE_README['fused_adamw'][1]:.2f}x"
+    assert paper_row[6:9] == ["45.0", "120.0", "0.86x"]  # measured, and over the measured fused AdamW
+    assert rows["our FORGE bf16"][2] == "—" and rows["our FORGE bf16"][7] == "110.0"
+    assert rows["paper's FORGE int8"][6].startswith("unavailable [1]")
+    assert "not installed" in table.notes[-1] and "20 steps (5 warm-up)" in table.notes[0]
+    assert rows["vanilla AdamW"][6:] == ["—"] * 4  # not measured in this run: no figure made up
+
+
+def test_every_point_sets_ours_against_the_papers_within_its_step_mode():
+    steps = {(row[2], row[3]): row for row in reference_table._points_table(RECORDS, "step").rows}
+    peaks = {(row[2], row[3]): row for row in reference_table._points_table(RECORDS, "peak").rows}
+    assert steps[("512", "eager")][-2] == f"{110 / 120:.2f}x" and steps[("512", "graphed")][-2] == "0.95x"
+    assert peaks[("512", "eager")][-2] == "-1.00" and peaks[("512", "graphed")][-2] == "-1.00"
+    assert steps[("4096", "eager")][-2] == "—"  # the paper's FORGE has no record there
+    assert list(steps) == [("512", "eager"), ("512", "graphed"), ("4096", "eager")]
+
+
+def test_no_section_without_records_and_one_with_them(tmp_path):
+    planned = tmp_path / "planned"
+    report.write_report([], planned, ["results/"], planned=True)
+    assert 'id="reference"' not in (planned / "README.md").read_text()
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "reference_h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    assert report.main([str(folder), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert text.count('<a id="reference"></a>') == 1 and "The paper's code and ours" in text
+    assert "llama3.1-8b's embedding: 0.98 GiB in bf16" in text
+    for name in ("reference_readme", "reference_steps", "reference_peaks"):
+        assert (tmp_path / "out" / "tables" / f"{name}.md").exists()
