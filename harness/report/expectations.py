@@ -84,7 +84,11 @@ def footprint(method: str, options: Any = None, master_weights: Any = None) -> F
 
 def static_gib(fp: Footprint, n_params: float) -> float:
     """Weights + gradients + states in GiB for `n_params` parameters."""
-    return fp.total * n_params / GIB
+    return static_gib_of(fp.total, n_params)
+
+
+def static_gib_of(bytes_per_param: float, n_params: float) -> float:
+    return bytes_per_param * n_params / GIB
 
 
 def update_floor_ms(fp: Footprint, n_params: float, ceilings: Ceilings) -> float:

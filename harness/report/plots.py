@@ -5,8 +5,9 @@ everything that would make two renderings of the same data differ: the default s
 matplotlibrc is ignored), a fixed size and dpi, and no PNG metadata (matplotlib otherwise stamps
 its version as 'Software'). The same records and the same matplotlib give the same bytes.
 
-Every plot reads at 100% on a laptop screen: at most `MAX_WIDTH_PX` wide (a test holds every
-committed PNG to it), labels whole (`save` crops to what is drawn, nothing cut off), and a legend
+Every plot reads at 100% on a laptop screen: at most `MAX_WIDTH_PX` wide and high (a test holds
+every committed PNG to it), every series of a plot its own colour and marker (`series_styles`),
+labels whole (`save` crops to what is drawn, nothing cut off), and a legend
 for every kind of line and marker drawn. Bars per method run horizontally, one row per method, so
 the names read straight and forty methods make a taller plot, not a wider one.
 
@@ -43,7 +44,15 @@ from harness.run import gpus  # noqa: E402
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
-MAX_WIDTH_PX = 2000  # the widest plot a laptop shows at 100%
+MAX_WIDTH_PX = 2000  # the widest (and tallest) plot a laptop shows at 100%
+MAX_HEIGHT_IN = 18.0  # the tallest figure drawn, in inches: under MAX_WIDTH_PX with its legend below
+PALETTE = (  # tab10, then tab20's lighter shades: twenty colours told apart
+    "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
+    "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan",
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
+    "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
+)  # fmt: skip
+MARKERS = "osD^v<>ph"  # nine: coprime with the twenty colours
 BAR_ROW_IN = 0.24  # the height of one method's bar, in inches (24 px at 100 dpi: a line of 9 pt text)
 BARS_WIDTH_IN = 5.5  # the width of a bar plot's axes (and title), in inches
 LABEL_CHAR_IN = 0.07  # the width of a character of a 9 pt label, in inches
@@ -79,7 +88,8 @@ def styled(draw: Callable[..., Path]) -> Callable[..., Path]:
 
 
 def _figure(width: float = 7.0, height: float = 4.0, nrows: int = 1, ncols: int = 1):
-    return plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    """A figure of panels, never taller than MAX_HEIGHT_IN (panels share what there is)."""
+    return plt.subplots(nrows, ncols, figsize=(width, min(height, MAX_HEIGHT_IN)), squeeze=False)
 
 
 def _label(record: Record) -> str:
@@ -244,10 +254,9 @@ def loss_per_step(records: Sequence[Record], title: str, path: Path) -> Path:
             curves.setdefault(tuple(round(float(v), 4) for v in losses), []).append(_label(record))
     fig, axes = _figure(7.0, 3.8)
     ax = axes[0][0]
-    markers = "osD^v<>ph*"
-    for index, (losses, names) in enumerate(curves.items()):
+    for (losses, names), (color, marker) in zip(curves.items(), series_styles(len(curves))):
         steps = range(1, len(losses) + 1)
-        ax.plot(steps, losses, marker=markers[index % len(markers)], label=" = ".join(names))
+        ax.plot(steps, losses, color=color, marker=marker, label=" = ".join(names))
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("step (warm-up included)")
     ax.set_ylabel("training loss, nats")
@@ -355,9 +364,9 @@ def convergence_curves(group: Sequence[Record], title: str, path: Path) -> Path:
     top, middle, bottom = axes[0][0], axes[1][0], axes[2][0]
     reference = reference_of(group)
     ref_curve = curve(reference) if reference else None
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, record in enumerate(group):
-        color = colors[index % len(colors)]  # one color per method in all three panels
+    colors = _colors([_label(r) for r in group])
+    for record in group:
+        color = colors[_label(record)]  # one color per method in all three panels
         losses = curve(record) or []
         top.plot(range(len(losses)), losses, linewidth=0.8, label=_label(record), color=color)
         if ref_curve and record is not reference:
@@ -400,10 +409,16 @@ def _moving_mean(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def series_styles(count: int) -> list[tuple[str, str]]:
+    """(colour, marker) for `count` series, no two alike: twenty colours and nine markers, both in
+    turn, so that no pair repeats before 180 series and no marker repeats among any ten."""
+    return [(PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]) for i in range(count)]
+
+
 def _colors(labels: Sequence[str]) -> dict[str, str]:
     """One color per label, the same in every panel of a figure."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {label: cycle[i % len(cycle)] for i, label in enumerate(dict.fromkeys(labels))}
+    unique = list(dict.fromkeys(labels))
+    return {label: color for label, (color, _) in zip(unique, series_styles(len(unique)))}
 
 
 def _legend(ax: Any) -> None:

@@ -83,6 +83,12 @@ def bytes_table(
 
     models = _models(records, known)
     archs = {str(r.get("model")): tm.architecture(r) for r in records if tm.architecture(r) is not None}
+    prints = [
+        ex.footprint(r.get("method"), r.get("method_options"), r.get("master_weights")) for r in records
+    ]
+    most = max((fp.total for fp in prints if fp is not None), default=0.0)
+    tiny = [m for m, n in models if ex.static_gib_of(most, n) < TINY_GIB]
+    models = [(m, n) for m, n in models if m not in tiny]  # a column of zeros says nothing
     rows, split = [], False
     for record in _variants(records):
         fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
@@ -111,8 +117,14 @@ def bytes_table(
     header = ["Method", "Weights B/param", "Gradient B/param", "States B/param", "Held B/param"]
     header += ["Update traffic B/param"] + [f"Static GiB, {m}{suffix}" for m, _ in models]
     notes = [SPLIT_NOTE] if split else []
+    if tiny:
+        notes.append(
+            f"No static GiB for {', '.join(tiny)}: under {TINY_GIB * 1024:.0f} MiB with any method's bytes."
+        )
     return Table("expected_bytes", "Expected bytes per parameter", header, rows, notes=notes)
 
+
+TINY_GIB = 0.01  # a model whose static bytes stay under this with every method gets no column
 
 SPLIT_NOTE = (
     "a / b: the hidden matrices' bytes a parameter / the other parameters' (embeddings, lm_head, norms), "

@@ -12,6 +12,7 @@ report on the same results rewrites the same bytes.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -103,29 +104,42 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     return {prefix[:-1]: json.dumps(config, sort_keys=True, default=str)} if prefix else {}
 
 
-def config_summary(records: Sequence[Record]) -> str:
-    """The config keys every record shares (with values), and the names of those that vary."""
+@functools.cache
+def default_config() -> dict[str, str]:
+    """conf/config.yaml with no overrides, flattened: what a run gets unless told otherwise."""
+    from harness.run.config import compose_config, to_dict
+
+    return flatten(to_dict(compose_config([])))
+
+
+def config_summary(records: Sequence[Record], defaults: Mapping[str, str] | None = None) -> str:
+    """The config keys every record shares where they differ from the defaults (`default_config`:
+    a setting nobody changed says nothing about the run), and the names of those that vary."""
     configs = [flatten(r["config"]) for r in records if isinstance(r.get("config"), Mapping)]
     if not configs:
         return "No resolved config recorded."
+    defaults = default_config() if defaults is None else defaults
     keys = sorted(set().union(*configs))
     shared = {k: configs[0].get(k) for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)}
-    varying = [k for k in keys if k not in shared]
+    varying = list(dict.fromkeys(".".join(k.split(".")[:2]) for k in keys if k not in shared))
     lines = [
         f"- `{k}`: `{v}`"
         for k, v in shared.items()
-        if v is not None and k.split(".")[-1] not in PER_POINT_KEYS
+        if v not in (None, "null") and k.split(".")[-1] not in PER_POINT_KEYS and defaults.get(k) != v
     ]
-    text = "Config shared by every point:\n\n" + ("\n".join(lines) if lines else "- (none)")
+    text = "Config shared by every point, where it differs from conf/config.yaml's defaults:\n\n"
+    text += "\n".join(lines) if lines else "- (none)"
     if varying:
         text += "\n\nVaries between points: " + ", ".join(f"`{k}`" for k in varying)
     return text
 
 
-def _provenance(records: Sequence[Record]) -> str:
+def _provenance(records: Sequence[Record], shown: Table | None = None) -> str:
+    """What produced a section: its sources (unless they are `shown` already, the report's own
+    table) and config."""
     parts = ["**Behind this table.**"]
     table = sources_table(records)
-    if table is not None:
+    if table is not None and (shown is None or table.rows != shown.rows):
         parts.append(to_markdown(table).rstrip())
     parts.append(f"<details><summary>Config</summary>\n\n{config_summary(records)}\n\n</details>")
     return "\n\n".join(parts)
@@ -135,8 +149,8 @@ def _links(name: str) -> str:
     return f"[Markdown](tables/{name}.md) · [LaTeX](tables/{name}.tex)"
 
 
-def section_markdown(section: Section, out: Path) -> str:
-    """One section of the README."""
+def section_markdown(section: Section, out: Path, shown: Table | None = None) -> str:
+    """One section of the README (`shown`: the sources table the report opens with)."""
     parts = [f'<a id="{section.anchor}"></a>\n## {section.heading}']
     if not section.selections:
         parts.append(
@@ -151,7 +165,7 @@ def section_markdown(section: Section, out: Path) -> str:
     for plot in section.plots:
         rel = plot.relative_to(out).as_posix()
         parts.append(f"![{plot.stem}]({rel})")
-    parts.append(_provenance(section.records))
+    parts.append(_provenance(section.records, shown))
     return "\n\n".join(parts)
 
 
@@ -176,4 +190,4 @@ def render(
     table = sources_table(everything)
     if table is not None:
         head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
-    return "\n\n".join(head + [section_markdown(s, out) for s in sections]) + "\n"
+    return "\n\n".join(head + [section_markdown(s, out, table) for s in sections]) + "\n"

@@ -109,7 +109,7 @@ def build_sections(
     heading = "Other measured points" if used else "Measured points"
     rest = other_points(steps, used, heading)
     if rest is not None:
-        sections.append(_step_section("other", heading, "smoke", rest, out))
+        sections.append(_step_section("points", heading, "smoke", rest, out))
     return sections if planned else [s for s in sections if s.selections]
 
 
@@ -119,7 +119,7 @@ def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, ou
         return section
     section.selections = [sel]
     section.preamble = preambles.step_preamble(sel.records)
-    if anchor in ("t1", "other"):
+    if anchor in ("t1", "points"):
         section.plots = _per_point_plots(anchor, sel.records, out)
     elif anchor == "t2":
         section.plots = _scaling_plots(sel.records, out)

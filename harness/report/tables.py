@@ -140,7 +140,7 @@ def _change(row: Row, name: str) -> str:
     if ref is None or not ok(ref):
         return _ratio(row, name)
     base = _num(ref, name)
-    return NONE if value is None or not base else fmt_pct(value / base - 1)
+    return NONE if value is None or not base else _against(row, fmt_pct(value / base - 1))
 
 
 def step_median(record: Record) -> float | None:
@@ -165,7 +165,19 @@ def _time_ratio(row: Row) -> str:
     if not ok(row.ref):
         return _ratio(row, "step_time_ms_median")
     mine, base = step_median(row.record), step_median(row.ref)
-    return NONE if mine is None or not base else fmt_ratio(mine / base)
+    return NONE if mine is None or not base else _against(row, fmt_ratio(mine / base))
+
+
+BASELINE = "fused_adamw"  # the baseline the ratio columns name in their headers
+
+
+def _against(row: Row, cell: str) -> str:
+    """A ratio cell, with a footnote naming its baseline where that is not the one the header names:
+    a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped)."""
+    name = display_name(row.ref) if row.ref is not None else BASELINE
+    if name == BASELINE:
+        return cell
+    return f"{cell} {row.notes.mark(f'Against {name}, the fused AdamW whose step ran the same way.')}"
 
 
 def _int_cell(name: str) -> Callable[[Row], str]:
@@ -442,7 +454,7 @@ def other_points(
     cols += [COL_STEP, COL_SPREAD, COL_TOKENS, COL_MEM_RATIO, COL_TIME_RATIO]
     if all(on_cpu(r) for r in chosen):
         cols = [c for c in cols if c not in (COL_CAP, COL_ALLOC, COL_RESERVED, COL_MEM_RATIO)]
-    return Selection(render_rows("other_points", title, cols, _rows(chosen, records, notes), notes), chosen)
+    return Selection(render_rows("points", title, cols, _rows(chosen, records, notes), notes), chosen)
 
 
 # ---------------------------------------------------------------------------------------------

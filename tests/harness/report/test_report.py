@@ -41,7 +41,7 @@ TABLES = (
     "t6_capacity",
     "convergence",
     "convergence_seeds",
-    "other_points",
+    "points",
 )
 
 
@@ -236,7 +236,7 @@ def test_a_smoke_report_is_shaped_by_what_ran(tmp_path, monkeypatch, capsys):
     assert headings == ["## Hardware and software", "## Measured points"]
     assert "Regenerate with `python -m harness report results/smoke`" in text
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
-    assert plots == ["other_tiny-llama_b1_s32_loss.png", "other_tiny-llama_b1_s32_step_time.png"]
+    assert plots == ["points_tiny-llama_b1_s32_loss.png", "points_tiny-llama_b1_s32_step_time.png"]
     assert all(f"(plots/{name})" in text for name in plots)
     assert preambles.INTERPRETER_TEXT in text
     (mark,) = re.findall(r"\| forge_bf16 (\[\d\]) \|", text)  # FORGE's row, footnoted
@@ -272,12 +272,13 @@ def test_gpu_ceilings_are_drawn_for_gpu_points_only(records):
 
 def test_every_plot_fits_a_laptop_screen(rendered):
     """Every PNG the report draws, from the fixtures and committed under reports/plots (rendered
-    by `python -m harness report`), is at most MAX_WIDTH_PX wide."""
+    by `python -m harness report`), is at most MAX_WIDTH_PX wide and as many high."""
     committed = sorted((Path(__file__).parents[3] / "reports" / "plots").glob("*.png"))
     assert committed
     for path in [*sorted((rendered / "plots").glob("*.png")), *committed]:
-        width, _height = _png_size(path)
+        width, height = _png_size(path)
         assert width <= plots.MAX_WIDTH_PX, f"{path.name} is {width} px wide"
+        assert height <= plots.MAX_WIDTH_PX, f"{path.name} is {height} px high"
 
 
 def test_convergence_table_is_skipped_without_curves(records, tmp_path):
