@@ -208,7 +208,8 @@ def reference_tables(records: Sequence[Record]) -> list[Selection]:
     """The section's tables, each with the records behind it; none without `reference_*` records."""
     chosen = [r for r in reference_records(records) if role(r) is not None]
     tables = [readme_table(chosen), _points_table(chosen, "step"), _points_table(chosen, "peak")]
-    return [Selection(t, chosen) for t in tables if t is not None]
+    tables = [t for t in tables if t is not None]
+    return [Selection(t, chosen if i == 0 else []) for i, t in enumerate(tables)]  # each record once
 
 
 def preamble(records: Sequence[Record]) -> str:
