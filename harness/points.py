@@ -8,9 +8,8 @@ both match records by this key, so it lives in one place.
 `method_options` arrives as a dict (or None, or already a string); it is turned into a canonical
 string (sorted JSON) so that equal options compare equal and sort the same way on every run.
 
-Methods are listed in the order each declares (`Method.order`: the baseline first, the floor and
-FORGE last) and named by their `title`, so that tables and plots come out in the same order however
-the results files were written.
+How a table names and orders a record's method (its `Method`'s title and order) is
+`harness.report.names`' job; this module knows records alone.
 
 A method's ratios compare it with fused AdamW of the same sweep and configuration whose step runs
 the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not, compiled or not,
@@ -24,8 +23,6 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-from harness.run import methods
 
 CONFIG_FIELDS = (
     "method",
@@ -85,27 +82,6 @@ def options_key(options: Any) -> str:
     return json.dumps(opts, sort_keys=True, separators=(",", ":"), default=str) if opts else ""
 
 
-def method_label(method: str, options: Any = None) -> str:
-    """Readable method name with its options, e.g. 'FORGE (state_dtype=int8)'."""
-    known = methods.registry().get(method)
-    name = known.display_title() if known is not None else method
-    opts = options_dict(options)
-    if not opts:
-        return name
-    inner = ", ".join(f"{key}={_short(value)}" for key, value in sorted(opts.items()))
-    return f"{name} ({inner})"
-
-
-def display_name(record: Mapping[str, Any]) -> str:
-    """How tables and plots name a record's method: its conf label ('forge_int8') when recorded,
-    marked when the point computed its loss in chunks (`loss_mode`)."""
-    label = record.get("method_label")
-    if missing(label) or not label:
-        return method_label(str(record.get("method")), record.get("method_options"))
-    loss = loss_mode(record)
-    return f"{label} ({LOSS_NAMES[loss]})" if loss else str(label)
-
-
 LOSS_NAMES = {"chunked_loss": "chunked loss", "chunked_head": "chunked head"}
 
 
@@ -115,20 +91,6 @@ def loss_mode(record: Mapping[str, Any]) -> str | None:
     `model.chunked_head`), or None."""
     options = options_dict(record.get("method_options"))
     return next((mode for mode in LOSS_NAMES if options.get(mode)), None)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
-def method_rank(method: str) -> tuple[int, str]:
-    """Sort key that puts methods in their declared order (`Method.order`), unknown ones after, by name."""
-    known = list(methods.registry())
-    if method in known:
-        return (known.index(method), "")
-    return (len(known), str(method))
 
 
 def _plain(value: Any) -> Any:
@@ -165,17 +127,6 @@ def seed_of(record: Mapping[str, Any]) -> int:
     config = record.get("config")
     seed = config.get("seed") if isinstance(config, Mapping) else None
     return 0 if missing(seed) else int(seed)
-
-
-def sort_key(key: tuple) -> tuple:
-    """Total order over config keys (None sorts first, methods in their declared order)."""
-    out = []
-    for field, value in zip(CONFIG_FIELDS, key):
-        if field == "method":
-            out.append(method_rank(value))
-        else:
-            out.append((value is not None, str(value) if isinstance(value, str) else value or 0))
-    return tuple(out)
 
 
 def describe(key: tuple) -> dict[str, Any]:

@@ -10,9 +10,8 @@ every machine), calls the loader, and splits the records in two kinds:
 - kernel records: one kernel timing per (shape, T, variant), recognised by their `variant` field
   (results/kernels/, written by `python -m harness kernels`).
 
-A step record measured on the CPU says so (`on_cpu`), and so does one whose Triton kernels ran in
-Triton's interpreter (`interpreted`): the report keeps GPU ceilings off the first and says of the
-second that its times mean nothing for speed.
+A step record measured on the CPU says so (`on_cpu`): the report keeps GPU ceilings off it (and
+`harness.run.methods.interpreted` tells which of them ran Triton's interpreter).
 
 Among step records, convergence runs (`+exp=convergence`) are told apart by `sweep_mode: convergence`, a
 sweep name starting with 'convergence', or a `loss_curve` field: every step record carries its
@@ -128,19 +127,6 @@ def on_cpu(record: Record) -> bool:
     """True for a point measured on the CPU: its `device`, or the GPU config it ran as (`gpu=cpu`),
     says so. Records without either ran on a GPU, which they name."""
     return record.get("device") == "cpu" or record.get("gpu") == "cpu"
-
-
-def interpreted(record: Record) -> bool:
-    """True when the point ran Triton kernels in Triton's CPU interpreter (TRITON_INTERPRET=1): its
-    step time says nothing about speed, only that the method trains."""
-    if not on_cpu(record):
-        return False
-    from harness.run import methods
-
-    try:
-        return methods.get(str(record.get("method"))).triton_kernels
-    except ValueError:  # a method this checkout no longer has (a record of an earlier run)
-        return False
 
 
 def activations_gib(record: Record) -> float | None:

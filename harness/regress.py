@@ -63,15 +63,14 @@ from harness.points import (
     REFERENCE_METHOD,
     config_key,
     describe,
-    display_name,
     missing,
     options_dict,
     reference_index,
     reference_key,
-    sort_key,
 )
 from harness.records import Record, load_records, split_kinds
 from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_pct, to_markdown
+from harness.report.names import display_name, sort_key
 from harness.report.readme import commit_of
 from harness.stats import Effect, relative_change
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from harness.points import display_name, latest_by_key, seed_of
+from harness.points import latest_by_key, seed_of
 from harness.records import Record, is_branched
 from harness.report.convergence_table import row_order
 from harness.report.fidelity_table import (
@@ -52,6 +52,7 @@ from harness.report.fidelity_table import (
     statistics_cells,
 )
 from harness.report.markup import NONE, Table
+from harness.report.names import display_name
 from harness.report.tables import Selection
 
 

@@ -35,18 +35,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.points import (
-    REFERENCE_METHOD,
-    autocast,
-    display_name,
-    latest_by_key,
-    method_rank,
-    options_key,
-    seed_of,
-)
+from harness.points import REFERENCE_METHOD, autocast, latest_by_key, options_key, seed_of
 from harness.records import HELDOUT_FIELDS, LOSS_FIELDS, Record, is_branched, is_convergence
 from harness.report import paper
 from harness.report.markup import NONE, Table, fmt_float
+from harness.report.names import display_name, method_rank
 from harness.report.tables import Selection
 
 

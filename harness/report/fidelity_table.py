@@ -33,10 +33,10 @@ import statistics
 from collections.abc import Sequence
 
 from harness import points
-from harness.points import display_name
 from harness.records import HELDOUT_FIELDS, Record, is_branched, is_convergence
 from harness.report.convergence_table import curve, groups_of, phases_of, reference_of, row_order
 from harness.report.markup import NONE, Table
+from harness.report.names import display_name
 from harness.report.tables import Selection
 
 MIN_SEEDS = 3

@@ -30,12 +30,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.points import graphed
-from harness.records import Record, interpreted
+from harness.records import Record
 from harness.report import expectations as ex
 from harness.report import token_model as tm
 from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_ratio
 from harness.report.tables import INTERPRETED, Notes, Row, Selection, ok, status_cell, step_median
 from harness.report.token_tables import FLOOR, NOT_MEASURED, sweep_records
+from harness.run.methods import interpreted
 from harness.run.methods.muon import ForgeMuon, TorchMuon
 
 EXPERIMENT = "muon_h200"

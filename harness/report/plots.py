@@ -32,15 +32,15 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
-from harness.points import display_name  # noqa: E402
 from harness.records import (  # noqa: E402
     HELDOUT_FIELDS,
     Record,
     activations_gib,
-    interpreted,
 )
 from harness.report.convergence_table import curve, reference_of  # noqa: E402
+from harness.report.names import display_name  # noqa: E402
 from harness.run import gpus  # noqa: E402
+from harness.run.methods import interpreted  # noqa: E402
 from harness.stats import step_stats  # noqa: E402
 
 STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.points import display_name, graphed, method_rank, options_dict, options_key
-from harness.records import Record, interpreted, on_cpu
+from harness.points import graphed, options_dict, options_key
+from harness.records import Record, on_cpu
 from harness.report import expectations as ex
 from harness.report.markup import NONE, Table, fmt_float, fmt_gib, fmt_ms, to_markdown
+from harness.report.names import display_name, method_rank
+from harness.run.methods import interpreted
 from harness.run.methods.footprint import AFTER_BACKWARD
 
 STEP_TEXT = (

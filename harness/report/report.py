@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.points import display_name, seed_of
+from harness.points import seed_of
 from harness.records import Record, in_scratch, load_records, on_cpu, split_kinds
 from harness.report import plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
@@ -49,6 +49,7 @@ from harness.report.kernel_table import SHAPE_ORDER, t4_fp8, t4_kernels
 from harness.report.markup import GENERATED, Table, to_latex, to_markdown
 from harness.report.muon_table import EXPERIMENT as MUON
 from harness.report.muon_table import muon_table
+from harness.report.names import display_name
 from harness.report.paper_table import paper_comparison
 from harness.report.readme import Section, render
 from harness.report.reference_table import preamble as reference_preamble

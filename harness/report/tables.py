@@ -7,7 +7,7 @@ returns None when no record fits it, so a table without data is skipped cleanly.
 Rules every table follows:
 - one record per configuration: the latest (`harness.points.latest_by_key`); in the step-time
   tables the latest measured beside its fused AdamW, where one is;
-- rows sorted by configuration, methods in their declared order (`harness.points.method_rank`);
+- rows sorted by configuration, methods in their declared order (`harness.report.names.method_rank`);
 - a point that did not run is shown by its status in every measured cell (`OOM`, `error [n]`,
   `unavailable [n]`, `diverged`), with the error or reason as footnote n: never as zero;
 - ratios compare a method with fused AdamW measured in the same sweep at the same configuration,
@@ -27,19 +27,16 @@ from harness.points import (
     CONFIG_FIELDS,
     REFERENCE_METHOD,
     config_key,
-    display_name,
     graphed,
     latest_by_key,
     loss_mode,
-    method_rank,
     missing,
     options_key,
     reference_index,
     reference_key,
-    sort_key,
     step_mode,
 )
-from harness.records import Record, activations_gib, interpreted, is_convergence, on_cpu
+from harness.records import Record, activations_gib, is_convergence, on_cpu
 from harness.report import paper
 from harness.report.markup import (
     NONE,
@@ -51,6 +48,8 @@ from harness.report.markup import (
     fmt_pct,
     fmt_ratio,
 )
+from harness.report.names import display_name, method_rank, sort_key
+from harness.run.methods import interpreted
 from harness.stats import step_stats
 
 STATUS_LABELS = {"oom": "OOM", "error": "error", "diverged": "diverged", "unavailable": "unavailable"}

@@ -26,19 +26,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.points import (
-    LOSS_NAMES,
-    display_name,
-    graphed,
-    latest_by_key,
-    method_rank,
-    options_dict,
-    step_mode,
-)
+from harness.points import LOSS_NAMES, graphed, latest_by_key, options_dict, step_mode
 from harness.records import Record, is_convergence
 from harness.report import expectations as ex
 from harness.report import token_model as tm
 from harness.report.markup import NONE, Table, fmt_gib, fmt_int, fmt_ms, fmt_ratio
+from harness.report.names import display_name, method_rank
 from harness.report.tables import (
     COL_METHOD,
     STATUS_LABELS,

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.records import interpreted, is_scratch
+from harness.records import is_scratch
+from harness.run.methods import interpreted
 
 NONE = "—"
 INTERPRETED = "*"

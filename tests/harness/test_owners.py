@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 
 import forge
-from harness import points
 from harness.__main__ import main
 from harness.report import expectations as ex
-from harness.report import plots
+from harness.report import names, plots
 from harness.run import env, gpus, hardware, methods, runner
 from harness.run.config import ConfigError, compose_config
 from harness.run.methods import base
@@ -188,8 +187,8 @@ def test_a_method_is_listed_validated_ordered_and_modelled_from_its_class(toy_me
         compose_config([*toy, "+method.options.momentum=1.5"])
     with pytest.raises(ConfigError, match="unknown option.*bogus"):
         methods.validate("toy_sgd", {"bogus": 1})
-    assert points.method_label("toy_sgd") == "toy SGD"
-    assert points.method_rank("forge") < points.method_rank("toy_sgd") < points.method_rank("not_a_method")
+    assert names.method_label("toy_sgd") == "toy SGD"
+    assert names.method_rank("forge") < names.method_rank("toy_sgd") < names.method_rank("not_a_method")
     assert ex.footprint("toy_sgd", {}).total == 6.0  # bf16 weights, gradient, momentum
     assert "pytest" in methods.packages() and env.versions()["pytest"]
 

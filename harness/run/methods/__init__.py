@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
+from harness.records import on_cpu
 from harness.run.errors import ConfigError
 from harness.run.methods.base import Method, registered
 
@@ -107,3 +109,14 @@ def unavailable_reason(
 def packages() -> list[str]:
     """The pip distributions the registered methods require, each once, in display order."""
     return list(dict.fromkeys(p for cls in registry().values() for p in cls.requires))
+
+
+def interpreted(record: Mapping[str, Any]) -> bool:
+    """True when a record's point ran Triton kernels in Triton's CPU interpreter (TRITON_INTERPRET=1):
+    its step time says nothing about speed, only that the method trains."""
+    if not on_cpu(record):
+        return False
+    try:
+        return get(str(record.get("method"))).triton_kernels
+    except ValueError:  # a method this checkout no longer has (a record of an earlier run)
+        return False

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.points import config_key, display_name
+from harness.points import config_key
 from harness.records import load_records, split_kinds
 from harness.report import expectations, plots, preambles, report
 from harness.report.markup import Table, to_latex, to_markdown
+from harness.report.names import display_name
 from harness.report.tables import (
     INTERPRETED,
     t1_llama,

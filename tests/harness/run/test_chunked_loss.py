@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from forge import head as forge_head
-from harness.points import display_name
+from harness.report.names import display_name
 from harness.run import chunked_loss, grid, models, runner
 from harness.run.config import compose_config
 from harness.run.errors import ConfigError

@@ -1,0 +1,67 @@
+"""How tables, plots and the regression check name and order a record's method.
+
+A record names its method twice: `method` (the implementation, `forge`) and `method_label` (the
+conf/method file, `forge_int8_graph`). Tables show the label, marked when the point computed its
+loss in chunks; a record made before labels existed shows its method's `title` (declared on its
+`Method` class) with its options. Rows list methods in the order each `Method` declares (`order`:
+the baseline first, the floor and FORGE last), so that tables and plots come out in the same order
+however the results files were written.
+
+    display_name(record)   'forge_int8_graph', 'forge_bf16 (chunked loss)', 'FORGE (state_dtype=int8)'
+    method_rank(method)    a sort key: the declared order, unknown methods after, by name
+    sort_key(config_key)   a total order over `harness.points.config_key` tuples
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.points import CONFIG_FIELDS, LOSS_NAMES, loss_mode, missing, options_dict
+from harness.run import methods
+
+
+def method_label(method: str, options: Any = None) -> str:
+    """Readable method name with its options, e.g. 'FORGE (state_dtype=int8)'."""
+    known = methods.registry().get(method)
+    name = known.display_title() if known is not None else method
+    opts = options_dict(options)
+    if not opts:
+        return name
+    inner = ", ".join(f"{key}={_short(value)}" for key, value in sorted(opts.items()))
+    return f"{name} ({inner})"
+
+
+def display_name(record: Mapping[str, Any]) -> str:
+    """How tables and plots name a record's method: its conf label ('forge_int8') when recorded,
+    marked when the point computed its loss in chunks (`loss_mode`)."""
+    label = record.get("method_label")
+    if missing(label) or not label:
+        return method_label(str(record.get("method")), record.get("method_options"))
+    loss = loss_mode(record)
+    return f"{label} ({LOSS_NAMES[loss]})" if loss else str(label)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    """Sort key that puts methods in their declared order (`Method.order`), unknown ones after, by name."""
+    known = list(methods.registry())
+    if method in known:
+        return (known.index(method), "")
+    return (len(known), str(method))
+
+
+def sort_key(key: tuple) -> tuple:
+    """Total order over config keys (None sorts first, methods in their declared order)."""
+    out = []
+    for field, value in zip(CONFIG_FIELDS, key):
+        if field == "method":
+            out.append(method_rank(value))
+        else:
+            out.append((value is not None, str(value) if isinstance(value, str) else value or 0))
+    return tuple(out)
