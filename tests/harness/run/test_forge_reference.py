@@ -40,6 +40,8 @@ def test_with_the_package_but_no_cuda_a_point_says_it_needs_cuda(monkeypatch):
 def test_options_are_validated_and_modelled():
     with pytest.raises(Exception, match="state_mode='fp8' is not valid; choose one of: bf16, int8"):
         methods.make_options("forge_reference", {"state_mode": "fp8"})
+    with pytest.raises(Exception, match="hopper_tma_ws changes only the paper's bf16 kernel"):
+        methods.make_options("forge_reference", {"state_mode": "int8", "hopper_tma_ws": True})
     bf16 = forge_reference.ForgeReference.footprint({"state_mode": "bf16"}, 2.0)
     int8 = forge_reference.ForgeReference.footprint({"state_mode": "int8"}, 2.0)
     assert (bf16.grads, bf16.states) == (0.0, 4.0)
@@ -79,6 +81,7 @@ class FakeReference:
         self.module = types.ModuleType("fused_grad_optimizer")
         self.module.FusedLinear = FusedLinear
         self.module.FusedOptimizerManager = FusedOptimizerManager
+        self.module.kernel = types.SimpleNamespace(_use_tma=False, _use_tma_ws=False)
 
     @staticmethod
     def sgd(p):
@@ -124,3 +127,13 @@ def test_the_method_drives_the_documented_api(monkeypatch):
     assert method.gradient_bytes() == model.embed.weight.numel() * 4  # only the non-fused gradients
     states = list(method.optimizer_state_tensors())
     assert any(t is fused[0]._state.m for t in states) and "FusedLinear" in method.notes[0]
+
+
+def test_its_hopper_path_is_the_two_switches_of_its_kernel_module(monkeypatch):
+    fake = FakeReference()
+    monkeypatch.setitem(sys.modules, "fused_grad_optimizer", fake.module)
+    options = methods.make_options("forge_reference", {"hopper_tma_ws": True})
+    method = forge_reference.ForgeReference(Tied(), 1e-3, options, "cpu")
+    method.setup()
+    assert fake.module.kernel._use_tma and fake.module.kernel._use_tma_ws
+    assert "Hopper TMA" in method.notes[0]
