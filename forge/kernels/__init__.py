@@ -33,6 +33,7 @@ prepare()  # before the first import of Triton below
 from forge.kernels.configs import (  # noqa: E402
     FP8_WARP_SPECIALIZED,
     FP8_WARP_SPECIALIZED_SMALL_T,
+    PINGPONG_CONFIGS,
     WARP_SPECIALIZED_DEFAULTS,
     KernelConfig,
     fp8_config,
@@ -53,6 +54,7 @@ except ImportError:  # pragma: no cover - an older Triton
 __all__ = [
     "FP8_WARP_SPECIALIZED",
     "FP8_WARP_SPECIALIZED_SMALL_T",
+    "PINGPONG_CONFIGS",
     "STEP_ROW",
     "WARP_SPECIALIZED_DEFAULTS",
     "KernelConfig",

@@ -105,6 +105,11 @@ class KernelConfig:
     # states come into shared memory by bulk tensor copies, this many slices ahead of the one being
     # updated (`forge.kernels.wgrad_update_prefetch`), instead of by loads into registers. 0: loads.
     update_stages: int = 0
+    # Warp-specialized, bf16 operands, 128-row tiles: Hopper's ping-pong schedule
+    # (`forge.kernels.wgrad_update_pingpong`): two MMA warpgroups of 4 warps each own every other
+    # tile, take turns at the tensor cores and update their tile from their own accumulator
+    # registers (no staging buffer); `num_warps` must be 4 (one consumer), `epilogue_rows` is unused.
+    pingpong: bool = False
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -127,6 +132,19 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
     "fp32": replace(_HOPPER_WS, epilogue_rows=16),  # 32-row overlapped slices spill 56-80 bytes
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
+}
+# The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`), per state dtype: a candidate, not yet
+# FORGE's choice. Two consumers of 4 warps beside the loader, 6 stages of dy and x (192 KiB: no
+# staging buffer), the update in pieces of 32 x 32 (int8: 32 x 64); as `python -m harness.kernels.build`
+# finds them without spills under triton 3.6 and 3.9: bf16 states with the fast epilogue and
+# overlapped pieces, fp32 states with the exact epilogue and int8 states with the fast one, both
+# piece after piece (their overlapped pieces spill 24-432 bytes).
+_PINGPONG = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=4, num_stages=6, warp_specialized=True,
+                         pingpong=True)
+PINGPONG_CONFIGS = {
+    "fp32": _PINGPONG,
+    "bf16": replace(_PINGPONG, fast_epilogue=True, overlap_slices=True),
+    "int8": replace(_PINGPONG, fast_epilogue=True),
 }
 # FP8 operands: two MMA warpgroups of 64 rows each hold the accumulator and the FP8 MMA's partial
 # one, which leaves 168 registers to 4 epilogue warps; in 8-row overlapped slices every state dtype
@@ -247,6 +265,23 @@ def _check_update_stages(config: KernelConfig, weight, states, state_dtype: str,
                          f"{SHARED_BYTES} a Hopper multiprocessor gives a program: fewer stages or rows")
 
 
+def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8: bool) -> None:
+    """Refuse a `KernelConfig.pingpong` config the ping-pong kernel cannot run, saying why."""
+    if not config.warp_specialized or fp8:
+        raise ValueError("KernelConfig.pingpong is a schedule of the warp-specialized kernel on bf16 operands "
+                         f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, FP8 operands: "
+                         f"{fp8}); FP8 operands take the warp-specialized kernel (pingpong=False)")
+    others = dict(update_programs=config.update_programs, update_stages=config.update_stages,
+                  overlap_promotion=config.overlap_promotion)
+    if any(others.values()):
+        raise ValueError(f"KernelConfig.pingpong takes none of {sorted(others)} (got {others})")
+    if config.block_n != 128 or config.block_k not in (64, 128) or config.num_warps != 4:
+        raise ValueError("KernelConfig.pingpong runs 128-row tiles of 128 or 64 columns with 4 warps a consumer "
+                         f"(got block_n={config.block_n}, block_k={config.block_k}, num_warps={config.num_warps})")
+    if state_dtype == "int8" and config.block_k % int8_group:
+        raise ValueError(f"block_k={config.block_k} does not span whole int8 groups of {int8_group}")
+
+
 @functools.cache
 def _is_hopper(device: torch.device) -> bool:
     """sm_90 exactly: wgmma, which the warp-specialized kernel is written with, is Hopper's alone."""
@@ -323,7 +358,8 @@ class Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
     # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws), "split"
-    # (forge.kernels.wgrad_update_split) or "prefetch" (forge.kernels.wgrad_update_prefetch)
+    # (forge.kernels.wgrad_update_split), "prefetch" (forge.kernels.wgrad_update_prefetch) or
+    # "pingpong" (forge.kernels.wgrad_update_pingpong)
     kernel: str
     config: KernelConfig
     tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
@@ -366,6 +402,8 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
                          f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, dy {dy.dtype})")
     if config is not None and config.update_stages:
         _check_update_stages(config, weight, states, state_dtype, fp8, kahan)
+    if config is not None and config.pingpong:
+        _check_pingpong(config, state_dtype, int8_group, fp8)
     if config is not None and config.fp8_fast_accum and config.warp_specialized:
         raise ValueError("KernelConfig.fp8_fast_accum is an option of the Triton kernel: the warp-specialized one "
                          "always adds each T tile into fp32 (set warp_specialized=False)")
@@ -413,6 +451,13 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
         constexprs.pop("OVERLAP_PROMOTION")
         return Plan("split", cfg, "host", (programs,), cdiv(K, int8_group), constexprs, options)
     grid = (min(tiles, _multiprocessors(device)),)
+    if cfg.pingpong:
+        from forge.kernels import wgrad_update_pingpong
+
+        for name in ("ROWS", "OVERLAP_PROMOTION"):  # the consumers update in pieces of their own
+            constexprs.pop(name)
+        return Plan("pingpong", cfg, "host", grid, cdiv(K, int8_group), constexprs,
+                    dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_pingpong.max_registers()))
     if cfg.update_stages:
         for name in ("ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"):  # the slice: the descriptors' blocks
             constexprs.pop(name)

@@ -284,19 +284,13 @@ def update_staged_tile(
 
 
 @gluon.jit
-def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
-    """The shared memory the partitions hand tiles through, barriers initialised: the ring of
-    STAGES dy and x tiles with its ready and empty barriers, and the staging buffer of one
-    finished fp32 gradient tile with its own. The ring's slots take the descriptors' block shapes:
-    (BLOCK_T, BLOCK_N) and (BLOCK_T, BLOCK_K) for bf16, (BLOCK_N, BLOCK_T) and (BLOCK_K, BLOCK_T)
-    for FP8."""
-    T_MAJOR: gl.constexpr = dy_desc.dtype.primitive_bitwidth == 8
+def allocate_ring(dy_desc, x_desc, STAGES: gl.constexpr):
+    """The ring of STAGES dy and x tiles in the descriptors' block shapes, with its ready and empty
+    barriers initialised (`allocate_buffers`)."""
     DY_ROWS: gl.constexpr = dy_desc.block_type.shape[0]
     DY_COLS: gl.constexpr = dy_desc.block_type.shape[1]
     X_ROWS: gl.constexpr = x_desc.block_type.shape[0]
     X_COLS: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = DY_ROWS if T_MAJOR else DY_COLS
-    BLOCK_K: gl.constexpr = X_ROWS if T_MAJOR else X_COLS
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, DY_ROWS, DY_COLS], dy_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, X_ROWS, X_COLS], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -304,6 +298,20 @@ def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    return dy_bufs, x_bufs, ready, empty
+
+
+@gluon.jit
+def allocate_buffers(dy_desc, x_desc, STAGES: gl.constexpr):
+    """The shared memory the partitions hand tiles through, barriers initialised: the ring of
+    STAGES dy and x tiles with its ready and empty barriers, and the staging buffer of one
+    finished fp32 gradient tile with its own. The ring's slots take the descriptors' block shapes:
+    (BLOCK_T, BLOCK_N) and (BLOCK_T, BLOCK_K) for bf16, (BLOCK_N, BLOCK_T) and (BLOCK_K, BLOCK_T)
+    for FP8."""
+    T_MAJOR: gl.constexpr = dy_desc.dtype.primitive_bitwidth == 8
+    BLOCK_N: gl.constexpr = dy_desc.block_type.shape[0] if T_MAJOR else dy_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0] if T_MAJOR else x_desc.block_type.shape[1]
+    dy_bufs, x_bufs, ready, empty = allocate_ring(dy_desc, x_desc, STAGES)
     # each row padded by 4 words so that the MMA layout's stores spread over the banks
     staged: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[BLOCK_K, 4]], [BLOCK_N, BLOCK_K], [1, 0])
     acc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_K], staged)

@@ -131,6 +131,31 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(warp_specialized_base, fast_epilogue=True, epilogue_rows=16, num_stages=3, update_stages=4),
             dict(warp_specialized_base, epilogue_rows=16, num_stages=3, update_stages=2),
         ],
+        # Hopper's ping-pong schedule (`forge.kernels.wgrad_update_pingpong`): two MMA warpgroups
+        # own every other tile, take turns at the tensor cores and update from their own
+        # accumulator registers; no staging buffer, so 6 stages of dy and x fit. The configs of
+        # `forge.kernels.configs.PINGPONG_CONFIGS` (bf16, fp32, int8 states), then bf16's with the
+        # shipped kernel's 4 stages.
+        "pingpong": [
+            dict(
+                warp_specialized_base,
+                num_warps=4,
+                num_stages=6,
+                pingpong=True,
+                fast_epilogue=True,
+                overlap_slices=True,
+            ),
+            dict(warp_specialized_base, num_warps=4, num_stages=6, pingpong=True),
+            dict(warp_specialized_base, num_warps=4, num_stages=6, pingpong=True, fast_epilogue=True),
+            dict(
+                warp_specialized_base,
+                num_warps=4,
+                num_stages=4,
+                pingpong=True,
+                fast_epilogue=True,
+                overlap_slices=True,
+            ),
+        ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
         # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
@@ -209,7 +234,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from forge.kernels import ws_max_registers
+    from forge.kernels import wgrad_update_pingpong, ws_max_registers
     from forge.kernels.launch import FP_FUSION
     from forge.kernels.wgrad_update_prefetch import wgrad_update_prefetch_kernel
     from forge.kernels.wgrad_update_split import wgrad_update_split_kernel
@@ -217,11 +242,14 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
 
     split = bool(config.get("update_programs"))  # the multiprocessor-specialized twin
     prefetch = bool(config.get("update_stages"))  # the update fed by bulk copies
+    pingpong = bool(config.get("pingpong"))  # two MMA warpgroups updating from their registers
     kernel = (
         wgrad_update_split_kernel
         if split
         else wgrad_update_prefetch_kernel
         if prefetch
+        else wgrad_update_pingpong.wgrad_update_pingpong_kernel
+        if pingpong
         else wgrad_update_ws_kernel
     )
     bt, bn, bk = config["block_t"], config["block_n"], config["block_k"]
@@ -263,6 +291,10 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         for name in ("ROWS", "OVERLAP_SLICES"):
             constants.pop(name)
         constants["UPDATE_STAGES"] = config["update_stages"]
+    elif pingpong:  # the consumers update in pieces of their own
+        if fp8:
+            raise ValueError("the ping-pong kernel reads bf16 operands, not FP8 ones")
+        constants.pop("ROWS")
     elif not split:
         constants["OVERLAP_PROMOTION"] = config.get("overlap_promotion", False)
     signature.update({name: "constexpr" for name in constants})
@@ -274,7 +306,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
-    maxnreg = ws_max_registers(config["num_warps"], bn, fp8)
+    maxnreg = (
+        wgrad_update_pingpong.max_registers() if pingpong else ws_max_registers(config["num_warps"], bn, fp8)
+    )
     options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
     return triton.compile(
         source, target=GPUTarget("cuda", arch, 32), options=dict(options, enable_fp_fusion=FP_FUSION)
@@ -468,7 +502,9 @@ def measure(config: dict[str, Any], arch: int = 90, state_dtype: str = "bf16", t
     registers = _number(r"REG:(\d+)", usage)
     shared = int(compiled.metadata.shared)
     threads = 32 * config["num_warps"]
-    if config.get("warp_specialized"):  # plus the MMA warps and the loader's group of four
+    if config.get("pingpong"):  # consumer 0 (num_warps), consumer 1 and the loader's group of four
+        threads += 32 * (config["num_warps"] + 4)
+    elif config.get("warp_specialized"):  # plus the MMA warps and the loader's group of four
         from forge.kernels.wgrad_update_ws import mma_warps
 
         threads += 32 * (mma_warps(config["block_n"], bool(config.get("fp8"))) + 4)
@@ -556,6 +592,13 @@ def describe(c: dict) -> str:
 
 
 def _describe_warp_specialized(c: dict) -> str:
+    if c.get("pingpong"):
+        return (
+            f"{c['block_n']}x{c['block_k']}x{c['block_t']} ping-pong, two consumers of {c['num_warps']} "
+            f"warps, {c['num_stages']} stages"
+            + (", fast epilogue" if c.get("fast_epilogue") else "")
+            + (", overlapped pieces" if c.get("overlap_slices") else "")
+        )
     return (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "
         f"({c.get('epilogue_rows', 32)} rows), {c['num_stages']} stages"

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from forge.kernels import (
+    PINGPONG_CONFIGS,
     WARP_SPECIALIZED_DEFAULTS,
     KernelConfig,
     pick_config,
@@ -66,7 +67,12 @@ def _planned(state_dtype: str) -> list[dict]:
     if state_dtype == "bf16":
         configs += [groups["pointers"][1], kernel_build.ELEMENTWISE, kernel_build.FP8_CAST]
         configs += _fp8_candidates()
-    return configs + _warp_specialized(state_dtype) + _prefetching(state_dtype)
+    return configs + _warp_specialized(state_dtype) + _prefetching(state_dtype) + _pingpong(state_dtype)
+
+
+def _pingpong(state_dtype: str) -> list[dict]:
+    """The ping-pong kernel's config for `state_dtype` states (`PINGPONG_CONFIGS`)."""
+    return [dataclasses.asdict(PINGPONG_CONFIGS[state_dtype])]
 
 
 def _prefetching(state_dtype: str) -> list[dict]:
@@ -342,3 +348,38 @@ def test_the_prefetching_kernel_reads_w_and_the_states_by_bulk_copies_only(state
         counted = shared_bytes(KernelConfig(**config), 2, (size, size))
         assert counted - 1024 <= r["shared_bytes"] <= counted <= SHARED_BYTES, (config, r["shared_bytes"])
         assert r["global_loads"] == 0 and r["bulk_tensor_loads"] > 0, (config, r)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_the_pingpong_kernel_builds_for_hopper_without_spilling(state_dtype):
+    """`forge.kernels.wgrad_update_pingpong` builds for sm_90 as `PINGPONG_CONFIGS` has it: two
+    consumers at 240 registers beside the loader under the 12-warp cap, no spills, the MMAs
+    asynchronous (each consumer's two 64-row wgmma per 16 tokens: 16 in all for 64-token stages),
+    and one program per multiprocessor holding 6 stages of dy and x (192 KiB) and no staging buffer:
+    under 200 KiB in all."""
+    from forge.kernels.wgrad_update_pingpong import max_registers
+
+    configs = _pingpong(state_dtype)
+    for config, r in zip(configs, built(configs, state_dtype)):
+        assert r["registers"] == max_registers() == 168, config
+        assert r["stack_bytes"] == 0 and r["spill_stores"] == 0, (config, r)
+        assert r["programs_per_sm"] == 1 and not r["mmas_serialized"], config
+        assert r["tensor_core_mmas"]["HGMMA"] == 16, r["tensor_core_mmas"]
+        stages = config["num_stages"] * 2 * config["block_t"] * config["block_n"] * 2
+        assert stages <= r["shared_bytes"] <= stages + 8 * 1024, (config, r["shared_bytes"])
+
+
+def test_a_pingpong_config_the_kernel_cannot_run_is_refused_by_name():
+    """FP8 operands, another tile or warp count, or another design's options beside `pingpong`:
+    an error naming the option, before anything is built."""
+    from forge.kernels.configs import _check_pingpong
+
+    config = PINGPONG_CONFIGS["bf16"]
+    _check_pingpong(config, "bf16", 64, fp8=False)
+    with pytest.raises(ValueError, match="FP8 operands take the warp-specialized kernel"):
+        _check_pingpong(config, "bf16", 64, fp8=True)
+    for bad in (dict(num_warps=8), dict(block_n=256), dict(update_stages=2), dict(update_programs=8)):
+        with pytest.raises(ValueError, match="KernelConfig.pingpong"):
+            _check_pingpong(dataclasses.replace(config, **bad), "bf16", 64, fp8=False)
+    with pytest.raises(ValueError, match="int8 groups of 128"):
+        _check_pingpong(dataclasses.replace(config, block_k=64), "int8", 128, fp8=False)
