@@ -296,9 +296,49 @@ def _chain(e: BaseException) -> str:
     return "\n".join(parts)
 
 
+GROUP_NAMES = {
+    "exp": "experiment",
+    "method": "method",
+    "model": "model",
+    "gpu": "GPU kind",
+    "launcher": "launcher",
+}
+
+
+def closest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
+    """The `n` choices most like `name`: by difflib's ratio, those holding its letters whole
+    (`adamw9` -> `fused_adamw`) counted as close; none below 0.6."""
+    stem = name.rstrip("0123456789_-")
+
+    def score(choice: str) -> tuple[float, float]:
+        ratio = difflib.SequenceMatcher(None, name, choice).ratio()
+        return (max(ratio, 0.9 if len(stem) >= 3 and stem in choice else 0.0), ratio)
+
+    ranked = sorted(choices, key=lambda c: (score(c), -len(c)), reverse=True)
+    return [c for c in ranked[:n] if score(c)[0] >= 0.6]
+
+
+def unknown_choice(overrides: Sequence[str]) -> str | None:
+    """For the first override that picks a config file that no folder has (`+exp=llama8b_h20`,
+    `method=forge_bf17`), what to say: the closest names, not Hydra's search path; else None."""
+    for override in overrides:
+        key, sep, name = override.partition("=")
+        group = key.lstrip("+~")
+        if not sep or group not in GROUP_NAMES or "," in name or config_file(group, name, overrides):
+            continue
+        close = closest(name, group_choices(group, overrides))
+        hint = f"did you mean {' or '.join(close)}?" if close else "none is close"
+        what = f"{override}: no {GROUP_NAMES[group]} named {name!r}"
+        return f"{what}; {hint} (`python -m harness list` names them all)"
+    return None
+
+
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose conf/config.yaml with Hydra overrides, then validate. Raises ConfigError."""
     overrides = list(overrides or [])
+    typo = unknown_choice(overrides)
+    if typo is not None:
+        raise ConfigError(typo)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)

@@ -92,6 +92,26 @@ def test_cli_reports_a_bad_config_with_exit_code_2(capsys):
     assert "did you mean 'batch_size'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "typo, close",
+    [
+        ("+exp=llama8b_h20", "did you mean llama8b_h200"),
+        ("method=forge_bf17", "did you mean forge_bf16"),
+        ("model=tiny-lama", "did you mean tiny-llama"),
+        ("method=zzzzz", "none is close"),
+    ],
+)
+def test_a_typo_in_a_config_name_gets_the_closest_names_and_nothing_else(capsys, typo, close):
+    """One line: the override, the closest names, where to see them all; no Hydra search path, no
+    list of every option."""
+    assert main(["sweep", typo]) == 2
+    err = capsys.readouterr().err
+    assert close in err and "`python -m harness list` names them all" in err
+    assert len(err.strip().splitlines()) == 1, err
+    for internal in ("Could not find", "search path", "Available options", "Traceback"):
+        assert internal not in err, internal
+
+
 def test_cli_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
