@@ -29,11 +29,15 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
                        its candidates for bf16 states: u<update_stages>_r<rows>_s<dy and x stages>)
     ..._update_only    that kernel's epilogue warps on a synthetic gradient, no operand reads: its
                        update half, beside ws_epilogue_only
+    pingpong_s<S>      the ping-pong kernel (`forge.kernels.wgrad_update_pingpong`): two MMA
+                       warpgroups taking turns, each updating its tile from its own registers, with
+                       S stages of dy and x (6, its config; 4, the shipped kernel's)
 
-Each timing records the SM clock and power NVML read while it ran. Every split and prefetching
-config is also checked against the warp-specialized kernel: the same step from the same state, W
-and both states equal to the bit (both sum the same tiles in the same order and run the same
-epilogue arithmetic).
+`--designs` names the design candidates to time (default: split, prefetch and pingpong) and
+`--probe-modes` the shipped kernel's probe modes (default: all). Each timing records the SM clock
+and power NVML read while it ran. Every split, prefetching and ping-pong config is also checked
+against the warp-specialized kernel: the same step from the same state, W and both states equal to
+the bit (both sum the same tiles in the same order and run the same epilogue arithmetic).
 
 Records (JSONL, one per point, with the run's metadata) go to --out; the last lines printed are a
 table of each time over the roofline.
@@ -470,8 +474,29 @@ def matches_ws(N: int, K: int, T: int, config) -> dict:
     return {"w": diffs[0], "states": diffs[1:]}
 
 
-def time_point(name: str, N: int, K: int, T: int, update_programs, copy_tbps: float) -> dict:
-    """Every timing of one point (module docstring), with the clocks each ran at."""
+def pingpong_configs() -> dict:
+    """The ping-pong kernel's bf16-state config and its 4-stage twin, by probe name."""
+    from forge.kernels import PINGPONG_CONFIGS
+
+    config = PINGPONG_CONFIGS["bf16"]
+    return {f"pingpong_s{s}": dataclasses.replace(config, num_stages=s) for s in (config.num_stages, 4)}
+
+
+DESIGNS = ("split", "prefetch", "pingpong")
+
+
+def time_point(
+    name: str,
+    N: int,
+    K: int,
+    T: int,
+    update_programs,
+    copy_tbps: float,
+    designs=DESIGNS,
+    probe_modes=tuple(PROBE_MODES),
+) -> dict:
+    """Every timing of one point (module docstring), with the clocks each ran at: the shipped
+    kernel's `probe_modes` and the candidates of `designs`."""
     from triton.testing import do_bench
 
     from harness.run.measure import ClockSampler
@@ -496,14 +521,17 @@ def time_point(name: str, N: int, K: int, T: int, update_programs, copy_tbps: fl
     row["update_bytes"] = sum(2 * t.numel() * t.element_size() for t in tensors)
     timed("foreach_update", lambda: torch._foreach_mul_(tensors, 1.0))
     timed("shipped", lambda: point.step(None))
-    for mode in PROBE_MODES:
+    for mode in probe_modes:
         timed(mode, point.probe(mode))
-    for u in update_programs:
+    for u in update_programs if "split" in designs else ():
         timed(f"split_u{u}", lambda u=u: point.step(split_config(u)))
         row[f"split_u{u}_differs"] = matches_ws(N, K, T, split_config(u))
-    for name, cfg in prefetch_configs().items():
+    for name, cfg in prefetch_configs().items() if "prefetch" in designs else ():
         timed(name, lambda cfg=cfg: point.step(cfg))
         timed(f"{name}_update_only", point.prefetch_update_only(cfg))
+        row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
+    for name, cfg in pingpong_configs().items() if "pingpong" in designs else ():
+        timed(name, lambda cfg=cfg: point.step(cfg))
         row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
     row["roofline_ms"] = max(row["cublas_gemm_ms"], row["update_bytes"] / (copy_tbps * 1e9))
     assert torch.isfinite(point.w).all(), "weights became non-finite during timing"
@@ -522,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--update-programs", nargs="*", type=int, default=list(UPDATE_PROGRAMS))
+    parser.add_argument("--designs", nargs="*", default=list(DESIGNS), choices=list(DESIGNS))
+    parser.add_argument("--probe-modes", nargs="*", default=list(PROBE_MODES), choices=list(PROBE_MODES))
     parser.add_argument(
         "--out", type=Path, default=Path(sources.DEVICE_LOGS), help="folder for the JSONL records"
     )
@@ -566,7 +596,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         N, K = SHAPES[name]
         for T in args.tokens:
-            point = time_point(name, N, K, T, args.update_programs, meta["ceilings"]["copy_tbps"])
+            point = time_point(
+                name,
+                N,
+                K,
+                T,
+                args.update_programs,
+                meta["ceilings"]["copy_tbps"],
+                args.designs,
+                args.probe_modes,
+            )
             row = results.kernel_record(meta, point)
             rows.append(row)
             results.append(out, row)
@@ -575,9 +614,15 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     keys = [
         "shipped",
-        *PROBE_MODES,
-        *(f"split_u{u}" for u in args.update_programs),
-        *(f"{name}{part}" for name in prefetch_configs() for part in ("", "_update_only")),
+        *args.probe_modes,
+        *(f"split_u{u}" for u in args.update_programs if "split" in args.designs),
+        *(
+            f"{name}{part}"
+            for name in prefetch_configs()
+            if "prefetch" in args.designs
+            for part in ("", "_update_only")
+        ),
+        *(pingpong_configs() if "pingpong" in args.designs else ()),
         "foreach_update",
         "cublas_gemm",
     ]

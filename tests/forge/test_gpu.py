@@ -578,3 +578,47 @@ def test_the_prefetching_kernel_equals_the_warp_specialized_one(rule, hp, state_
             got = steps(config, capturable)
             for a, b in zip(got, want):
                 assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"
+
+
+@pytest.mark.parametrize(
+    "rule, hp, state_dtype",
+    [
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "bf16"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "fp32"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "int8"),
+        ("lion", dict(lr=1e-4), "bf16"),
+        ("rmsprop", dict(lr=1e-3, momentum=0.9, centered=True), "bf16"),  # three state slots
+        ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
+    ],
+)
+@pytest.mark.parametrize(
+    "T, N, K", [(1024, 4096, 2048), (2000, 1000, 4096), (1000, 1000, 1960)], ids=["tiles", "edges", "ragged"]
+)
+def test_the_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state_dtype, T, N, K):
+    """`forge.kernels.wgrad_update_pingpong` (two MMA warpgroups taking turns, each updating its tile
+    from its own registers) against the warp-specialized kernel: the same wgmma sums and the same
+    update arithmetic, so W and the states equal to the bit over three launches in a row, on whole
+    tiles, with rows and columns past the weight's edge, and with T no multiple of the 64-token
+    stage (ragged: the copy engine's zeros). Its own config for the state dtype (`PINGPONG_CONFIGS`)
+    with the step passed in and read from device memory; for bf16 AdamW also the other pieces'
+    schedule (piece after piece, exact epilogue) and 4 operand stages, the warp-specialized
+    kernel's config then taking the same epilogue."""
+    from dataclasses import replace
+
+    from forge.kernels import PINGPONG_CONFIGS, WARP_SPECIALIZED_DEFAULTS
+
+    steps = functools.partial(_three_fused_steps, rule, hp, state_dtype, *_layer_problem(T, N, K, seed=7))
+    ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    pingpong = replace(PINGPONG_CONFIGS[state_dtype], fast_epilogue=ws.fast_epilogue)
+    configs = [(pingpong, ws)]
+    if (rule, state_dtype) == ("adamw", "bf16"):
+        configs += [
+            (replace(pingpong, num_stages=4), ws),
+            (replace(pingpong, overlap_slices=False, fast_epilogue=False), replace(ws, fast_epilogue=False)),
+        ]
+    for i, (config, reference) in enumerate(configs):
+        want = steps(reference)
+        for capturable in (False, True) if i == 0 else (False,):
+            got = steps(config, capturable)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"
