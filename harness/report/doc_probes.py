@@ -12,6 +12,9 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
 - `kernel_prefetch`: the same probe's timings of the kernel whose update is fed by the copy engine
   (`forge.kernels.wgrad_update_prefetch`), from the newest overlap run that timed it, or what to
   run where none has.
+- `kernel_pingpong`: the same probe's timings of the ping-pong kernel
+  (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
+  overlap run that timed it, or what to run where none has.
 - `kernel_counters`: Nsight Compute's counters of the shipped and the split kernel (gate, T = 1024).
 - `step_profiles`: `python -m harness.kernels.profile` over graphed steps (its JSON per point),
   summarised as `python -m harness.kernels.compare_profiles` prints them.
@@ -112,13 +115,13 @@ def kernel_overlap(root: Path) -> str:
 PREFETCH = "prefetch_"
 
 
-def _prefetch_run(root: Path) -> tuple[str, list[dict]] | None:
-    """(path, records) of the newest overlap run (by its records' time) that timed the prefetching
-    kernel's candidates, or None."""
+def _prefetch_run(root: Path, prefix: str = PREFETCH) -> tuple[str, list[dict]] | None:
+    """(path, records) of the newest overlap run (by its records' time) that timed the candidates
+    whose probe names start with `prefix` (the prefetching kernel's by default), or None."""
     runs = []
     for path in sorted(root.glob(OVERLAP_RUNS)):
         records = results.read(path)
-        if records and any(key.startswith(PREFETCH) for key in records[0]):
+        if records and any(key.startswith(prefix) for key in records[0]):
             runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
     return max(runs)[1:] if runs else None
 
@@ -174,6 +177,71 @@ def kernel_prefetch(root: Path) -> str:
             " update half alone is each kernel's epilogue on a synthetic gradient; elements that differ:"
             " W and both states after one step of every candidate against the shipped kernel's (0: equal"
             f" to the bit). Data: {_source(path, records)}, from `python -m harness.kernels.overlap`.",
+        ]
+    )
+
+
+PINGPONG = "pingpong_"
+
+
+def kernel_pingpong(root: Path) -> str:
+    """The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) at its faster ring depth per
+    point, against cuBLAS's GEMM, the shipped kernel and the roofline, beside the shipped kernel's
+    halves timed in the same run, and whether its step equals the shipped kernel's to the bit."""
+    found = _prefetch_run(root, PINGPONG)
+    if found is None:
+        return (
+            "Not measured yet. `python -m harness.kernels.overlap --designs pingpong --update-programs"
+            " --probe-modes ws_mma_only ws_epilogue_only` on an H100 or H200 times it beside the shipped"
+            " kernel and cuBLAS's GEMM and checks its step against the shipped kernel's to the bit;"
+            " `python -m harness report` then writes its records here."
+        )
+    path, records = found
+    rows = []
+    for r in records:
+        names = sorted(
+            {k[: -len("_differs")] for k in r if k.startswith(PINGPONG) and k.endswith("_differs")}
+        )
+        timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
+        differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
+        point = f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}"
+        roof = r["roofline_ms"]
+        halves = [
+            _x(r[f"{half}_ms"] / roof) if r.get(f"{half}_ms") else "-"
+            for half in ("ws_mma_only", "ws_epilogue_only")
+        ]
+        head = [point, _ms(roof), _ms(r["cublas_gemm_ms"]), _ms(r["shipped_ms"])]
+        if not timed:
+            rows.append([*head, "failed", "-", "-", *halves, str(differing)])
+            continue
+        ms, best = min(timed)
+        rows.append(
+            [
+                *head,
+                f"{_ms(ms)} ({best[len(PINGPONG) :]})",
+                _x(ms / r["shipped_ms"]),
+                _x(ms / roof),
+                *halves,
+                str(differing),
+            ]
+        )
+    header = ["point", "roofline ms", "cuBLAS GEMM ms", "shipped ms", "ping-pong, best ms (stages)"]
+    header += [
+        "over shipped",
+        "over roofline",
+        "shipped MMA half / roofline",
+        "shipped update half / roofline",
+    ]
+    header += ["elements that differ"]
+    return "\n\n".join(
+        [
+            _table(header, rows, "l" + "r" * 9),
+            "Ping-pong: two MMA warpgroups taking turns at the tensor cores, each updating its tile from"
+            " its own registers, with s<S> stages of dy and x (`harness.kernels.overlap.pingpong_configs`);"
+            " AdamW with bf16 states, median ms. Roofline and halves as in the table above, from the same"
+            " run; elements that differ: W and both states after one step of each ring depth against the"
+            f" shipped kernel's (0: equal to the bit). Data: {_source(path, records)}, from"
+            " `python -m harness.kernels.overlap`.",
         ]
     )
 
@@ -283,6 +351,7 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-prefetch": kernel_prefetch,
+    "kernel-pingpong": kernel_pingpong,
     "kernel-counters": kernel_counters,
     "profiles-b1": step_profiles(
         PROFILES_B1,

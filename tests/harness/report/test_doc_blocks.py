@@ -145,3 +145,35 @@ def test_the_prefetching_kernels_block_reads_the_newest_run_that_timed_it(tmp_pa
     row = "| gate 14336x4096, T = 1024 | 0.300 | 0.255 (u4_r16_s3) | 0.85x | 1.45x | 0.80x (u4_r16_s3) | 0 |"
     assert row in block
     assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
+
+
+def test_the_pingpong_kernels_block_reads_the_newest_run_that_timed_it(tmp_path):
+    """`kernel-pingpong`: what to run while no overlap run timed the ping-pong kernel; then, from the
+    newest run that did, its faster ring depth per point against cuBLAS, the shipped kernel and the
+    roofline, the shipped kernel's halves from the same run, and how many elements differed."""
+    from harness.report.doc_probes import kernel_pingpong
+
+    logs = tmp_path / "results" / "device-logs"
+    logs.mkdir(parents=True)
+    same = {"w": 0, "states": [0, 0]}
+    prefetching = dict(shipped_ms=0.3, prefetch_u2_r16_s4_ms=0.27, prefetch_u2_r16_s4_differs=same)
+    record = _overlap_record("2026-12-05", **prefetching)
+    (logs / "overlap-20261205-841c142.jsonl").write_text(json.dumps(record))
+    assert kernel_pingpong(tmp_path).startswith("Not measured yet. `python -m harness.kernels.overlap")
+    timings = dict(
+        cublas_gemm_ms=0.176,
+        shipped_ms=0.300,
+        ws_mma_only_ms=0.180,
+        pingpong_s6_ms=0.264,
+        pingpong_s6_differs=same,
+        pingpong_s4_ms=0.270,
+        pingpong_s4_differs=same,
+    )
+    (logs / "overlap-20270105-1234567.jsonl").write_text(json.dumps(_overlap_record("2027-01-05", **timings)))
+    block = kernel_pingpong(tmp_path)
+    row = (
+        "| gate 14336x4096, T = 1024 | 0.176 | 0.176 | 0.300 | 0.264 (s6) | 0.88x | 1.50x"
+        " | 1.02x | 1.19x | 0 |"
+    )
+    assert row in block, block
+    assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
