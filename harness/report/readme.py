@@ -5,6 +5,9 @@ measured table inline with links to its Markdown and LaTeX files, the plots, and
 the numbers: every (sweep, GPU, driver, CUDA, torch, triton, transformers, commit) behind the
 table with its point count, and the resolved config those points share (keys that differ from
 point to point are named). A section without data says which command produces it.
+A report longer than INLINE_LINES (the committed one) becomes an index a reader scans: per
+section, the question its tables answer and links to them and its plots; each section in full is
+a page of its own under sections/ (`render_pages`).
 
 The text depends only on the records and the input paths, never on the clock, so re-running the
 report on the same results rewrites the same bytes.
@@ -145,12 +148,31 @@ def _provenance(records: Sequence[Record], shown: Table | None = None) -> str:
     return "\n\n".join(parts)
 
 
-def _links(name: str) -> str:
-    return f"[Markdown](tables/{name}.md) · [LaTeX](tables/{name}.tex)"
+def _links(name: str, up: str = "") -> str:
+    return f"[Markdown]({up}tables/{name}.md) · [LaTeX]({up}tables/{name}.tex)"
 
 
-def section_markdown(section: Section, out: Path, shown: Table | None = None) -> str:
-    """One section of the README (`shown`: the sources table the report opens with)."""
+# What each section's tables answer, by anchor: the line the index gives each section.
+QUESTIONS = {
+    "paper": "Do the paper's memory and step-time claims hold in its own setting (fp32 gradients)?",
+    "t1": "What does each method cost on Llama-3.1-8B, in peak memory and step time, against fused AdamW?",
+    "t2": "How do memory and step time move with the model's size, Qwen3 0.6B to 14B?",
+    "t3": "Under a 40 GiB cap, how large a micro-batch does each method fit, and at what throughput?",
+    "t4": "How fast is the fused dW-GEMM + update kernel against cuBLAS's GEMM, alone and with AdamW?",
+    "t5": "Does FORGE compose with activation checkpointing, and what does it save there?",
+    "tokens": "How far is each method's step above the no-optimizer floor as the tokens per step grow?",
+    "peak-tokens": "How does the peak grow with the tokens per step, and what is the largest step that fits?",
+    "muon": "What does FORGE's Muon save against torch's Muon, and at what step time?",
+    "t6": "Does FORGE keep its saving under tensor parallelism over two GPUs?",
+    "dp": "Under DDP and FSDP2, what does FORGE hold per GPU against fused AdamW?",
+    "convergence": "Do FORGE's losses follow the reference's, over seeds and branches?",
+    "points": "What did the points no table above holds measure?",
+}
+
+
+def section_markdown(section: Section, out: Path, shown: Table | None = None, up: str = "") -> str:
+    """One section in full (`shown`: the sources table the report opens with; `up`: the path from
+    the page it is written on to the report's folder)."""
     parts = [f'<a id="{section.anchor}"></a>\n## {section.heading}']
     if not section.selections:
         parts.append(
@@ -161,19 +183,44 @@ def section_markdown(section: Section, out: Path, shown: Table | None = None) ->
         parts.append(f"**Expectation.** {section.preamble}")
     for selection in section.selections:
         table = selection.table
-        parts.append(f"**{table.title}** ({_links(table.name)})\n\n{to_markdown(table).rstrip()}")
+        parts.append(f"**{table.title}** ({_links(table.name, up)})\n\n{to_markdown(table).rstrip()}")
     for plot in section.plots:
         rel = plot.relative_to(out).as_posix()
-        parts.append(f"![{plot.stem}]({rel})")
+        parts.append(f"![{plot.stem}]({up}{rel})")
     parts.append(_provenance(section.records, shown))
     return "\n\n".join(parts)
 
 
-def render(
-    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
-) -> str:
-    """The whole README; `command` is the one that regenerates it."""
-    head = [
+def section_entry(section: Section, out: Path) -> str:
+    """One section as the index lists it: what it answers, its tables and plots as links, and the
+    page that holds it in full."""
+    parts = [f'<a id="{section.anchor}"></a>\n## {section.heading}']
+    if not section.selections:
+        parts.append(
+            f"No results yet. Produce them with `{section.hint}` on the GPU, then re-run the report."
+        )
+        return "\n\n".join(parts)
+    lines = [
+        f"- [{s.table.title}](tables/{s.table.name}.md) ([LaTeX](tables/{s.table.name}.tex))"
+        for s in section.selections
+    ]
+    if section.plots:
+        plots = ", ".join(f"[{p.stem}]({p.relative_to(out).as_posix()})" for p in section.plots)
+        lines.append(f"- Plots: {plots}")
+    lines.append(
+        f"- The expectation, the tables, the plots and what produced them: [{SECTIONS}/{section.anchor}.md]"
+        f"({SECTIONS}/{section.anchor}.md)"
+    )
+    question = QUESTIONS.get(section.anchor)
+    return "\n\n".join(parts + ([question] if question else []) + ["\n".join(lines)])
+
+
+SECTIONS = "sections"  # the folder of the section pages, where the report is too long for one page
+INLINE_LINES = 600  # the longest report written as one page
+
+
+def _head(sections: Sequence[Section], inputs: Sequence[str], command: str) -> list[str]:
+    return [
         GENERATED,
         "# FORGE benchmark reports",
         (
@@ -186,8 +233,38 @@ def render(
         ),
         "Contents: " + " · ".join(f"[{s.heading}](#{s.anchor})" for s in sections),
     ]
-    everything = list({id(r): r for s in sections for r in s.records}.values())
-    table = sources_table(everything)
+
+
+def _sources(sections: Sequence[Section]) -> Table | None:
+    return sources_table(list({id(r): r for s in sections for r in s.records}.values()))
+
+
+def render(
+    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
+) -> str:
+    """The whole report on one page; `command` is the one that regenerates it."""
+    head, table = _head(sections, inputs, command), _sources(sections)
     if table is not None:
         head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
     return "\n\n".join(head + [section_markdown(s, out, table) for s in sections]) + "\n"
+
+
+def render_pages(
+    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
+) -> dict[str, str]:
+    """{path under `out`: text}: README.md alone where the report fits INLINE_LINES; else README.md
+    as an index (what each section answers, links to its tables and plots) and one page a section
+    under sections/."""
+    whole = render(sections, inputs, out, command)
+    if len(whole.splitlines()) <= INLINE_LINES:
+        return {"README.md": whole}
+    head, table = _head(sections, inputs, command), _sources(sections)
+    if table is not None:
+        head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
+    pages = {"README.md": "\n\n".join(head + [section_entry(s, out) for s in sections]) + "\n"}
+    for s in sections:
+        if s.selections:
+            back = f"[All reports](../README.md) · regenerate with `{command}`"
+            body = section_markdown(s, out, None, up="../")
+            pages[f"{SECTIONS}/{s.anchor}.md"] = f"{GENERATED}\n\n{back}\n\n{body}\n"
+    return pages

@@ -10,9 +10,11 @@ The procedure:
 3. write each table as Markdown and LaTeX (booktabs) under reports/tables/, the plots as PNG
    under reports/plots/, and reports/README.md (`readme`), which opens every table with its
    expectation (`preambles`), links the files, and names the hardware, versions, commit and
-   config behind it;
-4. remove files in reports/tables/ and reports/plots/ that this run did not write (so a table
-   whose data went away does not linger).
+   config behind it; a report longer than a page a reader scans (the committed one) is an index
+   instead, what each section answers with links to its tables and plots, and each section in
+   full on its own page under reports/sections/;
+4. remove files in reports/tables/, reports/plots/ and reports/sections/ that this run did not
+   write (so a table whose data went away does not linger).
 
 `--out` picks another folder. Without it, results that all lie in scratch folders (`python -m
 harness report results/smoke`) are rendered beside them, into results/smoke/report/, never over
@@ -51,7 +53,7 @@ from harness.report.muon_table import EXPERIMENT as MUON
 from harness.report.muon_table import muon_table
 from harness.report.names import display_name
 from harness.report.paper_table import paper_comparison
-from harness.report.readme import Section, render
+from harness.report.readme import SECTIONS, Section, render_pages
 from harness.report.reference_table import preamble as reference_preamble
 from harness.report.reference_table import reference_tables
 from harness.report.tables import (
@@ -382,7 +384,7 @@ def prune(out: Path, keep: Sequence[Path]) -> list[Path]:
     """Delete generated files in tables/ and plots/ that this run did not write."""
     kept = {p.resolve() for p in keep}
     removed = []
-    for folder, patterns in (("tables", ("*.md", "*.tex")), ("plots", ("*.png",))):
+    for folder, patterns in (("tables", ("*.md", "*.tex")), ("plots", ("*.png",)), (SECTIONS, ("*.md",))):
         for pattern in patterns:
             for path in sorted((out / folder).glob(pattern)):
                 if path.resolve() not in kept:
@@ -403,11 +405,14 @@ def write_report(
     for section in sections:
         for selection in section.selections:
             written += write_table(selection.table, out)
-    readme = out / "README.md"
     command = " ".join(["python -m harness report", *([] if planned else inputs)])
-    readme.write_text(render(sections, inputs, out, command))
-    prune(out, written)
-    return written + [readme]
+    pages = []
+    for name, text in render_pages(sections, inputs, out, command).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+        pages.append(out / name)
+    prune(out, written + pages)
+    return written + pages
 
 
 def _read(inputs: Sequence[str], default: bool) -> list[Record]:
@@ -483,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"report: {err}", file=sys.stderr)
         return 2
     written = write_report(records, out, inputs, planned=default)
-    tables = sum(1 for p in written if p.suffix == ".md" and p.name != "README.md")
+    tables = sum(1 for p in written if p.suffix == ".md" and p.parent.name == "tables")
     plots_n = sum(1 for p in written if p.suffix == ".png")
     print(f"report: {len(records)} records -> {tables} tables, {plots_n} plots, {out / 'README.md'}")
     return 0

@@ -571,3 +571,22 @@ def test_the_fp8_kernel_table_and_the_labs_other_records_stay_out_of_the_step_ta
     assert len(table.rows) == 16 and table.rows[0][col["T"]] == "1024"
     gate = next(r for r in table.rows if r[col["Shape"]] == "llama3.1-8b/gate" and r[col["T"]] == "4096")
     assert gate[col["FORGE FP8 ms"]] == "0.748" and gate[col["vs FP8 GEMM"]] == "1.94x"
+
+
+def test_the_committed_report_is_an_index_a_reader_scans():
+    """reports/README.md, as `python -m harness report` writes it: at most INLINE_LINES lines, each
+    section's question and links, every link landing on a file of the report; each section in full
+    on its page under reports/sections/, whose links land too."""
+    from harness.report.readme import INLINE_LINES, QUESTIONS
+
+    root = Path(__file__).parents[3] / "reports"
+    index = (root / "README.md").read_text()
+    assert len(index.splitlines()) <= INLINE_LINES
+    anchors = re.findall(r'<a id="([^"]+)"></a>', index)
+    assert set(anchors) <= set(QUESTIONS), "a section without the question its tables answer"
+    pages = [root / "README.md", *sorted((root / "sections").glob("*.md"))]
+    assert len(pages) > 1
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)\)", page.read_text()):
+            if not target.startswith("http"):
+                assert (page.parent / target).exists(), f"{page.relative_to(root)} links {target}, not there"
