@@ -91,15 +91,40 @@ def render(
 
 
 def stale_blocks(root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS) -> list[str]:
-    """'README.md: llama8b-headline' for every block whose committed text differs from its rebuild."""
+    """'README.md: llama8b-headline: line 5: 123.1 where the records give 121.5 (...)' for every
+    block whose committed text differs from its rebuild: the block, and the first figure that moved."""
     stale = []
     for path in doc_files(root):
         text = path.read_text()
         fresh = render(text, root, builders, where=str(path.relative_to(root)))
         if fresh != text:
-            names = [n for n in block_names(text) if _block(text, n) != _block(fresh, n)]
-            stale += [f"{path.relative_to(root)}: {name}" for name in names]
+            for name in block_names(text):
+                old, new = _block(text, name), _block(fresh, name)
+                if old != new:
+                    line = text.count("\n", 0, text.index(BEGIN.format(name=name))) + 1
+                    stale.append(f"{path.relative_to(root)}: {name}: {first_difference(old, new, line)}")
     return stale
+
+
+_FIGURE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?[a-zA-Z%]*")
+
+
+def first_difference(committed: str, fresh: str, first_line: int = 1) -> str:
+    """Where two renderings of one text part, as a reader would look for it: 'line N: 123.1 where
+    the records give 121.5 (the line as the records give it)', or the line alone where no figure
+    differs (a word, a row more or less)."""
+    old, new = committed.splitlines(), fresh.splitlines()
+    for i in range(max(len(old), len(new))):
+        a = old[i] if i < len(old) else ""
+        b = new[i] if i < len(new) else ""
+        if a == b:
+            continue
+        moved = [(x, y) for x, y in zip(_FIGURE.findall(a), _FIGURE.findall(b)) if x != y]
+        where = f"line {first_line + i}"
+        if moved:
+            return f"{where}: {moved[0][0]} where the records give {moved[0][1]} ({b.strip()[:160]!r})"
+        return f"{where} reads {a.strip()[:120]!r}; the records give {b.strip()[:120]!r}"
+    return "the same lines, other line endings"
 
 
 def _block(text: str, name: str) -> str:

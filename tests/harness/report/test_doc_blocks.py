@@ -33,7 +33,9 @@ def test_a_figure_edited_by_hand_inside_a_block_is_stale_and_rewritten(tmp_path)
     builders = {"ratio": lambda root: "| FORGE int8 | 1.01x |"}
     text = f"# Doc\n\nBefore.\n\n{_block('ratio', '| FORGE int8 | 1.02x |')}\n\nAfter.\n"
     (tmp_path / "README.md").write_text(text)
-    assert stale_blocks(tmp_path, builders) == ["README.md: ratio"]
+    assert stale_blocks(tmp_path, builders) == [
+        "README.md: ratio: line 6: 1.02x where the records give 1.01x ('| FORGE int8 | 1.01x |')"
+    ]
     assert write_blocks(tmp_path, builders) == [tmp_path / "README.md"]
     fixed = (tmp_path / "README.md").read_text()
     assert (
@@ -43,6 +45,27 @@ def test_a_figure_edited_by_hand_inside_a_block_is_stale_and_rewritten(tmp_path)
         and fixed.endswith("After.\n")
     )
     assert stale_blocks(tmp_path, builders) == [] and write_blocks(tmp_path, builders) == []
+
+
+def test_a_figure_planted_in_the_readmes_headline_is_named_with_its_line(tmp_path):
+    """The README's headline block with one figure typed over: the failure names the figure, what
+    the records give, and the line, not just the block."""
+    text = (REPO / "README.md").read_text()
+    block = _block_text(text, "llama8b-headline")
+    row = next(line for line in block.splitlines() if line.startswith("| FORGE, bf16 states |"))
+    right = row.split(" | ")[1]
+    planted = text.replace(row, row.replace(f"| {right} |", "| 123.1 |", 1))
+    (tmp_path / "README.md").write_text(planted)
+    (tmp_path / "results").symlink_to(REPO / "results")
+    line = planted[: planted.index(row.replace(f"| {right} |", "| 123.1 |", 1))].count("\n") + 1
+    builders = {"llama8b-headline": doc_blocks.BLOCKS["llama8b-headline"]}
+    assert stale_blocks(tmp_path, builders) == [
+        f"README.md: llama8b-headline: line {line}: 123.1 where the records give {right} ({row!r})"
+    ]
+
+
+def _block_text(text: str, name: str) -> str:
+    return text.split(BEGIN.format(name=name), 1)[1].split(END.format(name=name), 1)[0]
 
 
 def test_an_unknown_block_or_a_marker_without_its_pair_is_refused_with_its_line():
