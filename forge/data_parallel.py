@@ -234,6 +234,13 @@ def broadcast_from_first_rank(model: nn.Module, group: Any) -> None:
         dist.broadcast(tensor.data, src=source, group=group)
 
 
+def bound_bytes(params: list[torch.Tensor], cap_bytes: int) -> int:
+    """The most gradient bytes a `GradientReducer` over `params` with buckets of `cap_bytes` holds at
+    once, its order learned: (MAX_IN_FLIGHT + 1) x max(cap, the largest parameter) + cap (see the class)."""
+    largest = max((p.numel() * p.element_size() for p in params), default=0)
+    return (MAX_IN_FLIGHT + 1) * max(cap_bytes, largest) + cap_bytes
+
+
 class GradientReducer:
     """The mean over the ranks of every gradient handed to `add`, in buckets, asynchronously; each
     bucket's parameters are then updated through `apply(p, mean)` and its gradients dropped.
@@ -283,8 +290,7 @@ class GradientReducer:
     @property
     def bound_bytes(self) -> int:
         """The most gradient bytes alive at once once the order is learned (see the class)."""
-        largest = max((p.numel() * p.element_size() for p in self.params), default=0)
-        return (MAX_IN_FLIGHT + 1) * max(self.cap_bytes, largest) + self.cap_bytes
+        return bound_bytes(self.params, self.cap_bytes)
 
     @property
     def learned_order(self) -> bool:

@@ -246,6 +246,11 @@ class ForgeLinear(nn.Linear):
             self.__dict__.pop(attr, None)
 
     @property
+    def fp8(self) -> bool:
+        """Whether this layer's three GEMMs run in FP8 (`forge.attach(..., fp8=...)`, `forge.fp8`)."""
+        return self._forge_fp8
+
+    @property
     def forge_updater(self) -> CompiledUpdater | None:
         """The optimizer that trains this layer's weight inside its backward (None once detached)."""
         return self.__dict__.get("_forge_optimizer")

@@ -385,6 +385,12 @@ class Point:
     def step(self, config) -> None:
         self.opt.update_linear(self.w, self.dy, self.x, config=config)
 
+    def step_scalars(self) -> tuple[tuple, int]:
+        """The rule's coefficients of the weight's next step (`forge.rules`) and a fixed seed, for a
+        probe's own launch; no step is counted."""
+        state = self.opt.state[self.w]
+        return self.opt.rule.coefficients(self.opt.param_groups[0], state["step"] + 1, dict(state)), 0
+
     def plan(self, cfg):
         """`forge.kernels.configs.plan` of this point's launch under `cfg`."""
         from forge.kernels import configs
@@ -414,7 +420,7 @@ class Point:
         cfg = WARP_SPECIALIZED_DEFAULTS["bf16"]
         slots = self.opt.slots_of(self.w)
         plan = self.plan(cfg)
-        coefficients, seed, _ = self.opt.steps.begin(self.w)
+        coefficients, seed = self.step_scalars()
         T, N = self.dy.shape
         K = self.x.shape[1]
         head = (
@@ -438,7 +444,7 @@ class Point:
 
         plan = self.plan(cfg)
         slots = self.opt.slots_of(self.w)
-        coefficients, seed, _ = self.opt.steps.begin(self.w)
+        coefficients, seed = self.step_scalars()
         step = step_arguments(self.w, coefficients, seed, None)
         args = pf.arguments(
             plan, self.w, slot_arguments(self.w, slots.states, slots.scales), self.dy, self.x, step

@@ -93,7 +93,7 @@ def phases(cfg: DictConfig, corpora: dict[str, data.Corpus], device: str) -> Ite
     conv = cfg.convergence
     ev = convergence.Evaluator(corpora, cfg)
     for i, phase in enumerate(conv.phases):
-        tokens = convergence._ids(corpora[phase.corpus].train)
+        tokens = convergence.token_ids(corpora[phase.corpus].train)
         offsets = convergence.batch_offsets(
             tokens.numel(), cfg.batch_size, cfg.seq_len, phase.steps, cfg.seed * 1000 + i
         )

@@ -123,7 +123,9 @@ class Evaluator:
 
     def __init__(self, corpora: dict[str, data.Corpus], cfg: DictConfig) -> None:
         n = cfg.convergence.eval_batches * cfg.batch_size
-        self.inputs = {name: heldout_windows(_ids(c.heldout), cfg.seq_len, n) for name, c in corpora.items()}
+        self.inputs = {
+            name: heldout_windows(token_ids(c.heldout), cfg.seq_len, n) for name, c in corpora.items()
+        }
         self.batch_size = cfg.batch_size
         self.last_step: int | None = None
 
@@ -138,7 +140,8 @@ class Evaluator:
         curves.heldout_losses.append(curves.by_corpus[current]["losses"][-1])
 
 
-def _ids(array: np.ndarray) -> torch.Tensor:
+def token_ids(array: np.ndarray) -> torch.Tensor:
+    """A corpus's token array (`harness.run.data`) as the int64 ids a model takes."""
     return torch.from_numpy(array.astype(np.int64))
 
 
@@ -170,7 +173,7 @@ def run_phase(
     phase, conv = cfg.convergence.phases[i], cfg.convergence
     first = len(curves.losses)
     peak = method.lr * phase.lr_scale
-    tokens = _ids(corpus.train)
+    tokens = token_ids(corpus.train)
     offsets = batch_offsets(tokens.numel(), cfg.batch_size, cfg.seq_len, phase.steps, cfg.seed * 1000 + i)
     curves.phases.append(
         dict(

@@ -167,7 +167,7 @@ class Forge(Method):
             **hparams,
         )
         if o.fp8 is not None:
-            fp8_layers = sum(bool(getattr(m, "_forge_fp8", False)) for m in self.model.modules())
+            fp8_layers = sum(isinstance(m, forge.ForgeLinear) and m.fp8 for m in self.model.modules())
             self.notes.append(f"fp8: {fp8_layers} fused linears with {o.fp8} FP8 GEMMs, lm_head in bf16")
         if o.debug_delay_us:
             self._slow_down(o.debug_delay_us)
@@ -210,13 +210,12 @@ class Forge(Method):
 
 def reducer_window_bytes(params: list[torch.nn.Parameter], bucket_cap_mb: float) -> int:
     """The most gradient bytes FORGE's DDP reducer holds at once over `params` (every parameter
-    under DDP: nothing is fused there): `forge.data_parallel.GradientReducer.bound_bytes`,
-    (MAX_IN_FLIGHT + 1) buckets of max(cap, the largest parameter) and, while a bucket's gradients
-    are concatenated for its all-reduce, one cap more; never more than every gradient and that copy."""
-    from forge.data_parallel import MAX_IN_FLIGHT
+    under DDP: nothing is fused there): `forge.data_parallel.bound_bytes`, never more than every
+    gradient and one bucket's concatenated copy."""
+    from forge.data_parallel import bound_bytes
 
     cap = int(bucket_cap_mb * 2**20)
-    bound = (MAX_IN_FLIGHT + 1) * max(cap, largest_param_bytes(params)) + cap
+    bound = bound_bytes(params, cap)
     every = sum(local_numel(p) * p.element_size() for p in params)
     return min(bound, every + min(cap, every))
 
