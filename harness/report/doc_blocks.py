@@ -146,10 +146,14 @@ def write_blocks(root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m harness report`: reports/ from results/, then, for the committed results, the
-    generated blocks of the README and docs."""
+    generated blocks of the README and docs; `--check`: only say where they differ (`check`)."""
     from harness.report import report
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--check"]:
+        from harness.report import check
+
+        return check.main()
     status = report.main(argv)
     if status != 0 or argv:
         return status

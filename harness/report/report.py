@@ -429,6 +429,7 @@ examples:
   python -m harness report                           # results/ into reports/
   python -m harness report results/smoke             # a scratch sweep: into results/smoke/report/
   python -m harness report results/llama8b_h200.jsonl --out /tmp/t1
+  python -m harness report --check                   # reports/ and the docs' blocks as results/ gives them?
 """
 
 
