@@ -102,17 +102,18 @@ def lookup(figures: Mapping[tuple, str], key: tuple[Any, ...]) -> str | None:
 # The paper's code's own table: the README of https://github.com/dk4248/FORGE (commit 7cba611,
 # "Key results (Llama-3.1-8B, single H200)"): one H200, batch 1, sequence 512, bf16, the median of
 # 20 steps and its spread, peak in GB as printed. Keyed by the harness method config that runs the
-# same method: torch's default AdamW, torch's fused AdamW, bitsandbytes' AdamW8bit, and the
-# paper's FORGE (its package, fused_grad_optimizer) with bf16 and int8 states.
+# same method (torch's default AdamW, torch's fused AdamW, bitsandbytes' AdamW8bit, and the paper's
+# FORGE, its package fused_grad_optimizer, with bf16 and int8 states): the README's name for it,
+# its peak GB, its step ms and that step's spread.
 REFERENCE_README_SOURCE = (
     "https://github.com/dk4248/FORGE README (7cba611), Key results: one H200, Llama-3.1-8B, batch 1, "
     "sequence 512, bf16, median of 20 steps"
 )
-REFERENCE_README = {  # label: (peak GB, step ms, its spread in ms)
-    "torch_adamw": (62.04, 167.1, 18.0),
-    "fused_adamw": (60.08, 134.3, 14.1),
-    "adamw8bit_bnb": (45.36, 316.3, 20.6),
-    "forge_reference_bf16": (48.36, 110.2, 8.7),
-    "forge_reference_int8": (35.32, 155.0, 4.4),
+REFERENCE_README = {
+    "torch_adamw": ("vanilla AdamW", 62.04, 167.1, 18.0),
+    "fused_adamw": ("fused AdamW", 60.08, 134.3, 14.1),
+    "adamw8bit_bnb": ("bitsandbytes 8-bit", 45.36, 316.3, 20.6),
+    "forge_reference_bf16": ("FORGE", 48.36, 110.2, 8.7),
+    "forge_reference_int8": ("FORGE (int8)", 35.32, 155.0, 4.4),
 }
 REFERENCE_README_POINT = ("llama3.1-8b", 1, 512)  # model, batch, sequence of that table

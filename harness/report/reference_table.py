@@ -10,9 +10,12 @@ records, every ratio between records of that run:
   512 tokens, eager), and this project's FORGE under them; each step and peak also over the fused
   AdamW of its side (the README's over its own fused AdamW, ours over the one measured here);
 - `reference_steps`: for every GPU, model, token count and step mode (eager, or the whole step
-  replayed from a CUDA graph), each method's median step and ours over the paper's, for bf16 and
-  int8 states;
+  replayed from a CUDA graph), each method's median step, and each of our FORGE configs over the
+  paper's of the same state dtype (`pairs`);
 - `reference_peaks`: the same for the peak allocated memory, with ours less the paper's.
+
+The columns are the method configs of `+exp=reference_h200` (`columns`), named by their labels,
+those the README quotes first; the pairs and the README rows follow from their conf/method files.
 
 A failed point shows its status (`OOM`, `unavailable` with its reason as a footnote); a method a
 row has no record of (vanilla AdamW and bitsandbytes cannot capture a step) shows '—'. Without
@@ -22,6 +25,11 @@ records there is no table, and the report has no section for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 import forge
 from harness.points import graphed
@@ -33,30 +41,61 @@ from harness.report.tables import Notes, Row, Selection, ok, status_cell, step_m
 from harness.report.token_tables import sweep_records
 from harness.run.measure import GIB
 from harness.run.methods.footprint import element_bytes
-from harness.run.methods.forge_reference import INT8_BLOCK
+from harness.run.methods.forge import Forge
+from harness.run.methods.forge_reference import INT8_BLOCK, ForgeReference
+from harness.run.methods.fused_adamw import FusedAdamW
 
 SWEEP_PREFIX = "reference_"
-BASE = "fused_adamw"
-# The methods a row sets side by side (conf/method labels, the `_graph` twin in a graphed row).
-TITLES = {
-    "fused_adamw": "fused AdamW",
-    "torch_adamw": "vanilla AdamW",
-    "adamw8bit_bnb": "bnb 8-bit",
-    "forge_reference_bf16": "paper's FORGE bf16",
-    "forge_reference_bf16_tma": "paper's FORGE bf16 (TMA)",
-    "forge_bf16": "our FORGE bf16",
-    "forge_reference_int8": "paper's FORGE int8",
-    "forge_int8": "our FORGE int8",
-}
-# (the paper's, ours, what the comparison column says): each of our FORGEs against the paper's
-PAIRS = (
-    ("forge_reference_bf16", "forge_bf16", "bf16"),
-    ("forge_reference_bf16_tma", "forge_bf16", "bf16, its TMA path"),
-    ("forge_reference_int8", "forge_int8", "int8"),
-)
-# The README's FORGE figures stand beside both of its bf16 paths: it names its "Hopper TMA path"
-# for its H200 results, and its default path is what an install runs.
-PUBLISHED_AS = {"forge_reference_bf16_tma": "forge_reference_bf16"}
+EXPERIMENT = "reference_h200"  # its methods are the tables' columns
+CONF = Path(__file__).resolve().parents[2] / "conf"
+BASE = FusedAdamW.name  # every ratio over fused AdamW is over this method's record of the same run
+
+
+@cache
+def _method_file(label: str) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{label}.yaml"))
+
+
+@cache
+def columns() -> tuple[str, ...]:
+    """The method configs a row sets side by side: the experiment's, by their eager labels (a
+    graphed row shows each one's `_graph` twin); those the README quotes first, in its order."""
+    listed = OmegaConf.load(CONF / "exp" / f"{EXPERIMENT}.yaml").sweep.methods
+    eager = list(dict.fromkeys(str(label).removesuffix("_graph") for label in listed))
+    quoted = [label for label in paper.REFERENCE_README if label in eager]
+    return tuple(quoted + [label for label in eager if label not in quoted])
+
+
+def _state(label: str) -> str | None:
+    """The state dtype of a FORGE config, ours (`state_dtype`) or the paper's (`state_mode`)."""
+    options = _method_file(label).get("options") or {}
+    return options.get("state_dtype") or options.get("state_mode")
+
+
+@cache
+def pairs() -> tuple[tuple[str, str], ...]:
+    """(the paper's FORGE, ours) for every config of the paper's FORGE among the columns, with our
+    FORGE config of the same state dtype."""
+    names = {label: _method_file(label)["name"] for label in columns()}
+    ours = {_state(label): label for label, name in names.items() if name == Forge.name}
+    theirs = [label for label, name in names.items() if name == ForgeReference.name]
+    return tuple((label, ours[_state(label)]) for label in theirs if _state(label) in ours)
+
+
+def published(label: str) -> tuple | None:
+    """The README's row for a config: its own, or for another config of the paper's FORGE (its
+    Hopper path) the row of the same states, which the README's figure stands for too."""
+    if label in paper.REFERENCE_README:
+        return paper.REFERENCE_README[label]
+    if _method_file(label)["name"] != ForgeReference.name:
+        return None
+    same = [k for k in paper.REFERENCE_README if k in columns() and _state(k) == _state(label)]
+    return (
+        paper.REFERENCE_README[same[0]]
+        if same and _method_file(same[0])["name"] == ForgeReference.name
+        else None
+    )
+
 
 Key = tuple[str, str, int, int, bool]  # GPU, model, batch, sequence, graphed
 
@@ -72,7 +111,7 @@ def reference_records(records: Sequence[Record]) -> list[Record]:
 def role(record: Record) -> str | None:
     """The method's column: its label, less `_graph`, where it is one of the table's."""
     label = str(record.get("method_label") or "").removesuffix("_graph")
-    return label if label in TITLES else None
+    return label if label in columns() else None
 
 
 def _key(record: Record) -> Key:
@@ -133,19 +172,20 @@ def readme_table(records: Sequence[Record]) -> Table | None:
         if key[1:] != (model, batch, seq, False):
             continue
         base_step, base_peak = _step(found.get(BASE)), _peak(found.get(BASE))
-        pub_step, pub_peak = paper.REFERENCE_README[BASE][1], paper.REFERENCE_README[BASE][0]
-        for name, title in TITLES.items():
-            published = paper.REFERENCE_README.get(PUBLISHED_AS.get(name, name))
-            record = found.get(name)
+        _, pub_peak, pub_step, _ = paper.REFERENCE_README[BASE]
+        for label in columns():
+            quoted = published(label)
+            record = found.get(label)
             step, peak = _step(record), _peak(record)
             rows.append(
                 [
                     key[0],
-                    title,
-                    f"{published[0]:.2f}" if published else NONE,
-                    f"{published[1]:.1f} ± {published[2]:.1f}" if published else NONE,
-                    _over(published[1], pub_step) if published else NONE,
-                    _over(published[0], pub_peak) if published else NONE,
+                    label,
+                    quoted[0] if quoted else NONE,
+                    f"{quoted[1]:.2f}" if quoted else NONE,
+                    f"{quoted[2]:.1f} ± {quoted[3]:.1f}" if quoted else NONE,
+                    _over(quoted[2], pub_step) if quoted else NONE,
+                    _over(quoted[1], pub_peak) if quoted else NONE,
                     _cell(record, fmt_gib(peak), notes),
                     _cell(record, fmt_ms(step), notes),
                     _over(step, base_step),
@@ -154,8 +194,8 @@ def readme_table(records: Sequence[Record]) -> Table | None:
             )
     if not rows:
         return None
-    header = ["GPU", "Method", "README peak GB", "README step ms", "README step / fused AdamW"]
-    header += ["README peak / fused AdamW"]
+    header = ["GPU", "Method", "README's row", "README peak GB", "README step ms"]
+    header += ["README step / fused AdamW", "README peak / fused AdamW"]
     header += ["Peak alloc GiB", "Step ms (median)", "Step / fused AdamW", "Peak / fused AdamW"]
     steps = sorted({(r.get("steps"), r.get("warmup_steps")) for r in records if r.get("steps")}, key=str)
     timed = ", ".join(f"{n} steps ({w} warm-up)" for n, w in steps)
@@ -163,17 +203,17 @@ def readme_table(records: Sequence[Record]) -> Table | None:
         f"README: {paper.REFERENCE_README_SOURCE}; its peak in GB as printed (the README does not say "
         "whether 10^9 or 2^30 bytes), its step as median ± spread. The rest: this harness, "
         f"{model} at batch {batch} x {seq} tokens, eager, {timed}, each ratio over the fused "
-        "AdamW of the same run. vanilla AdamW: torch.optim.AdamW's default (for-each) on bf16; the "
-        "paper's FORGE: its package as its README trains (`forge_reference`), bf16 states on its "
-        "default kernel path and on its Hopper TMA path (TMA, the path its README names for its H200 "
-        "results; its FORGE figures stand beside both).",
+        "AdamW of the same run. torch_adamw: torch.optim.AdamW's default (for-each) on bf16, the "
+        "README's vanilla AdamW; forge_reference_*: the paper's FORGE, its package as its README trains, "
+        "bf16 states on its default kernel path and on its Hopper TMA path (`_tma`, the path its README "
+        "names for its H200 results; the README's FORGE row stands beside both).",
     ]
     return Table(
         name="reference_readme",
         title="The paper's code: its README's table beside the same methods measured here",
         header=header,
         rows=rows,
-        align="ll" + "r" * (len(header) - 2),
+        align="lll" + "r" * (len(header) - 3),
         notes=extra + notes.lines(),
     )
 
@@ -185,16 +225,16 @@ def _points_table(records: Sequence[Record], what: str) -> Table | None:
     notes, rows = Notes(), []
     for key, found in sorted(_grid(records).items(), key=lambda kv: _order(*kv)):
         cells = _point_cells(key)
-        cells += [_cell(found.get(name), fmt(measure(found.get(name))), notes) for name in TITLES]
-        for theirs, ours, _ in PAIRS:
+        cells += [_cell(found.get(label), fmt(measure(found.get(label))), notes) for label in columns()]
+        for theirs, ours in pairs():
             a, b = measure(found.get(ours)), measure(found.get(theirs))
             cells.append(_over(a, b) if what == "step" else _less(a, b))
         rows.append(cells)
     if not rows:
         return None
-    header = ["GPU", "Model", "Tokens", "Step"] + [f"{title} {unit}" for title in TITLES.values()]
-    compare = "ours / paper's" if what == "step" else "ours - paper's GiB"
-    header += [f"{compare}, {what_}" for _, _, what_ in PAIRS]
+    header = ["GPU", "Model", "Tokens", "Step"] + [f"{label} {unit}" for label in columns()]
+    sign = "/" if what == "step" else "-"
+    header += [f"{ours} {sign} {theirs}" + ("" if what == "step" else " GiB") for theirs, ours in pairs()]
     extra = [
         "Step: eager, or the whole step captured in a CUDA graph and replayed (each method's `_graph` "
         "config; vanilla AdamW and bitsandbytes cannot capture theirs: '—'). Batch 1; every figure "

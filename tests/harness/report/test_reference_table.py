@@ -61,25 +61,36 @@ RECORDS = [
 def test_the_readme_table_quotes_the_published_figures_beside_the_measured_ones():
     table = reference_table.readme_table(RECORDS)
     rows = {row[1]: row for row in table.rows}
-    peak, step, spread = paper.REFERENCE_README["forge_reference_bf16"]
-    paper_row = rows["paper's FORGE bf16"]
-    assert paper_row[2:4] == [f"{peak:.2f}", f"{step:.1f} ± {spread:.1f}"]
-    assert paper_row[4] == f"{step / paper.REFERENCE_README['fused_adamw'][1]:.2f}x"
-    assert paper_row[6:9] == ["45.0", "120.0", "0.86x"]  # measured, and over the measured fused AdamW
-    assert rows["our FORGE bf16"][2] == "—" and rows["our FORGE bf16"][7] == "110.0"
-    assert rows["paper's FORGE bf16 (TMA)"][2:4] == paper_row[2:4]  # the README's figure beside both paths
-    assert rows["paper's FORGE int8"][6].startswith("unavailable [1]")
+    name, peak, step, spread = paper.REFERENCE_README["forge_reference_bf16"]
+    paper_row = rows["forge_reference_bf16"]
+    assert paper_row[2:5] == [name, f"{peak:.2f}", f"{step:.1f} ± {spread:.1f}"]
+    assert paper_row[5] == f"{step / paper.REFERENCE_README['fused_adamw'][2]:.2f}x"
+    assert paper_row[7:10] == ["45.0", "120.0", "0.86x"]  # measured, and over the measured fused AdamW
+    assert rows["forge_bf16"][2] == "—" and rows["forge_bf16"][8] == "110.0"
+    assert rows["forge_reference_bf16_tma"][2:5] == paper_row[2:5]  # the README's row beside both paths
+    assert rows["forge_reference_int8"][7].startswith("unavailable [1]")
     assert "not installed" in table.notes[-1] and "20 steps (5 warm-up)" in table.notes[0]
-    assert rows["vanilla AdamW"][6:] == ["—"] * 4  # not measured in this run: no figure made up
+    assert rows["torch_adamw"][7:] == ["—"] * 4  # not measured in this run: no figure made up
+    assert list(rows)[:5] == list(paper.REFERENCE_README)  # the README's rows first, in its order
+
+
+def test_the_columns_and_pairs_come_from_the_experiment_and_its_method_files():
+    assert set(reference_table.columns()) >= set(paper.REFERENCE_README) | {"forge_bf16", "forge_int8"}
+    assert reference_table.pairs() == (
+        ("forge_reference_bf16", "forge_bf16"),
+        ("forge_reference_int8", "forge_int8"),
+        ("forge_reference_bf16_tma", "forge_bf16"),
+    )
 
 
 def test_every_point_sets_ours_against_the_papers_within_its_step_mode():
     steps = {(row[2], row[3]): row for row in reference_table._points_table(RECORDS, "step").rows}
     peaks = {(row[2], row[3]): row for row in reference_table._points_table(RECORDS, "peak").rows}
-    # the comparison columns: ours against the paper's default bf16 path, its TMA path, its int8
-    assert steps[("512", "eager")][-3:] == [f"{110 / 120:.2f}x", f"{110 / 115:.2f}x", "—"]
+    # the comparison columns: ours against the paper's default bf16 path, its int8, its bf16 TMA path
+    assert steps[("512", "eager")][-3:] == [f"{110 / 120:.2f}x", "—", f"{110 / 115:.2f}x"]
     assert steps[("512", "graphed")][-3] == "0.95x"
-    assert peaks[("512", "eager")][-3:-1] == ["-1.00", "-2.00"] and peaks[("512", "graphed")][-3] == "-1.00"
+    assert peaks[("512", "eager")][-3:] == ["-1.00", "—", "-2.00"]
+    assert peaks[("512", "graphed")][-3] == "-1.00"
     assert steps[("4096", "eager")][-3] == "—"  # the paper's FORGE has no record there
     assert list(steps) == [("512", "eager"), ("512", "graphed"), ("4096", "eager")]
 
