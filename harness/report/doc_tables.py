@@ -427,10 +427,11 @@ SIZE_BATCHES = (1, 4, 8)
 
 def model_size(root: Path) -> str:
     """FORGE bf16 against fused AdamW and over the floor, graphed, across model sizes."""
-    rows = []
+    rows, runs = [], []
     for model in SIZES:
         run = tokens_run(root, model)
-        cells = [model, run.short]
+        cells = [model]
+        runs.append(f"{model} at {run.short}, {run.date}")
         for batch in SIZE_BATCHES:
             at = Where(model=model, batch_size=batch)
             forge, base = run.find("forge_bf16_graph", at), run.find(BASE + "_graph", at)
@@ -445,14 +446,14 @@ def model_size(root: Path) -> str:
                 ratio = run.step("forge_bf16_graph", at) / run.step(BASE + "_graph", at)
                 cells.append(f"{fmt_ratio(ratio)}; {_over(run, 'forge_bf16_graph', FLOOR + '_graph', at)}")
         rows.append(cells)
-    header = ["model", "run", *(f"{_tokens(b)} tokens" for b in SIZE_BATCHES)]
+    header = ["model", *(f"{_tokens(b)} tokens" for b in SIZE_BATCHES)]
     return "\n\n".join(
         [
-            _table(header, rows, "ll" + "r" * len(SIZE_BATCHES)),
+            _table(header, rows, "l" + "r" * len(SIZE_BATCHES)),
             "Each cell: graphed FORGE bf16 against graphed fused AdamW; then over the graphed floor, in"
-            f" brackets the ms over it. Each model's points are one run of `{TOKENS}` (commit in the second"
-            " column, sweep `scaling_tokens_h200` with `'sweep.models=[<model>]'`): ratios are within a run,"
-            " never across.",
+            " brackets the ms over it; ratios are within a run, never across. Data: each model's points are"
+            f" one run of `{TOKENS}` (the scaling_tokens_h200 sweep with `'sweep.models=[<model>]'`):"
+            f" {'; '.join(runs)}.",
         ]
     )
 
