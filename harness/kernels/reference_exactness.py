@@ -51,6 +51,7 @@ STEPS = 6
 HPARAMS = dict(lr=1e-2, weight_decay=0.1)  # the project's GPU exactness check's AdamW case
 BETAS, EPS = (0.9, 0.999), 1e-8
 NEAR_ZERO = 1e-4  # of the gradient's RMS
+DEVICE = "cuda"  # the tests set "cpu" (with small shapes) to check the procedure on our side alone
 
 Stepper = Callable[[torch.Tensor, torch.Tensor], None]  # one step from (x, dy)
 
@@ -68,7 +69,7 @@ def _tensor_core_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _torch_side(w0: torch.Tensor, dtype: torch.dtype, grad: Callable) -> tuple[nn.Parameter, Stepper]:
     """torch.optim.AdamW (its default implementation) on a copy of w0 in `dtype`, stepped on
     grad(x, dy)."""
-    p = nn.Parameter(w0.to(dtype))
+    p = nn.Parameter(w0.to(dtype, copy=True))  # never w0 itself: the distances are measured from it
     opt = torch.optim.AdamW([p], betas=BETAS, eps=EPS, **HPARAMS)
 
     def step(x, dy):
@@ -79,7 +80,7 @@ def _torch_side(w0: torch.Tensor, dtype: torch.dtype, grad: Callable) -> tuple[n
 
 
 def _ours_kernel(w0: torch.Tensor) -> tuple[torch.Tensor, Stepper]:
-    layer = nn.Linear(K, N, bias=False, device="cuda")
+    layer = nn.Linear(K, N, bias=False, device=w0.device)
     with torch.no_grad():
         layer.weight.copy_(w0)
     opt = forge.attach(
@@ -106,7 +107,7 @@ def _paper_kernel(w0: torch.Tensor) -> tuple[torch.Tensor, Stepper]:
 
 
 def _ours_module(w0: torch.Tensor, stochastic_rounding: bool = False) -> tuple[torch.Tensor, Stepper]:
-    layer = nn.Linear(K, N, bias=False, device="cuda", dtype=w0.dtype)
+    layer = nn.Linear(K, N, bias=False, device=w0.device, dtype=w0.dtype)
     with torch.no_grad():
         layer.weight.copy_(w0)
     states = "fp32" if w0.dtype == torch.float32 else "bf16"
@@ -125,10 +126,10 @@ def _ours_module(w0: torch.Tensor, stochastic_rounding: bool = False) -> tuple[t
 def _paper_module(w0: torch.Tensor) -> tuple[torch.Tensor, Stepper]:
     from fused_grad_optimizer import FusedLinear, FusedOptimizerManager
 
-    linear = nn.Linear(K, N, bias=False, device="cuda", dtype=w0.dtype)
+    linear = nn.Linear(K, N, bias=False, device=w0.device, dtype=w0.dtype)
     with torch.no_grad():
         linear.weight.copy_(w0)
-    with torch.device("cuda"):
+    with torch.device(w0.device):
         layer = FusedLinear.from_linear(
             linear, optimizer_type="adamw", state_mode="bf16"
         )  # states: w's dtype
@@ -146,16 +147,15 @@ def _paper_module(w0: torch.Tensor) -> tuple[torch.Tensor, Stepper]:
 def _run(sides: dict[str, tuple[torch.Tensor, Stepper]], operands: torch.dtype, w0: torch.Tensor) -> dict:
     """Step every side and the fp64 truth on the same data; each side's distance to the truth."""
     ref64, step64 = _torch_side(w0, torch.float64, lambda x, dy: dy.double().t() @ x.double())
-    ambiguous = torch.zeros(N, K, dtype=torch.bool, device="cuda")
+    ambiguous = torch.zeros(N, K, dtype=torch.bool, device=w0.device)
     for _ in range(STEPS):
-        x = torch.randn(T, K, device="cuda").to(operands)
-        dy = (torch.randn(T, N, device="cuda") / math.sqrt(T)).to(operands)
+        x = torch.randn(T, K, device=w0.device).to(operands)
+        dy = (torch.randn(T, N, device=w0.device) / math.sqrt(T)).to(operands)
         g64 = dy.double().t() @ x.double()
         ambiguous |= g64.abs() < NEAR_ZERO * g64.pow(2).mean().sqrt()
         for _, step in sides.values():
             step(x, dy)
         step64(x, dy)
-    torch.cuda.synchronize()
     keep = ~ambiguous
     truth = ref64.detach()[keep]
     out = {name: float((w.detach().double()[keep] - truth).norm()) for name, (w, _) in sides.items()}
@@ -165,7 +165,7 @@ def _run(sides: dict[str, tuple[torch.Tensor, Stepper]], operands: torch.dtype, 
 
 
 def bf16_operands() -> dict:
-    w0 = torch.randn(N, K, device="cuda") * 0.02
+    w0 = torch.randn(N, K, device=DEVICE) * 0.02
     bf = lambda x, dy: _tensor_core_mm(dy.float().t(), x.float())  # noqa: E731
     sides = {
         "ours": _ours_kernel(w0),
@@ -177,7 +177,7 @@ def bf16_operands() -> dict:
 
 
 def fp32() -> dict:
-    w0 = torch.randn(N, K, device="cuda") * 0.02
+    w0 = torch.randn(N, K, device=DEVICE) * 0.02
     sides = {
         "ours": _ours_module(w0),
         "paper": _paper_module(w0),
@@ -187,7 +187,7 @@ def fp32() -> dict:
 
 
 def bf16() -> dict:
-    w0 = (torch.randn(N, K, device="cuda") * 0.02).bfloat16()
+    w0 = (torch.randn(N, K, device=DEVICE) * 0.02).bfloat16()
     sides = {
         "ours": _ours_module(w0, stochastic_rounding=True),
         "ours_nearest": _ours_module(w0, stochastic_rounding=False),
