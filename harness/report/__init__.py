@@ -9,6 +9,7 @@ One job per module:
     preambles           the expectation each section opens with
     expectations        the model behind them: bytes per parameter, FLOP and byte floors
     paper               the paper's figures, shown beside the measured ones
+    reference_table     the paper's code (its FORGE, `forge_reference`) measured beside ours
     plots               memory breakdowns, step times, capacity and loss-curve plots (PNG)
     readme              reports/README.md from the built sections
     markup              `Table` and its Markdown and LaTeX renderings, fixed number formats
