@@ -14,11 +14,13 @@ matrix, so it cannot finish inside a tile: it runs here, on the scratch, as soon
 kernel has reduced every token, still inside the backward. The gradient never exists in memory;
 besides the weights and B, the peak holds one layer's scratch and its Newton-Schulz workspace.
 
-`orthogonalize` is `torch.optim.Muon`'s iteration op for op (bf16, the wide side transposed to
-rows, the Frobenius norm clamped at eps, then k steps of `addmm`), so that FORGE's Muon with fp32
-states equals torch's to the bf16 rounding of the orthogonalized update. `adjusted_lr` is torch's
-`adjust_lr_fn`. `apply` is the weight's update, from host scalars or, for a step a CUDA graph
-replays, from device tensors.
+The orthogonalization is `forge.newton_schulz`'s: by default (`newton_schulz="torch"`)
+`orthogonalize`, `torch.optim.Muon`'s iteration op for op (bf16, the wide side transposed to rows,
+the Frobenius norm clamped at eps, then k steps of `addmm`), so that FORGE's Muon with fp32 states
+equals torch's to the bf16 rounding of the orthogonalized update; faster variants (symmetric
+products in a Triton kernel, the Gram iteration) and Polar Express's coefficients are options.
+`adjusted_lr` is torch's `adjust_lr_fn`. `apply` is the weight's update, from host scalars or,
+for a step a CUDA graph replays, from device tensors.
 """
 
 from __future__ import annotations
@@ -27,26 +29,19 @@ import math
 
 import torch
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults (its source names Jordan's post)
+from forge.newton_schulz import NS_COEFFICIENTS, newton_schulz, orthogonalize
+
+__all__ = [
+    "ADJUST_LR_FNS",
+    "NS_COEFFICIENTS",
+    "adjusted_lr",
+    "apply",
+    "finish",
+    "hidden_matrices",
+    "orthogonalize",
+]
+
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
-
-
-def orthogonalize(
-    u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
-) -> torch.Tensor:
-    """NS_steps(u) in bf16, as `torch.optim.Muon` computes it: `u` is the (rows, cols) update, any
-    float dtype; the result is bf16 of the same shape."""
-    a, b, c = coefficients
-    x = u.bfloat16()
-    tall = u.size(0) > u.size(1)
-    if tall:
-        x = x.T
-    x = x.div(x.norm().clamp(min=eps))  # spectral norm at most 1
-    for _ in range(steps):
-        gram = x @ x.T
-        gram_update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, gram_update, x, beta=a)
-    return x.T if tall else x
 
 
 def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
@@ -94,7 +89,8 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[to
 
 def finish(weight: torch.Tensor, tiles: torch.Tensor, group: dict, decay, step) -> None:
     """Muon's whole-matrix half of one step: orthogonalize what the tile half wrote to `tiles` under
-    `group`'s Newton-Schulz options, then update `weight` in place (`apply`, with `decay` and `step`
-    as host floats or device scalars)."""
-    update = orthogonalize(tiles, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    `group`'s Newton-Schulz options (its `newton_schulz` variant, `forge.newton_schulz`), then update
+    `weight` in place (`apply`, with `decay` and `step` as host floats or device scalars)."""
+    variant = group.get("newton_schulz", "torch")  # a group loaded from before the option: torch's
+    update = newton_schulz(tiles, variant, group["ns_coefficients"], group["ns_steps"], group["eps"])
     apply(weight, update, decay, step)

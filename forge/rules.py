@@ -302,6 +302,7 @@ def _check_sgd(h: dict) -> None:
 def _check_muon(h: dict) -> None:
     """torch.optim.Muon's checks (some of which it makes only at its first step), before anything runs."""
     from forge.muon import ADJUST_LR_FNS
+    from forge.newton_schulz import NS_COEFFICIENTS, check_variant
 
     if h["adjust_lr_fn"] not in ADJUST_LR_FNS:
         raise ValueError(f"Adjust learning rate function {h['adjust_lr_fn']} is not supported")
@@ -309,6 +310,12 @@ def _check_muon(h: dict) -> None:
         raise ValueError("Coefficients must be a tuple of exactly 3 values")
     if not 0 < int(h["ns_steps"]) < 100 or int(h["ns_steps"]) != h["ns_steps"]:
         raise ValueError(f"ns_steps must be a whole number from 1 to 99, got {h['ns_steps']!r}")
+    check_variant(h["newton_schulz"])
+    if h["newton_schulz"] == "polar_express" and tuple(h["ns_coefficients"]) != NS_COEFFICIENTS:
+        raise ValueError(
+            f"ns_coefficients={tuple(h['ns_coefficients'])} would be ignored: newton_schulz='polar_express' "
+            "brings its own coefficients for each iteration; leave ns_coefficients at its default"
+        )
 
 
 _SIGNED = {n: StateSlot(n, True) for n in ("exp_avg", "momentum_buffer", "grad_avg")}
@@ -347,7 +354,8 @@ RULES: dict[str, Rule] = {
              lambda h: (_SIGNED["momentum_buffer"] if h["momentum"] != 0 else None, None, None),
              _coefficients_sgd, _ref_sgd, "torch.optim:SGD", check=_check_sgd),
         Rule("muon", "Muon", dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
-                                  ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None),
+                                  ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None,
+                                  newton_schulz="torch"),
              lambda h: (_SIGNED["momentum_buffer"], None, None), _coefficients_muon, _ref_muon, "torch.optim:Muon",
              host_state_of=_muon_shape, whole_matrix=True, check=_check_muon),
     )

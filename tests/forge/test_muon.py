@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 import pytest
 import torch
 from torch import nn
 
 import forge
+from forge import newton_schulz as ns
 
 SHAPES = {"tall": (23, 41), "square": (41, 41), "wide": (41, 9)}  # (in, out) of nn.Linear: W is (out, in)
 STEPS = 5
@@ -64,27 +66,40 @@ def _distance(a: nn.Module, b: nn.Module) -> dict[str, float]:
     }
 
 
-def _ns_fp64(update: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
-    """torch.optim.Muon's Newton-Schulz with nothing rounded: the same iteration in fp64."""
-    a, b, c = coefficients
+def _ns_fp64(
+    update: torch.Tensor, coefficients, steps: int, eps: float, variant: str = "torch"
+) -> torch.Tensor:
+    """torch.optim.Muon's Newton-Schulz with nothing rounded: the same iteration in fp64 (with
+    Polar Express's coefficients and normalization for that variant; the others compute torch's
+    polynomial)."""
     x = update.double()
     tall = x.size(0) > x.size(1)
     x = x.T if tall else x
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
+    if variant == "polar_express":
+        sequence, margin = ns.polar_express_sequence(steps), 1 + ns.POLAR_EXPRESS_SAFETY
+    else:
+        sequence, margin = [coefficients] * steps, 1.0
+    x = x / (x.norm() * margin).clamp(min=eps)
+    for a, b, c in sequence:
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return x.T if tall else x
 
 
 @contextlib.contextmanager
-def _fp64_newton_schulz(monkeypatch):
-    """Within it, torch.optim.Muon orthogonalizes in fp64 (`_ns_fp64`): its run is the reference."""
+def _torch_newton_schulz(monkeypatch, function):
+    """Within it, torch.optim.Muon orthogonalizes with `function` (its `_zeropower_via_newtonschulz`'s
+    arguments)."""
     import torch.optim._muon
 
     with monkeypatch.context() as patch:
-        patch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", _ns_fp64)
+        patch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", function)
         yield
+
+
+def _fp64_newton_schulz(monkeypatch, variant: str = "torch"):
+    """Within it, torch.optim.Muon orthogonalizes in fp64 (`_ns_fp64`): its run is the reference."""
+    return _torch_newton_schulz(monkeypatch, functools.partial(_ns_fp64, variant=variant))
 
 
 def _torch_muon(clip: float | None = None, **hparams) -> nn.Module:
@@ -100,12 +115,14 @@ def _torch_muon(clip: float | None = None, **hparams) -> nn.Module:
     return model
 
 
-def _bound(monkeypatch, build, slack: float = 0.0) -> tuple[nn.Module, dict[str, float]]:
+def _bound(
+    monkeypatch, build, slack: float = 0.0, variant: str = "torch"
+) -> tuple[nn.Module, dict[str, float]]:
     """(torch's run with `build()` in fp64 Newton-Schulz, per parameter twice the distance of its
     bf16 run from it, plus `slack`): how far bf16's rounding of the orthogonalized update carries a
     correct run on this host, with a factor 2. `slack` covers parameters the orthogonalization
     never reaches (a fallback rule's at its first step), where fp32 rounding is all that differs."""
-    with _fp64_newton_schulz(monkeypatch):
+    with _fp64_newton_schulz(monkeypatch, variant):
         reference = build()
     return reference, {n: 2 * d + slack for n, d in _distance(build(), reference).items()}
 
@@ -141,6 +158,38 @@ def test_the_comparison_sees_each_hyperparameter(monkeypatch, changed):
     reference, bound = _bound(monkeypatch, lambda: _torch_muon(**hp))
     other = _torch_muon(**{**hp, **changed})
     assert any(d > bound[name] for name, d in _distance(other, reference).items())
+
+
+@pytest.mark.parametrize("variant", ["symmetric", "gram", "gram_symmetric", "polar_express"])
+def test_each_newton_schulz_variant_reaches_the_layers(monkeypatch, variant):
+    """newton_schulz= reaches every layer's whole-matrix half: FORGE's Muon with a variant lands
+    within twice torch.optim.Muon's distance from the fp64 reference when torch orthogonalizes with
+    the same variant (`forge.newton_schulz`), and far from torch's default where the variant
+    computes another polynomial (Polar Express)."""
+    hp = dict(HPARAMS, nesterov=True)
+
+    def orthogonalized(update, coefficients, steps, eps):
+        return ns.newton_schulz(update, variant, coefficients, steps, eps)
+
+    with _torch_newton_schulz(monkeypatch, orthogonalized):
+        reference, bound = _bound(monkeypatch, lambda: _torch_muon(**hp), variant=variant)
+    model = _matrices()
+    forge.attach(model, "muon", state_dtype="fp32", newton_schulz=variant, **hp)
+    _train_forge(model, _batches())
+    far = _beyond(model, reference, bound)
+    assert not far, f"FORGE Muon with newton_schulz={variant!r} away from torch's with it: {far}"
+    if variant == "polar_express":
+        assert any(d > bound[n] for n, d in _distance(_torch_muon(**hp), reference).items())
+
+
+def test_the_variant_is_a_group_setting_and_a_state_dict_from_before_it_keeps_the_attached_one():
+    model = _matrices()
+    opt = forge.attach(model, "muon", state_dtype="fp32", newton_schulz="gram", **HPARAMS)
+    assert opt.param_groups[0]["newton_schulz"] == "gram"
+    saved = copy.deepcopy(opt.state_dict())
+    del saved["param_groups"][0]["newton_schulz"]
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["newton_schulz"] == "gram"
 
 
 def _llama_with_biases(seed: int = 0) -> nn.Module:
@@ -243,8 +292,23 @@ def test_clipping_scales_the_gradient_before_the_momentum(monkeypatch):
         (dict(fallback_options=dict(lr=1e-3)), "name the rule, fallback="),
         (dict(fallback="adamw", ns_steps=100), "ns_steps"),
         (dict(fallback="adamw", adjust_lr_fn="rms"), "Adjust learning rate function rms"),
+        (dict(fallback="adamw", newton_schulz="fast"), "newton_schulz='fast'.*'gram_symmetric'"),
+        (
+            dict(fallback="adamw", newton_schulz="polar_express", ns_coefficients=(3, -3, 1)),
+            "own coefficients",
+        ),
     ],
-    ids=["not-2d", "int8", "kahan", "fallback-muon", "options-alone", "ns_steps", "adjust_lr_fn"],
+    ids=[
+        "not-2d",
+        "int8",
+        "kahan",
+        "fallback-muon",
+        "options-alone",
+        "ns_steps",
+        "adjust_lr_fn",
+        "variant",
+        "polar-coefficients",
+    ],
 )
 def test_what_muon_cannot_train_is_refused_before_anything_changes(kwargs, message):
     model = _llama_with_biases()

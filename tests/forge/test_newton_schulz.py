@@ -1,0 +1,160 @@
+"""forge.newton_schulz's variants against fp64, and the symmetric-product kernel against torch.
+
+Each variant orthogonalizes in half precision; what its arithmetic allows is measured, not guessed:
+its distance from the same iteration run in fp64 (the polynomial it computes, nothing rounded)
+may be at most twice the distance of torch's own bf16 iteration from its fp64 twin (the STYLE
+rule for bf16), and its distance from the fp64 polar factor U V^T of the SVD at most the fp64
+iteration's (how far the polynomial itself stops from U V^T) plus that same allowance. Inputs have
+singular values spread over three decades, the range Muon's polynomials are built for.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge import newton_schulz as ns
+from forge.kernels.symmetric_product import symmetric_product
+
+SHAPES = [(1, 1), (17, 23), (23, 17), (29, 29), (9, 41), (41, 9)]
+IDS = [f"{r}x{c}" for r, c in SHAPES]
+STEPS = 5
+EPS = 1e-7
+
+
+def _update(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A (rows, cols) fp32 matrix with singular values log-spaced from 1 down to 1e-3."""
+    g = torch.Generator().manual_seed(seed)
+    u, _, vh = torch.linalg.svd(
+        torch.randn(rows, cols, generator=g, dtype=torch.float64), full_matrices=False
+    )
+    s = torch.logspace(0, -3, min(rows, cols), dtype=torch.float64)
+    return (u @ torch.diag(s) @ vh).float()
+
+
+def _polar(u: torch.Tensor) -> torch.Tensor:
+    left, _, right = torch.linalg.svd(u.double(), full_matrices=False)
+    return left @ right
+
+
+def _iteration(u: torch.Tensor, variant: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The polynomial `variant` computes, as torch.optim.Muon's loop computes it in `dtype`: torch's
+    triple, or Polar Express's sequence on its wider normalization. (The symmetric and Gram forms
+    compute torch's polynomial.)"""
+    x = u.to(dtype)
+    tall = x.size(0) > x.size(1)
+    x = x.T if tall else x
+    if variant == "polar_express":
+        coefficients, margin = ns.polar_express_sequence(STEPS), 1 + ns.POLAR_EXPRESS_SAFETY
+    else:
+        coefficients, margin = [ns.NS_COEFFICIENTS] * STEPS, 1.0
+    x = x / (x.norm() * margin)
+    for a, b, c in coefficients:
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def _dist(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _rounding_allowance(u: torch.Tensor, variant: str) -> float:
+    """Twice how far torch's loop in bf16 lands from its fp64 twin on `u`, with the variant's
+    coefficients (Polar Express's steep first polynomials amplify rounding more than torch's)."""
+    return 2 * _dist(_iteration(u, variant, torch.bfloat16), _iteration(u, variant))
+
+
+@pytest.mark.parametrize("variant", ns.VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_each_variant_is_its_polynomial_to_bf16_rounding_and_near_the_polar_factor(shape, variant):
+    u = _update(*shape)
+    out = ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS)
+    assert out.dtype == torch.bfloat16 and out.shape == u.shape
+    allowance = _rounding_allowance(u, variant)
+    exact = _iteration(u, variant)
+    assert _dist(out, exact) <= allowance + 1e-3, "farther from its own polynomial than bf16 allows"
+    assert _dist(out, _polar(u)) <= _dist(exact, _polar(u)) + allowance + 1e-3
+
+
+@pytest.mark.parametrize("shape", [(29, 29), (17, 41)], ids=["29x29", "17x41"])
+def test_polar_express_lands_closer_to_the_polar_factor_than_torchs_triple(shape):
+    u = _update(*shape, seed=3)
+    polar = _polar(u)
+    sharper = ns.newton_schulz(u, "polar_express", ns.NS_COEFFICIENTS, STEPS, EPS)
+    default = ns.newton_schulz(u, "torch", ns.NS_COEFFICIENTS, STEPS, EPS)
+    assert _dist(sharper, polar) < 0.8 * _dist(default, polar)
+
+
+def test_the_published_polar_express_sequence_keeps_three_decades_near_one():
+    """The sequence's composition maps every singular value in [1e-3, 1] / (1 + 2e-2) (the
+    normalization's margin) into a band around 1: what the paper builds it for. Scalars in fp64."""
+    s = torch.logspace(-3, 0, 2001, dtype=torch.float64) / (1 + ns.POLAR_EXPRESS_SAFETY)
+    for a, b, c in ns.POLAR_EXPRESS_COEFFICIENTS:
+        s = a * s + b * s**3 + c * s**5
+    assert float(s.min()) > 0.7 and float(s.max()) < 1.15
+
+
+def test_the_gram_iteration_needs_exactly_symmetric_products():
+    """Unmirrored cuBLAS/CPU products (C and C^T differ in their last bits) let Q drift from a
+    polynomial in R in fp16: the Gram iteration lands several times farther from its fp64 twin."""
+    u = _update(33, 33, seed=1)
+    exact = _iteration(u, "gram")
+    x = ns._normalized(u, ns.GRAM_DTYPE, EPS)
+    coefficients = [ns.NS_COEFFICIENTS] * STEPS
+    mirrored = _dist(ns._gram(x, coefficients, ns.mirrored_products), exact)
+    unmirrored = _dist(ns._gram(x, coefficients, ns.plain_products), exact)
+    assert unmirrored > 2 * mirrored
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
+@pytest.mark.parametrize("n, k", [(1, 1), (17, 23), (41, 9), (70, 33)], ids=["1x1", "17x23", "41x9", "70x33"])
+def test_the_symmetric_kernel_is_torchs_product_to_fp32_rounding_and_exactly_symmetric(n, k, dtype):
+    """beta D + alpha P Q^T with P Q^T symmetric (Q = P S, S symmetric, as Q Z in the Gram
+    iteration), against fp64 on the triangle the kernel computes (Q's rounding leaves the exact
+    product a hair from symmetric), and exactly symmetric. The kernel sums in fp32 and rounds once:
+    fp32's error bound for a K-term dot product (K 2^-24 |P| |Q|^T) plus half a unit in the last
+    place of the output dtype."""
+    g = torch.Generator().manual_seed(n * 100 + k)
+    p = torch.randn(n, k, generator=g, dtype=torch.float64)
+    sym = torch.randn(k, k, generator=g, dtype=torch.float64)
+    q = p @ (sym + sym.T) / k
+    d = torch.randn(n, n, generator=g, dtype=torch.float64)
+    d = d + d.T
+    p, q, d = p.to(dtype), q.to(dtype), d.to(dtype)
+    alpha, beta = 0.75, -1.5
+    out = symmetric_product(p, q, d, alpha=alpha, beta=beta)
+    exact = beta * d.double() + alpha * p.double() @ q.double().T
+    fp32_bound = (
+        k * 2**-24 * (abs(alpha) * p.double().abs() @ q.double().abs().T + abs(beta) * d.double().abs())
+    )
+    half_ulp = {torch.float32: 2**-24, torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
+    lower = torch.ones(n, n, dtype=torch.bool).tril()
+    error = (out.double() - exact).abs()
+    assert torch.all(error[lower] <= (fp32_bound + half_ulp * exact.abs())[lower])
+    assert torch.equal(out, out.T)
+    plain = symmetric_product(p)
+    assert torch.allclose(plain.double(), p.double() @ p.double().T, rtol=2 * half_ulp, atol=k * 2**-20)
+
+
+def test_the_symmetric_kernel_refuses_mismatched_operands():
+    with pytest.raises(ValueError, match="one shape"):
+        symmetric_product(torch.ones(3, 4), torch.ones(4, 3))
+    with pytest.raises(ValueError, match="one dtype"):
+        symmetric_product(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.bfloat16))
+
+
+def test_auto_runs_torchs_iteration_on_a_shape_not_measured(monkeypatch):
+    monkeypatch.setattr(ns, "AUTO", {(9, 41): "gram"})
+    assert ns.pick("auto", (41, 9)) == "gram" and ns.pick("auto", (9, 41)) == "gram"
+    assert ns.pick("auto", (17, 23)) == "torch"
+    assert ns.pick("symmetric", (17, 23)) == "symmetric"
+
+
+def test_an_unknown_variant_is_refused_with_the_choices():
+    with pytest.raises(
+        ValueError, match="'torch', 'symmetric', 'gram', 'gram_symmetric', 'polar_express', 'auto'"
+    ):
+        ns.check_variant("fast")
