@@ -15,6 +15,11 @@ from harness.report import paper, reference_table, report
 from harness.run.config import CONF_DIR
 
 
+def _options(label: str) -> dict:
+    """The options its conf/method file sets (what tells the paper's two bf16 paths apart)."""
+    return yaml.safe_load((CONF_DIR / "method" / f"{label}.yaml").read_text()).get("options") or {}
+
+
 def _record(label: str, seq: int, step: float | None, peak: float | None, status="ok", **extra) -> dict:
     graphed = label.endswith("_graph")
     record = {
@@ -25,7 +30,7 @@ def _record(label: str, seq: int, step: float | None, peak: float | None, status
         "error": None if status == "ok" else "fused_grad_optimizer (the paper's FORGE) is not installed",
         "method": {"fused": "fused_adamw"}.get(label.split("_")[0], label.split("_")[0]),
         "method_label": label,
-        "method_options": {"lr": 1e-4, **({"cuda_graph": True} if graphed else {})},
+        "method_options": {"lr": 1e-4, **_options(label), **({"cuda_graph": True} if graphed else {})},
         "master_weights": "bf16",
         "model": "llama3.1-8b",
         "n_params": 8_030_261_248,
@@ -105,6 +110,10 @@ def test_no_section_without_records_and_one_with_them(tmp_path):
     assert report.main([str(folder), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "README.md").read_text()
     assert text.count('<a id="reference"></a>') == 1 and "The paper's code and ours" in text
+    readme = (tmp_path / "out" / "tables" / "reference_readme.md").read_text()
+    quoted = "| FORGE | 48.36 | 110.2 ± 8.7 | 0.82x | 0.80x |"  # both of its bf16 paths measured apart
+    assert f"| forge_reference_bf16 {quoted} 45.0 | 120.0 |" in readme
+    assert f"| forge_reference_bf16_tma {quoted} 46.0 | 115.0 |" in readme
     assert "llama3.1-8b's embedding: 0.98 GiB in bf16" in text
     for name in ("reference_readme", "reference_steps", "reference_peaks"):
         assert (tmp_path / "out" / "tables" / f"{name}.md").exists()
