@@ -108,8 +108,10 @@ class KernelConfig:
     # Warp-specialized, bf16 operands, 128-row tiles: Hopper's ping-pong schedule
     # (`forge.kernels.wgrad_update_pingpong`): two MMA warpgroups of 4 warps each own every other
     # tile, take turns at the tensor cores and update their tile from their own accumulator
-    # registers (no staging buffer); `num_warps` must be 4 (one consumer), `epilogue_rows` is unused.
+    # registers (no staging buffer); `num_warps` must be 4 (one consumer), `epilogue_rows` is unused:
+    # the consumers update 32-row pieces of `pingpong_cols` columns (32 or 64; int8: a whole group).
     pingpong: bool = False
+    pingpong_cols: int = 32
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -280,6 +282,9 @@ def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8
                          f"(got block_n={config.block_n}, block_k={config.block_k}, num_warps={config.num_warps})")
     if state_dtype == "int8" and config.block_k % int8_group:
         raise ValueError(f"block_k={config.block_k} does not span whole int8 groups of {int8_group}")
+    if config.pingpong_cols not in (32, 64) or config.block_k % config.pingpong_cols:
+        raise ValueError(f"KernelConfig.pingpong_cols={config.pingpong_cols}: 32 or 64, dividing "
+                         f"block_k={config.block_k}")
 
 
 @functools.cache
@@ -456,6 +461,7 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
 
         for name in ("ROWS", "OVERLAP_PROMOTION"):  # the consumers update in pieces of their own
             constexprs.pop(name)
+        constexprs["PIECE_COLS"] = cfg.pingpong_cols
         return Plan("pingpong", cfg, "host", grid, cdiv(K, int8_group), constexprs,
                     dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_pingpong.max_registers()))
     if cfg.update_stages:

@@ -59,7 +59,6 @@ from forge.kernels.wgrad_tile import tile_origin
 CONSUMER_REGS = gl.constexpr(240)
 CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup: 128 rows of wgmma
 PIECE_ROWS = gl.constexpr(32)  # rows of a piece: the 4 warps' 8 rows each, one row half, one row octet
-PIECE_COLS = gl.constexpr(32)  # columns of a piece (int8 states: at least a group): 8 elements a thread
 
 
 @gluon.jit
@@ -73,7 +72,7 @@ def consumer_partition(
     dy_bufs, x_bufs, ready, empty, turn,
     params, N, K, NUM_GROUPS, T, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
     GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
-    OVERLAP_SLICES: gl.constexpr, WHICH: gl.constexpr,
+    OVERLAP_SLICES: gl.constexpr, PIECE_COLS: gl.constexpr, WHICH: gl.constexpr,
 ):
     """Consumer WHICH (0 or 1): the program's tiles WHICH, WHICH + 2, ...; each one's main loop in
     its turn at the tensor cores, then its update from the accumulator's registers."""
@@ -96,7 +95,7 @@ def consumer_partition(
         acc = accumulate(dy_bufs, x_bufs, ready, empty, (2 * turns + WHICH) * stages, T)
         mbarrier.arrive(turn.index(1 - WHICH))  # the tensor cores are the other consumer's
         update_from_registers(acc, n0, k0, params, N, K, NUM_GROUPS, step, UPDATE, FAST_EPILOGUE, OVERLAP_SLICES,
-                              grad_scale, GRAD_SCALE)
+                              PIECE_COLS, grad_scale, GRAD_SCALE)
         turns += 1
 
 
@@ -163,15 +162,16 @@ def _quarters(a):
 def update_from_registers(
     acc, n0, k0,
     params, N, K, NUM_GROUPS, step, UPDATE,  # as `update_tile` takes them
-    FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr,
+    FAST_EPILOGUE: gl.constexpr, OVERLAP_SLICES: gl.constexpr, PIECE_COLS: gl.constexpr,
     grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
 ):
     """The update of the tile at (n0, k0) from its accumulator, piece by piece (`pieces_of`): each
-    piece in the epilogue's blocked layout (8 elements a thread along K), then `finish_tile_at`.
+    piece of 32 rows and PIECE_COLS columns (int8 states: at least a group) in the epilogue's
+    blocked layout (8 elements a thread along K), then `finish_tile_at`.
     With OVERLAP_SLICES each piece's W and states are loaded before the piece before is updated."""
     BLOCK_K: gl.constexpr = acc.type.shape[1]
     QGROUP: gl.constexpr = UPDATE[10]
-    COLS: gl.constexpr = QGROUP if UPDATE[9] == "int8" and QGROUP > PIECE_COLS else PIECE_COLS  # whole int8 groups
+    COLS: gl.constexpr = QGROUP if UPDATE[9] == "int8" and QGROUP > PIECE_COLS else PIECE_COLS  # whole groups
     PARTS: gl.constexpr = BLOCK_K // COLS
     THREADS_K: gl.constexpr = COLS // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
@@ -229,6 +229,7 @@ def wgrad_update_pingpong_kernel(
     STAGES: gl.constexpr,  # ring slots of dy and x tiles
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
     OVERLAP_SLICES: gl.constexpr,  # load a piece's W and states before the piece before is updated
+    PIECE_COLS: gl.constexpr = 32,  # columns of a piece a consumer updates at once (32 or 64)
 ):
     dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer c's turn at the MMAs
@@ -238,9 +239,9 @@ def wgrad_update_pingpong_kernel(
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     gl.warp_specialize([
         (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, params, N, K, NUM_GROUPS, T, step, step_ptr,
-                              scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, OVERLAP_SLICES, 0)),
+                              scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, OVERLAP_SLICES, PIECE_COLS, 0)),
         (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, params, N, K, NUM_GROUPS, T, step, step_ptr,
-                              scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, OVERLAP_SLICES, 1)),
+                              scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, OVERLAP_SLICES, PIECE_COLS, 1)),
         (loader_partition, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K)),
     ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, ws.LOADER_REGS])
 

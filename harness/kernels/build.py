@@ -135,7 +135,7 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # own every other tile, take turns at the tensor cores and update from their own
         # accumulator registers; no staging buffer, so 6 stages of dy and x fit. The configs of
         # `forge.kernels.configs.PINGPONG_CONFIGS` (bf16, fp32, int8 states), then bf16's with the
-        # shipped kernel's 4 stages.
+        # shipped kernel's 4 stages, and in pieces of 64 columns (spills 24-40 bytes).
         "pingpong": [
             dict(
                 warp_specialized_base,
@@ -154,6 +154,15 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 pingpong=True,
                 fast_epilogue=True,
                 overlap_slices=True,
+            ),
+            dict(
+                warp_specialized_base,
+                num_warps=4,
+                num_stages=6,
+                pingpong=True,
+                fast_epilogue=True,
+                overlap_slices=True,
+                pingpong_cols=64,
             ),
         ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
@@ -295,6 +304,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         if fp8:
             raise ValueError("the ping-pong kernel reads bf16 operands, not FP8 ones")
         constants.pop("ROWS")
+        constants["PIECE_COLS"] = config.get("pingpong_cols", 32)
     elif not split:
         constants["OVERLAP_PROMOTION"] = config.get("overlap_promotion", False)
     signature.update({name: "constexpr" for name in constants})

@@ -31,7 +31,7 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
                        update half, beside ws_epilogue_only
     pingpong_s<S>      the ping-pong kernel (`forge.kernels.wgrad_update_pingpong`): two MMA
                        warpgroups taking turns, each updating its tile from its own registers, with
-                       S stages of dy and x (6, its config; 4, the shipped kernel's)
+                       S stages of dy and x, in pieces of 32 columns (_c64: of 64)
 
 `--designs` names the design candidates to time (default: split, prefetch and pingpong) and
 `--probe-modes` the shipped kernel's probe modes (default: all). Each timing records the SM clock
@@ -481,11 +481,12 @@ def matches_ws(N: int, K: int, T: int, config) -> dict:
 
 
 def pingpong_configs() -> dict:
-    """The ping-pong kernel's bf16-state config and its 4-stage twin, by probe name."""
+    """The ping-pong kernel's bf16-state config and its twin in pieces of 64 columns, by probe name."""
     from forge.kernels import PINGPONG_CONFIGS
 
     config = PINGPONG_CONFIGS["bf16"]
-    return {f"pingpong_s{s}": dataclasses.replace(config, num_stages=s) for s in (config.num_stages, 4)}
+    name = f"pingpong_s{config.num_stages}"
+    return {name: config, f"{name}_c64": dataclasses.replace(config, pingpong_cols=64)}
 
 
 DESIGNS = ("split", "prefetch", "pingpong")

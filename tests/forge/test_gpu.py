@@ -600,9 +600,9 @@ def test_the_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state_dty
     update arithmetic, so W and the states equal to the bit over three launches in a row, on whole
     tiles, with rows and columns past the weight's edge, and with T no multiple of the 64-token
     stage (ragged: the copy engine's zeros). Its own config for the state dtype (`PINGPONG_CONFIGS`)
-    with the step passed in and read from device memory; for bf16 AdamW also the other pieces'
-    schedule (piece after piece, exact epilogue) and 4 operand stages, the warp-specialized
-    kernel's config then taking the same epilogue."""
+    with the step passed in and read from device memory; for bf16 AdamW also 4 operand stages with
+    pieces of 64 columns, and the other pieces' schedule (piece after piece, exact epilogue), the
+    warp-specialized kernel's config then taking the same epilogue."""
     from dataclasses import replace
 
     from forge.kernels import PINGPONG_CONFIGS, WARP_SPECIALIZED_DEFAULTS
@@ -613,7 +613,7 @@ def test_the_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state_dty
     configs = [(pingpong, ws)]
     if (rule, state_dtype) == ("adamw", "bf16"):
         configs += [
-            (replace(pingpong, num_stages=4), ws),
+            (replace(pingpong, num_stages=4, pingpong_cols=64), ws),
             (replace(pingpong, overlap_slices=False, fast_epilogue=False), replace(ws, fast_epilogue=False)),
         ]
     for i, (config, reference) in enumerate(configs):

@@ -378,7 +378,14 @@ def test_a_pingpong_config_the_kernel_cannot_run_is_refused_by_name():
     _check_pingpong(config, "bf16", 64, fp8=False)
     with pytest.raises(ValueError, match="FP8 operands take the warp-specialized kernel"):
         _check_pingpong(config, "bf16", 64, fp8=True)
-    for bad in (dict(num_warps=8), dict(block_n=256), dict(update_stages=2), dict(update_programs=8)):
+    wrong = (
+        dict(num_warps=8),
+        dict(block_n=256),
+        dict(update_stages=2),
+        dict(update_programs=8),
+        dict(pingpong_cols=48),
+    )
+    for bad in wrong:
         with pytest.raises(ValueError, match="KernelConfig.pingpong"):
             _check_pingpong(dataclasses.replace(config, **bad), "bf16", 64, fp8=False)
     with pytest.raises(ValueError, match="int8 groups of 128"):
