@@ -80,8 +80,9 @@ class ForgeReferenceOptions:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.01
-    # its Hopper path (kernel.py's _use_tma and _use_tma_ws): the bf16 kernel on TMA loads with
-    # warp specialization, autotuned per shape, as its H200 headline ran; False: its default path
+    # its Hopper path (kernel.py's _use_tma and _use_tma_ws): the bf16 kernel on TMA loads with warp
+    # specialization, autotuned per shape, the path its README names for its H200 results; False:
+    # its default path
     hopper_tma_ws: bool = False
 
     def __post_init__(self) -> None:
