@@ -70,11 +70,13 @@ GRAM_DTYPE = torch.float16
 VARIANTS = ("torch", "symmetric", "gram", "gram_symmetric", "polar_express")
 CHOICES = (*VARIANTS, "auto")
 
-# "auto"'s choice per weight shape, keyed by (min(rows, cols), max(rows, cols)): generated from the
-# records of `python -m harness.kernels.newton_schulz` by `python -m harness.kernels.newton_schulz
-# --table` (the fastest variant whose distance from the fp64 polar factor is at most torch's).
-# Empty until measured: every shape gets "torch".
+# "auto"'s choice per weight shape, keyed by (min(rows, cols), max(rows, cols)): the fastest variant
+# that computes torch's polynomial within twice torch's own rounding of it, written between the
+# markers from a GPU run's records by `python -m harness.kernels.newton_schulz --auto FILE`. Empty
+# until measured: every shape gets "torch".
+# generated: newton-schulz-auto (not measured yet)
 AUTO: dict[tuple[int, int], str] = {}
+# end generated: newton-schulz-auto
 
 Products = Callable[..., torch.Tensor]  # (p, q=None, d=None, *, alpha, beta) -> beta d + alpha p q^T
 

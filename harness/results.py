@@ -221,6 +221,7 @@ KERNEL_FIELDS = {
     "max_abs": "the largest absolute difference of two kernels' outputs",
     "differing_median_magnitude": "the median magnitude of the elements that differ",
     "l2_read_tb_s": "the rate operands were read at from L2, TB/s",
+    "safe": "a Newton-Schulz variant computes torch's polynomial within twice torch's rounding of it",
 }
 
 # Names a kernel record makes per variant, by their form (`*` is the variant: `shipped_ms`).

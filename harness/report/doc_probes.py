@@ -15,6 +15,9 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
   overlap run that timed it, or what to run where none has.
+- `newton_schulz`: `python -m harness.kernels.newton_schulz`'s newest run: each Newton-Schulz
+  variant's time and distances per hidden matrix shape, and the pick `forge.newton_schulz.AUTO`
+  holds (docs/training-recipes.md).
 - `kernel_counters`: Nsight Compute's counters of the shipped and the split kernel (gate, T = 1024).
 - `step_profiles`: `python -m harness.kernels.profile` over graphed steps (its JSON per point),
   summarised as `python -m harness.kernels.compare_profiles` prints them.
@@ -30,7 +33,7 @@ from pathlib import Path
 from harness import results
 from harness.kernels.compare_profiles import kernel_differences, summary
 from harness.report.markup import Table, to_markdown
-from harness.sources import NCU, OVERLAP, OVERLAP_RUNS, OVERLAP_T39, PROFILES_B1
+from harness.sources import DEVICE_LOGS, NCU, OVERLAP, OVERLAP_RUNS, OVERLAP_T39, PROFILES_B1
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> str:
@@ -246,6 +249,64 @@ def kernel_pingpong(root: Path) -> str:
     )
 
 
+def newest_newton_schulz_run(root: Path) -> tuple[str, list[dict]] | None:
+    """(path, records) of the newest `python -m harness.kernels.newton_schulz` run under
+    results/device-logs/ (by its records' time), or None."""
+    from harness.kernels.newton_schulz import FILE_PREFIX
+
+    runs = []
+    for path in sorted(root.glob(f"{DEVICE_LOGS}{FILE_PREFIX}*.jsonl")):
+        records = results.read(path)
+        if records:
+            runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
+    return max(runs)[1:] if runs else None
+
+
+def newton_schulz(root: Path) -> str:
+    """Per hidden matrix shape: each variant's median ms and its distance from the fp64 polar factor
+    (torch's beside it), the fastest safe variant and its time over torch's."""
+    from forge.newton_schulz import VARIANTS
+    from harness.kernels.newton_schulz import picks
+
+    found = newest_newton_schulz_run(root)
+    if found is None:
+        return (
+            "Not measured yet. `python -m harness.kernels.newton_schulz` on an H100 or H200 times each"
+            " variant on every hidden matrix shape of Llama-3.1-8B and Qwen3-14B; with its records under"
+            " results/device-logs/, `python -m harness.kernels.newton_schulz --auto FILE` fills"
+            " `forge.newton_schulz.AUTO` and `python -m harness report` writes them here."
+        )
+    path, records = found
+    chosen = picks(records)
+    by_shape: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if r.get("status") == "ok":
+            by_shape.setdefault((r["model"], r["shape_name"], r["N"], r["K"]), {})[r["variant"]] = r
+    rows = []
+    for (model, name, n, k), variants in by_shape.items():
+        pick = chosen.get((min(n, k), max(n, k)), "torch")
+        cells = [
+            f"{_ms(variants[v]['time_ms'])} ({variants[v]['polar_relative_error']:.3f})"
+            if v in variants
+            else "-"
+            for v in VARIANTS
+        ]
+        base = variants.get("torch", {}).get("time_ms")
+        ratio = _x(variants[pick]["time_ms"] / base) if base and pick in variants else "-"
+        rows.append([f"{model} {name} {n}x{k}", *cells, pick, ratio])
+    header = ["matrix", *(f"{v} ms (polar)" for v in VARIANTS), "auto picks", "over torch"]
+    return "\n\n".join(
+        [
+            _table(header, rows, "l" + "r" * len(VARIANTS) + "lr"),
+            "Median ms of one orthogonalization (5 iterations, bf16 update, `triton.testing.do_bench`),"
+            " in brackets the output's distance from the fp64 polar factor U V^T (|O - U V^T|_F / |U V^T|_F)."
+            " Auto picks the fastest variant that computes torch's polynomial within twice torch's own"
+            " rounding of it (Polar Express computes another one and is never picked)."
+            f" Data: {_source(path, records)}, from `python -m harness.kernels.newton_schulz`.",
+        ]
+    )
+
+
 def _ncu(root: Path) -> dict[tuple[str, str], dict[str, str]]:
     """{(kernel launch id, kernel name): {metric: value}} of an `ncu --csv --page details` file."""
     import csv
@@ -353,6 +414,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-prefetch": kernel_prefetch,
     "kernel-pingpong": kernel_pingpong,
     "kernel-counters": kernel_counters,
+    "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(
         PROFILES_B1,
         ("fused_adamw_graph", "forge_bf16_graph", "no_optimizer_graph"),
