@@ -217,6 +217,10 @@ def refusal() -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    unknown = [name for name in argv if name not in CASES]
+    if unknown:
+        print(f"unknown case(s) {', '.join(unknown)}; choose from: {', '.join(CASES)}", file=sys.stderr)
+        return 2
     why = refusal()
     if why is not None:
         print(why, file=sys.stderr)

@@ -15,6 +15,11 @@ def test_without_cuda_it_refuses_and_writes_nothing(tmp_path, monkeypatch, capsy
     assert "needs a CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+def test_an_unknown_case_is_named_with_the_choices(capsys):
+    assert reference_exactness.main(["fp16"]) == 2
+    assert "unknown case(s) fp16; choose from: bf16_operands, fp32, bf16" in capsys.readouterr().err
+
+
 def test_without_the_package_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(reference_exactness.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(forge_reference, "installed", lambda: False)
