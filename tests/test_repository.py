@@ -103,3 +103,41 @@ def test_every_link_between_the_docs_lands_on_a_file_and_heading():
             elif anchor and anchor[1:] not in _anchors(path):
                 broken.append(f"{doc.relative_to(REPO)}: {target}{anchor}")
     assert broken == [], "links to a missing file or heading: " + "; ".join(broken)
+
+
+HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w/-])")
+GENERATED_BLOCK = re.compile(r"<!-- generated: ([a-z0-9-]+) .*?<!-- end generated: \1 -->", re.S)
+
+
+def commit_mentions(text: str) -> list[tuple[int, str]]:
+    """(line, hash) for every commit hash a reader meets in a doc: not a results file's name (a path
+    in backticks), nor after "Data:" in a generated block, which names the run a table comes from."""
+    mentions = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "Data: " in line and _in_block(text, number):
+            line = line.split("Data: ", 1)[0]  # the run a table comes from, named where its data is
+        prose = re.sub(r"`[^`]*/[^`]*`", "", line)  # a path: results/device-logs/x-20261204-9616b23.json
+        mentions += [(number, found) for found in HASH.findall(prose)]
+    return mentions
+
+
+def _in_block(text: str, number: int) -> bool:
+    start = len("\n".join(text.splitlines()[: number - 1]))
+    return any(m.start() <= start <= m.end() for m in GENERATED_BLOCK.finditer(text))
+
+
+def test_the_docs_name_no_commit_outside_the_data_lines_of_generated_blocks():
+    """A guide says what is true now and how to reproduce it; the history stays in git. A commit may
+    stand on a generated block's "Data:" line (the run the table comes from) and in a results file's
+    name, nowhere else."""
+    found = [f"{doc.relative_to(REPO)}:{n}: {h}" for doc in DOCS for n, h in commit_mentions(doc.read_text())]
+    assert found == [], "commit hashes in the docs (say what is true now): " + "; ".join(found)
+
+
+def test_no_doc_asks_for_git_history():
+    """No instruction that needs the repository's history to run (a file that has left the tree)."""
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), start=1):
+            assert not re.search(r"git (show|checkout|log|worktree) ", line), (
+                f"{doc.relative_to(REPO)}:{number}: {line}"
+            )
