@@ -32,6 +32,9 @@ in docs/performance.md), and are picked by shape:
   at T = 2048); 64 x 128 tiles of one MMA warpgroup and 8 epilogue warps for bf16 states up to
   T = 1024 (0.77-0.83x the 128-row tiles) and for int8 states at every T, their promotion
   overlapped with the MMAs (0.88-0.95x the time without it at T = 4096).
+  From T = 4096 tokens (`_PINGPONG_MIN_T`), bf16 states on grids of at least 4 tiles a
+  multiprocessor take its ping-pong schedule (`PINGPONG_CONFIGS`, `forge.kernels.wgrad_update_pingpong`):
+  0.91-1.00x its time there on an H100, 1.29-1.37x at T = 1024. The same steps to the bit.
   `FORGE_WARP_SPECIALIZED=0` in the environment, read at a problem's first launch, keeps the
   Triton kernel.
 
@@ -135,10 +138,9 @@ WARP_SPECIALIZED_DEFAULTS = {  # state dtype -> config, at every T
     "bf16": replace(_HOPPER_WS, fast_epilogue=True),
     "int8": replace(_HOPPER_WS, fast_epilogue=True),
 }
-# The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`), per state dtype: a candidate, not yet
-# FORGE's choice. Two consumers of 4 warps beside the loader, 6 stages of dy and x (192 KiB: no
-# staging buffer), the update in pieces of 32 x 32 (int8: 32 x 64); as `python -m harness.kernels.build`
-# finds them without spills under triton 3.6 and 3.9: bf16 states with the fast epilogue and
+# The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`), per state dtype. Two consumers of 4
+# warps beside the loader, 6 stages of dy and x (192 KiB: no staging buffer), the update in pieces
+# of 32 x 32 (int8: 32 x 64); as `python -m harness.kernels.build` finds them without spills under triton 3.6 and 3.9: bf16 states with the fast epilogue and
 # overlapped pieces, fp32 states with the exact epilogue and int8 states with the fast one, both
 # piece after piece (their overlapped pieces spill 24-432 bytes).
 _PINGPONG = KernelConfig(block_n=128, block_k=128, block_t=64, num_warps=4, num_stages=6, warp_specialized=True,
@@ -148,6 +150,14 @@ PINGPONG_CONFIGS = {
     "bf16": replace(_PINGPONG, fast_epilogue=True, overlap_slices=True),
     "int8": replace(_PINGPONG, fast_epilogue=True),
 }
+# Where FORGE launches it unasked: bf16 states from this many tokens, on grids of at least
+# `_PINGPONG_MIN_TILES_PER_SM` tiles a multiprocessor, as measured (one H100, AdamW, Llama-3.1-8B's
+# gate, q and down, 7.8-27 tiles a multiprocessor; results/device-logs/overlap-pingpong-20261206-522087f.jsonl):
+# 0.93-0.98x the warp-specialized kernel's time at T = 4096 and 0.91-1.00x at 16384, but 1.29-1.37x
+# at 1024, where one consumer's 4 warps update a tile 2.6x slower than the 8 update warps do.
+# fp32 and int8 states, fewer tiles and 2048 tokens were not timed.
+_PINGPONG_MIN_T = {"bf16": 4096}
+_PINGPONG_MIN_TILES_PER_SM = 4
 # FP8 operands: two MMA warpgroups of 64 rows each hold the accumulator and the FP8 MMA's partial
 # one, which leaves 168 registers to 4 epilogue warps; in 8-row overlapped slices every state dtype
 # builds without spills, with the exact epilogue too (`python -m harness.kernels.build`, triton 3.6
@@ -214,7 +224,8 @@ def pick_config(T: int, N: int, K: int, state_dtype: str, on_interpreter: bool, 
 
 def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch.Tensor, x: torch.Tensor,
                              on_interpreter: bool) -> KernelConfig | None:
-    """The warp-specialized config where FORGE launches that kernel unasked, else None."""
+    """The warp-specialized config where FORGE launches that kernel (or its ping-pong schedule) unasked,
+    else None."""
     if (on_interpreter or os.environ.get("FORGE_WARP_SPECIALIZED", "1") == "0"
             or not _can_run_warp_specialized(state_dtype, dy, x) or 2 * T * N * K < _HOST_BOUND_FLOPS):
         return None
@@ -223,11 +234,21 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
         return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
     multiprocessors = _multiprocessors(dy.device)
+    if not is_fp8(dy) and pingpong_wins(T, state_dtype, tiles / multiprocessors):
+        return PINGPONG_CONFIGS[state_dtype]
     if tiles >= _WS_MIN_TILES_PER_SM[state_dtype] * multiprocessors:
         return config
     if is_fp8(dy) or state_dtype not in _WS_SMALL_GRID:
         return None
     return replace(config, block_k=64) if 2 * tiles <= multiprocessors else config
+
+
+def pingpong_wins(T: int, state_dtype: str, tiles_per_sm: float) -> bool:
+    """Whether the ping-pong kernel measured faster than the warp-specialized one for bf16 operands
+    at T tokens with `state_dtype` states, on a grid of `tiles_per_sm` 128 x 128 tiles a
+    multiprocessor (`_PINGPONG_MIN_T`)."""
+    min_t = _PINGPONG_MIN_T.get(state_dtype)
+    return min_t is not None and min_t <= T and tiles_per_sm >= _PINGPONG_MIN_TILES_PER_SM
 
 
 def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tensor) -> bool:

@@ -11,6 +11,8 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
     cublas_gemm        torch.mm(dy.t(), x), bf16 out
     foreach_update     a multi-tensor pass over the update's bytes (W, m, v read and written once)
     shipped            the fused launch as FORGE runs it (`ForgeOptimizer.update_linear`)
+    warp_specialized   the warp-specialized kernel's launch (`WARP_SPECIALIZED_DEFAULTS`), which the
+                       shipped one is but where the ping-pong kernel won (timed with that design)
     ws                 the warp-specialized kernel (`forge.kernels.wgrad_update_ws`) through the
                        probe kernel below, all partitions as shipped
     ws_mma_only        its loader and MMA warps, the epilogue handing each staged tile back unread:
@@ -57,6 +59,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from forge.kernels import WARP_SPECIALIZED_DEFAULTS
 from forge.kernels import wgrad_update_prefetch as pf
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
@@ -537,6 +540,8 @@ def time_point(
         timed(name, lambda cfg=cfg: point.step(cfg))
         timed(f"{name}_update_only", point.prefetch_update_only(cfg))
         row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
+    if "pingpong" in designs:  # the shipped launch takes the ping-pong kernel itself where it won
+        timed("warp_specialized", lambda: point.step(WARP_SPECIALIZED_DEFAULTS["bf16"]))
     for name, cfg in pingpong_configs().items() if "pingpong" in designs else ():
         timed(name, lambda cfg=cfg: point.step(cfg))
         row[f"{name}_differs"] = matches_ws(N, K, T, cfg)

@@ -139,3 +139,62 @@ def test_the_prefetching_launch_passes_every_argument_of_its_kernel(monkeypatch)
     w_desc, s1_desc, s2_desc, s3_desc = args[8:12]
     assert [d.block_shape for d in (w_desc, s1_desc, s2_desc)] == [[16, 128]] * 3
     assert s1_desc.base is m and s2_desc.base is v and s3_desc is w_desc
+
+
+@pytest.mark.parametrize(
+    "T, N, K, state_dtype, pingpong",
+    [
+        (4096, 14336, 4096, "bf16", True),  # Llama-3.1-8B's gate: 27 tiles a multiprocessor
+        (16384, 4096, 4096, "bf16", True),  # q: 7.8 tiles a multiprocessor
+        (2048, 14336, 4096, "bf16", False),  # under 4,096 tokens: not measured to win
+        (1024, 14336, 4096, "bf16", False),  # the update bounds the kernel: 1.29-1.37x
+        (8192, 1024, 4096, "bf16", False),  # k and v: 256 tiles, under 4 a multiprocessor
+        (8192, 14336, 4096, "fp32", False),  # fp32 and int8 states were not timed
+        (8192, 14336, 4096, "int8", False),
+    ],
+)
+def test_the_pingpong_schedule_is_chosen_where_it_measured_faster(
+    monkeypatch, T, N, K, state_dtype, pingpong
+):
+    """On a Hopper of 132 multiprocessors, bf16 operands: the ping-pong kernel from 4,096 tokens with
+    bf16 states on grids of at least 4 tiles a multiprocessor, the warp-specialized one elsewhere."""
+    import torch
+
+    from forge.kernels import PINGPONG_CONFIGS, configs
+
+    monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
+    monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
+    dy, x = torch.empty(T, N, dtype=torch.bfloat16), torch.empty(T, K, dtype=torch.bfloat16)
+    config = configs._warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter=False)
+    assert config.pingpong == pingpong
+    if pingpong:
+        assert config == PINGPONG_CONFIGS[state_dtype]
+
+
+def test_a_pingpong_config_plans_the_pingpong_kernel_with_every_argument_of_it(monkeypatch):
+    """`KernelConfig.pingpong` takes `forge.kernels.wgrad_update_pingpong`: its piece width as a
+    compile-time argument (no ROWS), one program a multiprocessor, 12 warps' register cap; the
+    launch's arguments and the plan's compile-time ones name each of the kernel's parameters once."""
+    import torch
+
+    from forge.kernels import PINGPONG_CONFIGS, configs
+    from forge.kernels.wgrad_update_pingpong import wgrad_update_pingpong_kernel
+
+    monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
+    monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
+    w = torch.empty(1000, 4096, dtype=torch.bfloat16)
+    states = (torch.empty_like(w), torch.empty_like(w), None)
+    dy, x = torch.empty(512, 1000, dtype=torch.bfloat16), torch.empty(512, 4096, dtype=torch.bfloat16)
+    plan = configs.plan(
+        w, states, (True, False, False), dy, x, rule="adamw", flags={"momentum": False, "centered": False},
+        state_dtype="bf16", stochastic_rounding=True, int8_group=64, config=PINGPONG_CONFIGS["bf16"],
+        steps_in_memory=False,
+    )  # fmt: skip
+    assert plan.kernel == "pingpong" and plan.grid == (132,)
+    assert plan.options == dict(num_warps=4, maxnreg=168)
+    assert plan.constexprs["PIECE_COLS"] == 32 and plan.constexprs["STAGES"] == 6
+    assert not {"ROWS", "OVERLAP_PROMOTION"} & set(plan.constexprs)
+    names = wgrad_update_pingpong_kernel.arg_names
+    runtime = 8 + 2 + 4 + 10 + 2  # W, states, scales, residual; dy and x; T, N, K, groups; step; two pointers
+    assert len(names) == runtime + len(plan.constexprs)
+    assert set(plan.constexprs) == set(names[runtime:])
