@@ -123,7 +123,9 @@ def first_difference(committed: str, fresh: str, first_line: int = 1) -> str:
         where = f"line {first_line + i}"
         if moved:
             return f"{where}: {moved[0][0]} where the records give {moved[0][1]} ({b.strip()[:160]!r})"
-        return f"{where} reads {a.strip()[:120]!r}; the records give {b.strip()[:120]!r}"
+        at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        start = max(0, at - 40)
+        return f"{where} reads {a[start : at + 60]!r}; the records give {b[start : at + 60]!r}"
     return "the same lines, other line endings"
 
 
