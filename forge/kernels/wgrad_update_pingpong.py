@@ -41,8 +41,11 @@ Where it runs: the warp-specialized kernel's (Hopper, bf16 dy and x that TMA rea
 of 128 or 64 columns, every rule, fp32, bf16 and int8 states, compensated weights, clipping, steps
 read from memory. FP8 operands are refused by name (`forge.kernels.configs`): their 64-row MMA
 warpgroups keep a second accumulator, which two consumers' registers do not hold beside the
-update. It is an option (`KernelConfig.pingpong`, `configs.PINGPONG_CONFIGS`), not FORGE's own
-choice until measured to win.
+update. FORGE launches it where it measured faster than the warp-specialized kernel
+(`configs.pingpong_wins`: bf16 states from 4,096 tokens); elsewhere it is an option
+(`KernelConfig.pingpong`, `configs.PINGPONG_CONFIGS`). Measured (docs/performance.md): where one
+consumer's update outlasts the other's main loop, a tile costs (MMA + update) / 2, and one
+consumer's 4 warps update a tile 2.6x slower than the warp-specialized kernel's 8 update warps.
 """
 
 from triton.experimental import gluon
