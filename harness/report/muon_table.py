@@ -10,7 +10,9 @@ sizes). A row sets side by side, in one step mode:
   in the backward), and FORGE's step over torch's;
 - both peaks, and the saving: torch's peak less FORGE's, measured, and predicted by
   `harness.report.token_model` (weights and states over the recipe's split, the activations, the
-  gradients torch keeps, and each method's Newton-Schulz workspace where it falls).
+  gradients torch keeps, and each method's Newton-Schulz workspace where it falls);
+- the same for FORGE Muon with a faster orthogonalization (`forge_muon_fast`: a `forge_muon` whose
+  `newton_schulz` option is not torch's iteration, `forge.newton_schulz`), its own role (`FAST`).
 
 A point without a record reads `not measured` in its cells, a failed point its status; a figure
 is never filled in. The predicted saving is computed for every row, from the model's architecture
@@ -41,7 +43,14 @@ from harness.run.methods.muon import ForgeMuon, TorchMuon
 
 EXPERIMENT = "muon_h200"
 CONF = Path(__file__).resolve().parents[2] / "conf"
-ROLES = (FLOOR, TorchMuon.name, ForgeMuon.name)  # the methods a row sets side by side, in column order
+FAST = "forge_muon_fast"  # forge_muon with another newton_schulz than torch's iteration
+ROLES = (FLOOR, TorchMuon.name, ForgeMuon.name, FAST)  # what a row sets side by side, in column order
+
+
+def role_of(method: str, options: dict[str, Any] | None) -> str:
+    """A record's or planned method's column: its method, FORGE Muon's fast variant its own."""
+    variant = (options or {}).get("newton_schulz") or "torch"
+    return FAST if method == ForgeMuon.name and variant != "torch" else method
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,10 @@ class Planned:
     graphed: bool
     options: dict[str, Any]
     dtype: str | None  # the method's weights, where it sets them (else the experiment's)
+
+    @property
+    def role(self) -> str:
+        return role_of(self.method, self.options)
 
 
 @cache
@@ -76,8 +89,8 @@ def _model_numbers(model: str) -> dict[str, Any] | None:
 
 
 def planned_method(method: str) -> Planned | None:
-    """The experiment's eager `method` (its graphed twin where it has no eager one), or None."""
-    planned = sorted((p for p in _experiment()[1] if p.method == method), key=lambda p: p.graphed)
+    """The experiment's eager `method` in its role (its graphed twin where it has no eager one), or None."""
+    planned = sorted((p for p in _experiment()[1] if p.role == method), key=lambda p: p.graphed)
     return planned[0] if planned else None
 
 
@@ -137,18 +150,20 @@ def _n_params(model: str, arch: tm.Architecture | None, records: Sequence[Record
     return counted[0] if counted else (float(arch.params()) if arch is not None else None)
 
 
-def _pick(records: Sequence[Record], key: tuple, method: str) -> Record | None:
-    """The record of `method` at the row: the experiment's own label first, then the latest."""
-    labels = {p.label for p in _experiment()[1] if p.method == method and p.graphed == key[3]}
-    found = [r for r in records if r.get("method") == method and _key(r) == key]
+def _role(record: Record) -> str:
+    return role_of(str(record.get("method")), record.get("method_options"))
+
+
+def _pick(records: Sequence[Record], key: tuple, role: str) -> Record | None:
+    """The record of `role` at the row: the experiment's own label first, then the latest."""
+    labels = {p.label for p in _experiment()[1] if p.role == role and p.graphed == key[3]}
+    found = [r for r in records if _role(r) == role and _key(r) == key]
     found.sort(key=lambda r: (r.get("method_label") in labels, str(r.get("time") or "")))
     return found[-1] if found else None
 
 
-def _predicted_peak(
-    method: str, key: tuple, record: Record | None, records: Sequence[Record]
-) -> float | None:
-    """The method's predicted peak at the row, from its record or else its conf/method file."""
+def _predicted_peak(role: str, key: tuple, record: Record | None, records: Sequence[Record]) -> float | None:
+    """The role's predicted peak at the row, from its record or else its conf/method file."""
     model, batch, seq, mode = key
     arch = _architecture(model, records)
     n = _n_params(model, arch, records)
@@ -157,10 +172,11 @@ def _predicted_peak(
     if record is not None:
         options, weights = record.get("method_options"), record.get("master_weights")
     else:
-        planned = [p for p in _experiment()[1] if p.method == method and p.graphed == mode]
+        planned = [p for p in _experiment()[1] if p.role == role and p.graphed == mode]
         if not planned:
             return None
         options, weights = planned[0].options, weights_of(planned[0])
+    method = ForgeMuon.name if role == FAST else role
     return tm.peak_gib(method, options, arch, n, batch * seq, False, weights)
 
 
@@ -184,7 +200,9 @@ def _row(key: tuple, found: dict[str, Record | None], records: Sequence[Record],
     step = {role: step_median(r) if ok(r) else None for role, r in found.items()}
     peak = {role: _float(r.get("peak_alloc_gib")) if ok(r) else None for role, r in found.items()}
     cells = [model, fmt_int(batch * seq), f"{batch} x {seq}", "graphed" if mode else "eager"]
-    cells += [_cell(r, fmt_ms(step[role]), notes) for role, r in found.items()]
+    cells += [
+        _cell(found[role], fmt_ms(step[role]), notes) for role in (FLOOR, TorchMuon.name, ForgeMuon.name)
+    ]
     mine, theirs = step[ForgeMuon.name], step[TorchMuon.name]
     if any(r is not None and interpreted(r) for r in (torch_, forge_)):
         mine = None  # the interpreter's time against a compiled one says nothing
@@ -197,6 +215,24 @@ def _row(key: tuple, found: dict[str, Record | None], records: Sequence[Record],
     predicted = [
         _predicted_peak(role, key, found[role], records) for role in (TorchMuon.name, ForgeMuon.name)
     ]
+    cells.append(NONE if None in predicted else fmt_gib(predicted[0] - predicted[1]))
+    return cells + _fast_cells(key, found, step, peak, records, notes)
+
+
+def _fast_cells(
+    key: tuple, found: dict, step: dict, peak: dict, records: Sequence[Record], notes: Notes
+) -> list:
+    """The fast variant's step, its step over torch's, its peak, the saving and its prediction."""
+    torch_, fast = found[TorchMuon.name], found[FAST]
+    mine, theirs = step[FAST], step[TorchMuon.name]
+    if any(r is not None and interpreted(r) for r in (torch_, fast)):
+        mine = None
+    cells = [_cell(fast, fmt_ms(step[FAST]), notes)]
+    cells.append(_both(torch_, fast, fmt_ratio(mine / theirs) if mine and theirs else None))
+    cells.append(_cell(fast, fmt_gib(peak[FAST]), notes))
+    saved = peak[TorchMuon.name] - peak[FAST] if None not in (peak[FAST], peak[TorchMuon.name]) else None
+    cells.append(_both(torch_, fast, fmt_gib(saved) if saved is not None else None))
+    predicted = [_predicted_peak(role, key, found[role], records) for role in (TorchMuon.name, FAST)]
     cells.append(NONE if None in predicted else fmt_gib(predicted[0] - predicted[1]))
     return cells
 
@@ -217,7 +253,7 @@ def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | N
     """The Muon table. `planned` (the committed report): every row the experiment defines, measured
     or not, and every row the sweep's records add; else (a report of named results) only the rows
     its records fill, and None without them."""
-    chosen = [r for r in sweep_records(records, EXPERIMENT) if r.get("method") in ROLES]
+    chosen = [r for r in sweep_records(records, EXPERIMENT) if _role(r) in ROLES]
     if not chosen and not planned:
         return None
     keys = list(dict.fromkeys([*(planned_rows() if planned else []), *sorted(_key(r) for r in chosen)]))
@@ -236,6 +272,9 @@ def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | N
     header = ["Model", "Tokens", "Batch x seq", "Step", f"Step ms, {floor}", f"Step ms, {torch_}"]
     header += [f"Step ms, {forge_}", f"{forge_} / {torch_} step", f"Peak alloc GiB, {torch_}"]
     header += [f"Peak alloc GiB, {forge_}", "Saving GiB", "Predicted saving GiB"]
+    fast = f"{forge_}, fast Newton-Schulz"
+    header += [f"Step ms, {fast}", f"{fast} / {torch_} step", f"Peak alloc GiB, {fast}"]
+    header += [f"Saving GiB, {fast}", f"Predicted saving GiB, {fast}"]
     extra = [
         f"Step: each method's whole step captured in a CUDA graph and replayed, or eager, beside the "
         f"no-optimizer floor of the same mode. Saving: {torch_}'s peak less {forge_}'s at the same point. "
@@ -244,6 +283,8 @@ def muon_table(records: Sequence[Record], planned: bool = True) -> Selection | N
         f"gradients {torch_} keeps until its step, and each method's Newton-Schulz workspace of the largest "
         "hidden layer where it falls (torch's beside every gradient, FORGE's beside the decoder layers' "
         "activations in the backward).",
+        f"{fast}: {forge_} with a faster orthogonalization (its newton_schulz option, forge.newton_schulz; "
+        "conf/method/forge_muon_fast*.yaml), its saving and prediction against the same torch step.",
         f"{NOT_MEASURED}: no record of that point yet (python -m harness sweep +exp={EXPERIMENT}).",
     ]
     table = Table(

@@ -17,9 +17,11 @@ train different parameters by different rules.
 
 Options are Muon's hyperparameters as torch.optim.Muon names them (its learning rate is
 `method.lr`) and `fallback_options`, the fallback AdamW's (its `lr` required: the recipe gives the
-two rules different rates); FORGE adds `state_dtype` (Muon's momentum, and the fallback's states)
-and `fallback` (any rule of `forge.RULES`). A convergence run schedules every param group from its
-own peak (`Method.optimizers`), so the two learning rates keep their ratio.
+two rules different rates); FORGE adds `state_dtype` (Muon's momentum, and the fallback's states),
+`fallback` (any rule of `forge.RULES`) and `newton_schulz` (the orthogonalization's variant,
+`forge.newton_schulz`: torch's iteration by default; the Gram variants hold `GRAM_WORKSPACE`).
+A convergence run schedules every param group from its own peak (`Method.optimizers`), so the
+two learning rates keep their ratio.
 
 Memory (`footprint`, `harness.run.methods.footprint`), bytes a parameter of w-byte weights. torch
 holds weights w, every gradient w until its step, Muon's momentum in the weights' dtype (w) and
@@ -47,6 +49,7 @@ import torch
 
 import forge
 import forge.muon
+import forge.newton_schulz
 from harness.run.methods.base import (
     AdamWOptions,
     Method,
@@ -134,10 +137,12 @@ class MuonOptions:
 class ForgeMuonOptions(MuonOptions):
     state_dtype: str = "fp32"  # Muon's momentum, and the fallback rule's states
     fallback: str = "adamw"  # the rule of every parameter Muon does not take (one of forge.RULES)
+    newton_schulz: str = "torch"  # the orthogonalization (forge.newton_schulz.CHOICES)
 
     def __post_init__(self) -> None:
         check_choice("state_dtype", self.state_dtype, forge.STATE_DTYPES)
         check_choice("fallback", self.fallback, tuple(forge.RULES))
+        check_choice("newton_schulz", self.newton_schulz, forge.newton_schulz.CHOICES)
         super().__post_init__()
 
     def fallback_keys(self) -> tuple[str, ...]:
@@ -153,6 +158,18 @@ def torch_workspace(weights: float, nesterov: bool = True) -> tuple[float, float
 
 
 FORGE_WORKSPACE = (3 * ITERATE_BYTES, GRAM_BYTES)  # the bf16 scratch, X normalized, the new X; A and B
+# The Gram iteration (forge.newton_schulz, "gram", "gram_symmetric"; "auto" may pick it): the
+# scratch and two half-precision copies of X (normalized, and Q X at a restart or the end), and up
+# to six n x n half-precision matrices at once (R, Z, Q, R Z, the next R, and a mirrored product's
+# triangle).
+GRAM_WORKSPACE = (3 * ITERATE_BYTES, 6 * 2.0)
+GRAM_VARIANTS = ("gram", "gram_symmetric", "auto")
+
+
+def forge_workspace(options: Mapping[str, Any]) -> tuple[float, float]:
+    """FORGE's Newton-Schulz workspace under the options' variant: (bytes per weight element, per
+    min(N, K)^2)."""
+    return GRAM_WORKSPACE if options.get("newton_schulz") in GRAM_VARIANTS else FORGE_WORKSPACE
 
 
 class TorchMuon(Method):
@@ -231,7 +248,7 @@ class ForgeMuon(Method):
         return Footprint(
             weights, 0.0, states, 2 * weights + 2 * states + 2 * ITERATE_BYTES, IN_GEMM,
             rest=Footprint(weights, 0.0, rest_states, 2 * weights + 2 * rest_states, IN_GEMM),
-            workspace=FORGE_WORKSPACE,
+            workspace=forge_workspace(options),
         )  # fmt: skip
 
     def setup(self) -> None:
@@ -245,6 +262,7 @@ class ForgeMuon(Method):
             state_dtype=o.state_dtype,
             fallback=o.fallback,
             fallback_options=o.fallback_hparams(),
+            newton_schulz=o.newton_schulz,
             capturable=self.cuda_graph,
         )
         groups = {group.get("rule", RULE): len(group["params"]) for group in self.opt.param_groups}

@@ -197,6 +197,28 @@ def test_a_split_method_shows_both_halves_of_its_bytes():
     assert "a / b" in to_markdown(table)
 
 
+def test_the_fast_newton_schulz_has_its_own_columns_beside_the_default():
+    """forge_muon with newton_schulz other than torch's is its own role: the default's cells keep
+    forge_muon's record, the fast cells take the fast one's, each against torch's step and peak."""
+    fast = _record("forge_muon_fast_graph", "forge_muon", 1, True, 48.0, 600.0)
+    fast["method_options"] = {**fast["method_options"], "newton_schulz": "gram_symmetric"}
+    records = [
+        _record("muon_graph", "muon", 1, True, 55.0, 950.0),
+        _record("forge_muon_graph", "forge_muon", 1, True, 47.0, 930.0),
+        fast,
+    ]
+    selection = muon_table.muon_table(records)
+    col = {name: i for i, name in enumerate(selection.table.header)}
+    row = _cells(selection)[("llama3.1-8b", 1024, "graphed")]
+    assert row[col["Step ms, FORGE Muon"]] == "930.0"
+    fast_name = "FORGE Muon, fast Newton-Schulz"
+    assert row[col[f"Step ms, {fast_name}"]] == "600.0"
+    assert row[col[f"{fast_name} / torch Muon step"]] == "0.63x"
+    assert row[col[f"Saving GiB, {fast_name}"]] == "7.0"
+    assert row[col[f"Predicted saving GiB, {fast_name}"]] != "—"
+    assert muon_table.role_of("forge_muon", {"newton_schulz": "torch"}) == "forge_muon"
+
+
 def test_the_convergence_tables_take_the_muon_run_against_torchs_fp32_muon():
     """+exp=convergence_muon's records (made up here): torch Muon on fp32 weights is each seed's
     reference (the run marks it), FORGE's fp32 Muon the control that sets the band, the bf16 runs
@@ -211,6 +233,7 @@ def test_the_convergence_tables_take_the_muon_run_against_torchs_fp32_muon():
     phases = [dict(name="pretrain", first_step=0, steps=500), dict(name="cpt", first_step=500, steps=150)]
     runs = [("muon_fp32", "muon", "fp32", 0.0), ("forge_muon_fp32", "forge_muon", "fp32", 0.0)]
     runs += [("muon", "muon", "bf16", 0.01), ("forge_muon", "forge_muon", "bf16", 0.01)]
+    runs += [("forge_muon_fast", "forge_muon", "bf16", 0.01)]  # +exp=convergence_muon's fast variant
     for seed in range(3):
         for label, method, master, offset in runs:
             shift = 0.0 if label == "muon_fp32" else offset + rng.gauss(0, 0.001)
@@ -225,6 +248,7 @@ def test_the_convergence_tables_take_the_muon_run_against_torchs_fp32_muon():
     verdicts = {(row[col["Method"]], row[col["Phase"]]): row[col["Verdict"]] for row in table.rows}
     assert verdicts[("forge_muon_fp32", "pretrain")] == "fp32 control (sets the band)"
     assert verdicts[("forge_muon", "pretrain")].startswith("biased by +0.0")
+    assert verdicts[("forge_muon_fast", "pretrain")].startswith("biased by +0.0")
     assert not any(method == "muon_fp32" for method, _ in verdicts)  # the reference has no row
     rows = convergence(records).table.rows
     assert {row[0] for row in rows} == {"convergence_muon"}

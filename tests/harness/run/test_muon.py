@@ -84,7 +84,7 @@ def test_the_experiment_runs_in_miniature_on_a_cpu_and_reports(tmp_path, monkeyp
     overrides += ["sweep.batch_sizes=[1]", "sweep.seq_lens=[16]", "steps=3", "warmup_steps=1"]
     path = sweep.run_sweep([*overrides, f"results_dir={tmp_path}"])
     status = {(r["method_label"], r["batch_size"]): r["status"] for r in results.read(path)}
-    assert len(status) == 6
+    assert len(status) == 8  # the floor, torch's, FORGE's and FORGE's fast Newton-Schulz, each mode
     assert all(s == ("unavailable" if label.endswith("_graph") else "ok") for (label, _), s in status.items())
     assert report.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
     rows = [line for line in (tmp_path / "report" / "tables" / "muon.md").read_text().splitlines()]
@@ -92,7 +92,7 @@ def test_the_experiment_runs_in_miniature_on_a_cpu_and_reports(tmp_path, monkeyp
     cells = [cell.strip() for cell in eager.strip("|").split("|")]
     assert re.fullmatch(r"[\d.]+ \[\d\]", cells[6]) and cells[7] == "—"  # FORGE's, interpreted: no ratio
     graphed = next(line for line in rows if line.startswith("| tiny-llama | 16 | 1 x 16 | graphed |"))
-    assert graphed.count("unavailable") == 5  # the floor's and both methods' steps, both peaks
+    assert graphed.count("unavailable") == 7  # the floor's and the three methods' steps, their peaks
 
 
 def _tiny(seed: int = 0) -> torch.nn.Module:
@@ -153,6 +153,10 @@ def test_forge_muon_checks_its_storage_and_fallback_against_forge():
         methods.validate("forge_muon", {"state_dtype": "fp16"})
     with pytest.raises(ConfigError, match="fallback='adam' is not valid"):
         methods.validate("forge_muon", {"fallback": "adam"})
+    with pytest.raises(
+        ConfigError, match="newton_schulz='fast' is not valid; choose one of: torch, symmetric"
+    ):
+        methods.validate("forge_muon", {"newton_schulz": "fast"})
     # the fallback's options are the fallback rule's hyperparameters, as forge.RULES names them
     methods.validate(
         "forge_muon", {"fallback": "lion", "fallback_options": {"lr": 1e-4, "betas": [0.9, 0.99]}}
@@ -196,6 +200,14 @@ def test_torch_muons_footprint():
     assert (fp32.states, fp32.rest.states) == (4.0, 8.0)
     # the largest of Llama-3.1-8B's hidden layers is the MLP's, 14336 x 4096: 6 N K + 4 K^2 bytes
     assert bf16.workspace_bytes(LLAMA_8B) == 6 * 14336 * 4096 + 4 * 4096**2 == 419_430_400
+
+
+def test_the_gram_iterations_hold_their_larger_workspace():
+    from harness.run.methods.muon import FORGE_WORKSPACE, GRAM_WORKSPACE, ForgeMuon
+
+    for variant, workspace in [("torch", FORGE_WORKSPACE), ("symmetric", FORGE_WORKSPACE),
+                               ("gram_symmetric", GRAM_WORKSPACE), ("auto", GRAM_WORKSPACE)]:  # fmt: skip
+        assert ForgeMuon.footprint({"newton_schulz": variant}, 2.0).workspace == workspace
 
 
 def test_a_split_footprint_averages_over_the_model():
