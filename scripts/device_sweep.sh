@@ -28,6 +28,10 @@
 #   launch               the host cost of a FORGE layer, layer by layer (harness.kernels.launch_breakdown
 #                        on Llama-3.1-8B's k_proj and Qwen3-0.6B's q_proj; JSON to $OUT)
 #   elementwise          the element-wise update at other block shapes (harness.kernels.elementwise)
+#   newton-schulz [ARGS] each Newton-Schulz variant of FORGE's Muon per hidden matrix shape
+#                        (`python -m harness.kernels.newton_schulz ARGS`; JSONL to $OUT), then
+#                        `--auto` on its records: the steps after it run with forge's AUTO table
+#                        filled from them (commit the same table with `--auto` on the copied file)
 #   tp-exactness         tensor-parallel FORGE == torch.optim at a real size (2 GPUs, torchrun)
 #   reference-exactness  the paper's FORGE and ours against the fp64 AdamW step, beside torch.optim
 #                        (`python -m harness.kernels.reference_exactness`; JSON to $OUT; needs the
@@ -139,6 +143,14 @@ for step in "$@"; do
     elementwise)
       OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.elementwise >>"$log" 2>&1 || rc=$?
       tail -n +"$start" "$log" | tail -n 8
+      continue
+      ;;
+    newton-schulz)
+      # shellcheck disable=SC2086  # one option per word
+      OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.newton_schulz $rest >>"$log" 2>&1 || rc=$?
+      newest=$(ls -t "$out"/newton-schulz-*.jsonl 2>/dev/null | head -n 1)
+      [ -n "$newest" ] && python3 -m harness.kernels.newton_schulz --auto "$newest" >>"$log" 2>&1
+      tail -n +"$start" "$log" | tail -n 50
       continue
       ;;
     overlap)
