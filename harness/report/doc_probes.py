@@ -9,9 +9,6 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
   only the update's), with loaders that read fewer operands (dy on every other fill; nothing after
   the first lap over T), and the multiprocessor-specialized kernel at several splits. bf16 states,
   AdamW, median ms; the same under Triton 3.9 for gate.
-- `kernel_prefetch`: the same probe's timings of the kernel whose update is fed by the copy engine
-  (`forge.kernels.wgrad_update_prefetch`), from the newest overlap run that timed it, or what to
-  run where none has.
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
   overlap run that timed it, or what to run where none has.
@@ -115,73 +112,15 @@ def kernel_overlap(root: Path) -> str:
     )
 
 
-PREFETCH = "prefetch_"
-
-
-def _prefetch_run(root: Path, prefix: str = PREFETCH) -> tuple[str, list[dict]] | None:
+def _newest_run(root: Path, prefix: str) -> tuple[str, list[dict]] | None:
     """(path, records) of the newest overlap run (by its records' time) that timed the candidates
-    whose probe names start with `prefix` (the prefetching kernel's by default), or None."""
+    whose probe names start with `prefix`, or None."""
     runs = []
     for path in sorted(root.glob(OVERLAP_RUNS)):
         records = results.read(path)
         if records and any(key.startswith(prefix) for key in records[0]):
             runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
     return max(runs)[1:] if runs else None
-
-
-def _prefetch_candidates(r: dict) -> list[str]:
-    """The prefetching candidates a record timed, by probe name (`prefetch_u<slots>_r<rows>_s<stages>`)."""
-    return sorted({k[: -len("_differs")] for k in r if k.startswith(PREFETCH) and k.endswith("_differs")})
-
-
-def kernel_prefetch(root: Path) -> str:
-    """The kernel whose update the copy engine feeds, at its best candidate per point, against the
-    shipped kernel and the roofline; its update half alone against the shipped kernel's; and whether
-    every candidate's step equals the shipped kernel's to the bit."""
-    found = _prefetch_run(root)
-    if found is None:
-        return (
-            "Not measured yet. `python -m harness.kernels.overlap --update-programs` on an H100 or H200"
-            " times each candidate beside the shipped kernel, and its update half alone, and checks each"
-            " step against the shipped kernel's to the bit; `python -m harness report` then writes its"
-            " records here."
-        )
-    path, records = found
-    rows = []
-    for r in records:
-        names = _prefetch_candidates(r)
-        timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
-        differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
-        point = f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}"
-        if not timed:
-            rows.append([point, _ms(r["shipped_ms"]), "failed", "-", "-", "-", str(differing)])
-            continue
-        ms, best = min(timed)
-        halves = [(r[f"{n}_update_only_ms"], n) for n in names if r.get(f"{n}_update_only_ms")]
-        half, fastest = min(halves) if halves else (None, "")
-        rows.append(
-            [
-                point,
-                _ms(r["shipped_ms"]),
-                f"{_ms(ms)} ({best[len(PREFETCH) :]})",
-                _x(ms / r["shipped_ms"]),
-                _x(ms / r["roofline_ms"]),
-                f"{_x(half / r['ws_epilogue_only_ms'])} ({fastest[len(PREFETCH) :]})" if half else "-",
-                str(differing),
-            ]
-        )
-    header = ["point", "shipped ms", "prefetching, best ms (candidate)", "over shipped", "over roofline"]
-    header += ["fastest update half over the shipped one's (candidate)", "elements that differ"]
-    return "\n\n".join(
-        [
-            _table(header, rows, "l" + "r" * 6),
-            "Candidates u<slots>_r<rows>_s<dy and x stages> (`harness.kernels.build.candidate_groups()"
-            '["prefetch"]`, those that fit beside bf16 states), AdamW with bf16 states, median ms; the'
-            " update half alone is each kernel's epilogue on a synthetic gradient; elements that differ:"
-            " W and both states after one step of every candidate against the shipped kernel's (0: equal"
-            f" to the bit). Data: {_source(path, records)}, from `python -m harness.kernels.overlap`.",
-        ]
-    )
 
 
 PINGPONG = "pingpong_"
@@ -191,7 +130,7 @@ def kernel_pingpong(root: Path) -> str:
     """The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) at its faster ring depth per
     point, against cuBLAS's GEMM, the shipped kernel and the roofline, beside the shipped kernel's
     halves timed in the same run, and whether its step equals the shipped kernel's to the bit."""
-    found = _prefetch_run(root, PINGPONG)
+    found = _newest_run(root, PINGPONG)
     if found is None:
         return (
             "Not measured yet. `python -m harness.kernels.overlap --designs pingpong --update-programs"
@@ -421,7 +360,6 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
-    "kernel-prefetch": kernel_prefetch,
     "kernel-pingpong": kernel_pingpong,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,

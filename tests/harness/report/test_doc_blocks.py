@@ -134,42 +134,6 @@ def _overlap_record(time: str, **timings) -> dict:
     return dict(env=env, time=time, **point, **timings)
 
 
-def test_the_prefetching_kernels_block_reads_the_newest_run_that_timed_it(tmp_path):
-    """`kernel-prefetch`: what to run while no overlap run timed the prefetching kernel; then, from
-    the newest run that did, its best candidate per point against the shipped kernel and the
-    roofline, its update half against the shipped one's, and how many elements differed."""
-    from harness.report.doc_probes import kernel_prefetch
-
-    logs = tmp_path / "results" / "device-logs"
-    logs.mkdir(parents=True)
-    (logs / "overlap-20261204-f71303c.jsonl").write_text(
-        json.dumps(_overlap_record("2026-12-04", shipped_ms=0.3))
-    )
-    assert kernel_prefetch(tmp_path).startswith("Not measured yet. `python -m harness.kernels.overlap")
-    same = {"w": 0, "states": [0, 0]}
-    timings = {
-        "shipped_ms": 0.300,
-        "prefetch_u2_r16_s4_ms": 0.270,
-        "prefetch_u2_r16_s4_update_only_ms": 0.189,
-        "prefetch_u2_r16_s4_differs": same,
-        "prefetch_u4_r16_s3_ms": 0.255,
-        "prefetch_u4_r16_s3_update_only_ms": 0.168,
-        "prefetch_u4_r16_s3_differs": same,
-    }
-    (logs / "overlap-20270105-1234567.jsonl").write_text(json.dumps(_overlap_record("2027-01-05", **timings)))
-    (logs / "overlap-20270101-7654321.jsonl").write_text(
-        json.dumps(
-            _overlap_record(
-                "2027-01-01", **dict(timings, prefetch_u2_r16_s4_differs={"w": 3, "states": [0, 1]})
-            )
-        )
-    )
-    block = kernel_prefetch(tmp_path)
-    row = "| gate 14336x4096, T = 1024 | 0.300 | 0.255 (u4_r16_s3) | 0.85x | 1.45x | 0.80x (u4_r16_s3) | 0 |"
-    assert row in block
-    assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
-
-
 def test_the_pingpong_kernels_block_reads_the_newest_run_that_timed_it(tmp_path):
     """`kernel-pingpong`: what to run while no overlap run timed the ping-pong kernel; then, from the
     newest run that did, its faster ring depth per point against cuBLAS, the shipped kernel and the
