@@ -41,7 +41,7 @@ import torch
 from forge.guards import at_backward_end, backward_task
 
 if TYPE_CHECKING:
-    from forge.launcher import Launcher
+    from forge.functional import Launcher
 
 # The norm-only kernel's time per multiply-add against the Gram GEMMs' (cuBLAS): measured on the
 # H200 on Llama-3.1-8B's layers at T = 1024 and 4096 (results/kernels/clip-norms-*.jsonl), the

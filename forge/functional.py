@@ -1,8 +1,11 @@
-"""FORGE's kernels as plain functions: explicit tensors in, tensors updated in place.
+"""FORGE's launches: its kernels as plain functions (explicit tensors in, tensors updated in
+place), and an optimizer's `Launcher`, which hands them a parameter's step.
 
 This module is forge's one door to its Triton kernels (`forge.kernels`): the optimizer, the layers
 and the tools (the harness's kernel lab, the benchmarks) call these functions, and nothing else in
-forge imports a kernel. Each takes what one step needs and nothing of the optimizer:
+forge launches a kernel (`forge.states` quantizes its int8 states with `forge.kernels.quant`, and
+`forge.steps` reads a step row's width from `forge.kernels.update_tile`, the kernels' layout). Each
+takes what one step needs and nothing of the optimizer:
 
     fused_wgrad_update(weight, dy, x, slots, coefficients, seed, options)   an nn.Linear weight's
         step inside its dW GEMM: dW = dy^T x accumulated tile by tile in fp32 registers and
@@ -15,15 +18,15 @@ forge imports a kernel. Each takes what one step needs and nothing of the optimi
     fp8_cast(t, dtype, rows, transposed)       the FP8 copies of a GEMM operand (two launches)
 
 What the arguments are:
-- `slots`: a `Slots`, the tensors a step writes besides the weight: up to three state tensors
-  (None where the rule has fewer), their int8 block scales (None unless int8), whether each state is
-  signed (int8 codes: companded signed or square-root unsigned), and the compensated weight's bf16
-  residual (None unless master_weights="bf16+kahan"). `ForgeOptimizer.slots_of(p)` gives a
-  parameter's.
+- `slots`: a `Slots` (`forge.states` lays them out), the tensors a step writes besides the weight:
+  up to three state tensors (None where the rule has fewer), their int8 block scales (None unless
+  int8), whether each state is signed (int8 codes: companded signed or square-root unsigned), and
+  the compensated weight's bf16 residual (None unless master_weights="bf16+kahan").
+  `ForgeOptimizer.slots_of(p)` gives a parameter's.
 - `coefficients`: the rule's nine fp32 scalars for this step (lr, betas' powers, weight decay...,
   `forge.rules`), and `seed` the step's stochastic-rounding seed; with `step_row` (an int32 row of
-  `step_row_words()` words on the device) the kernel reads both from memory instead, so a CUDA graph
-  can replay the launch with each step's values.
+  `forge.steps.step_row_words()` words on the device) the kernel reads both from memory instead, so
+  a CUDA graph can replay the launch with each step's values.
 - `options`: an `UpdateOptions`, how the rule runs: its name and flags, the states' storage, the
   rounding of bf16 weights, the int8 group. `ForgeOptimizer.options_of(p)` gives a parameter's.
 - `grad_scale`: a one-element fp32 tensor the gradient is multiplied by first (the clip
@@ -31,36 +34,50 @@ What the arguments are:
 
 Importing this module imports no Triton: the kernels load at the first call (`forge.backend` decides
 then whether they run compiled or in Triton's CPU interpreter), so `import forge` stays light.
+
+An optimizer's launches (`Launcher`). What one update of a parameter launches needs four things,
+each from its owner:
+
+    coefficients, seed, step row   `forge.steps.Steps.begin(p)`: the step counted, the rule's nine
+                                   scalars from p's param group as it is now, the rounding seed
+    slots                          p's state tensors as the kernels take them (`forge.states`)
+    options                        how the rule runs for p: its flags, the states' storage, the
+                                   rounding of bf16 weights (`UpdateOptions`)
+    the kernel                     `fused_wgrad_update` (an nn.Linear weight, from dy and x) or
+                                   `elementwise_update` (any parameter, from its gradient)
+
+A rule that finishes on the whole matrix (Muon, `forge.rules.Rule.whole_matrix`) launches its tile
+half into a scratch the size of the weight and then runs its whole-matrix half (`forge.muon.finish`),
+which updates the weight; the scratch lives for that one update.
+
+A `Launcher` puts them together, now: when an update runs (at once, on a second stream, after the
+clip norm or the data-parallel reduction) is `forge.updates`' decision. It also takes each new
+parameter in (`add`): its param group, its step count and its state tensors. Before the first step of
+each backward it runs the backward's checks (`forge.guards.BackwardCheck`), so that a refused
+backward counts no step. Every launch may write into tensors other than the parameter's own (`into`:
+torch.compile's ops hand functional copies, `forge.ops`); the step count, hyperparameters and seed
+are still the parameter's.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from forge import muon
+from forge.distributed import local, local_grad
+from forge.rules import NUM_COEFFICIENTS
+from forge.states import Slots
+from forge.steps import for_row_block
 
-class Slots(NamedTuple):
-    """The tensors one parameter's step writes besides the parameter (see the module)."""
-
-    states: tuple  # three state tensors or None, laid out like the parameter (its local shard)
-    scales: tuple  # their int8 block scales (rows, ceil(cols / group)) bf16, or None
-    signed: tuple  # whether each state's int8 codes are signed
-    residual: torch.Tensor | None = None  # bf16 residual of a compensated bf16 weight
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor a step writes besides the parameter, in one order: the states, their
-        scales, the residual (torch.compile's ops declare them mutated, `forge.ops`)."""
-        return [t for t in (*self.states, *self.scales, self.residual) if t is not None]
-
-    def with_tensors(self, tensors: list[torch.Tensor]) -> Slots:
-        """These slots with `tensors`, in the order of `tensors()`, in place of their own (the
-        functional copies torch.compile's ops are handed)."""
-        given = iter(tensors)
-        states = tuple(None if t is None else next(given) for t in self.states)
-        scales = tuple(None if t is None else next(given) for t in self.scales)
-        residual = None if self.residual is None else next(given)
-        return Slots(states, scales, self.signed, residual)
+if TYPE_CHECKING:
+    from forge.guards import BackwardCheck
+    from forge.param_table import ParamTable
+    from forge.states import StateStorage
+    from forge.steps import Steps
+    from forge.weights import WeightFormat
 
 
 class UpdateOptions(NamedTuple):
@@ -71,13 +88,6 @@ class UpdateOptions(NamedTuple):
     state_dtype: str  # "fp32" | "bf16" | "int8"
     stochastic_rounding: bool  # bf16 weights rounded stochastically (else to nearest)
     int8_group: int = 64  # elements per int8 scale
-
-
-def step_row_words() -> int:
-    """int32 words in one parameter's step row: h0..h8 as fp32 bits, the seed, then padding."""
-    from forge.kernels.update_tile import STEP_ROW
-
-    return STEP_ROW
 
 
 def fused_wgrad_update(
@@ -156,3 +166,152 @@ def fp8_cast(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, transpos
     from forge.kernels import fp8_cast as kernel
 
     return kernel.cast(t, dtype, rows=rows, transposed=transposed)
+
+
+# A block of a weight's rows updated by its own launch (`Launcher.row_blocks`): (block, first row, dy, x).
+RowBlockUpdate = Callable[[int, int, torch.Tensor, torch.Tensor], None]
+
+
+def scratch_for(weight: torch.Tensor) -> torch.Tensor:
+    """Where a whole-matrix rule's tile half writes (Muon: the update Newton-Schulz orthogonalizes):
+    a bf16 tensor of the weight's shape, freed once its whole-matrix half has run."""
+    return torch.empty(weight.shape, dtype=torch.bfloat16, device=weight.device)
+
+
+def whole_matrix_scalars(coefficients: tuple, row: torch.Tensor | None) -> tuple:
+    """(decay, step) of a whole-matrix half: coefficients h3 and h4 (`forge.rules`' muon), as host
+    floats, or, for a capturable optimizer, read from its step row on the device, so that a replayed
+    graph applies each step's own (eager steps of a capturable optimizer read them there too)."""
+    if row is None:
+        return coefficients[3], coefficients[4]
+    values = row[:NUM_COEFFICIENTS].view(torch.float32)  # words 0-8: the coefficients' fp32 bits
+    return values[3], values[4]
+
+
+class Launcher:
+    """The kernel launches of one optimizer's parameters (see the module). `table` gives each
+    parameter's group, rule and state (`forge.param_table`; `add` enters it there); `check` runs
+    before each backward's first step."""
+
+    def __init__(
+        self,
+        table: ParamTable,
+        storage: StateStorage,
+        steps: Steps,
+        weights: WeightFormat,
+        check: BackwardCheck,
+    ):
+        self.table, self.storage, self.steps, self.weights = table, storage, steps, weights
+        self.check = check
+        self.slot_cache: dict[torch.Tensor, Slots] = {}
+
+    def add(self, p: torch.Tensor, group: dict) -> None:
+        """A new parameter p of `group`: its step count (`forge.steps`) and its state tensors, now."""
+        self.table.add(p, group)
+        state = self.table.state_of(p)
+        self.steps.add(p, state)
+        self.storage.allocate(p, state, self.table.rule_of(p).slots(group), group)
+
+    # ------------------------------------------------------------------ what a launch takes
+
+    def state_slots(self, p: torch.Tensor) -> tuple:
+        """p's rule's state slots (`forge.rules.StateSlot`) under its group's hyperparameters."""
+        return self.table.rule_of(p).slots(self.table.group_of(p))
+
+    def slots_of(self, p: torch.Tensor) -> Slots:
+        """p's state tensors as the kernels take them, cached: they are updated in place only."""
+        slots = self.slot_cache.get(p)
+        if slots is None:
+            slots = self.storage.slots_of(self.table.state_of(p), self.state_slots(p))
+            self.slot_cache[p] = slots
+        return slots
+
+    def options_of(self, p: torch.Tensor) -> UpdateOptions:
+        """How p's rule runs now (its group's flags as they are)."""
+        rule = self.table.rule_of(p)
+        # a whole-matrix rule's tile half writes a bf16 scratch, rounded to nearest as torch rounds it
+        rounding = self.weights.stochastic_rounding and not rule.whole_matrix
+        return UpdateOptions(
+            rule.device_name, rule.flags(self.table.group_of(p)), self.storage.dtype_of(p), rounding,
+            self.storage.int8_group,
+        )  # fmt: skip
+
+    def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
+        """(coefficients, seed, step row) of p's next update, its step counted (`forge.steps`),
+        once this backward has passed its checks."""
+        self.check.once()
+        return self.steps.begin(p)
+
+    # ------------------------------------------------------------------ the launches
+
+    def fused(
+        self,
+        weight: torch.Tensor,
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        config=None,
+        grad_scale: torch.Tensor | None = None,
+        *,
+        into: tuple | None = None,
+    ) -> None:
+        """The fused kernel's launch for `weight`'s next step from dW = dy^T x, now (a whole-matrix
+        rule's: its tile half into a scratch, then its whole-matrix half, `forge.muon`)."""
+        coefficients, seed, row = self.begin(weight)
+        target, slots = (local(weight), self.slots_of(weight)) if into is None else into
+        tiles = scratch_for(target) if self.table.rule_of(weight).whole_matrix else target
+        fused_wgrad_update(
+            tiles, dy, x, slots, coefficients, seed, self.options_of(weight),
+            step_row=row, grad_scale=grad_scale, config=config,
+        )  # fmt: skip
+        if tiles is not target:
+            muon.finish(target, tiles, self.table.group_of(weight), *whole_matrix_scalars(coefficients, row))
+
+    def elementwise(
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        grad_scale: torch.Tensor | None = None,
+        *,
+        into: tuple | None = None,
+    ) -> None:
+        """The element-wise kernel's launch for p's next step from its gradient, now."""
+        coefficients, seed, row = self.begin(p)
+        grad = local_grad(p, grad)  # a Partial gradient (sequence parallel) is all-reduced first
+        target, slots = (local(p), self.slots_of(p)) if into is None else into
+        if target.numel() == 0:  # an FSDP2 shard with no elements on this rank: its step still counts
+            return
+        tiles = scratch_for(target) if self.table.rule_of(p).whole_matrix else target
+        elementwise_update(
+            tiles, grad, slots, coefficients, seed, self.options_of(p), step_row=row, grad_scale=grad_scale
+        )
+        if tiles is not target:
+            muon.finish(target, tiles, self.table.group_of(p), *whole_matrix_scalars(coefficients, row))
+
+    def row_blocks(self, weight: torch.Tensor, fork: Callable | None = None) -> RowBlockUpdate:
+        """Counts one step of `weight` now and returns `update(block, start, dy, x)`, which applies
+        it to rows start : start + dy.shape[1] from dy^T x inside their dW GEMM (dy: (T, rows),
+        x: (T, K)). Each block is its own launch with its own stochastic-rounding seed
+        (`forge.steps.for_row_block`); `fork(*reads)`: a context to launch it in (the update stream)."""
+        coefficients, seed, row = self.begin(weight)
+        target, slots, options = local(weight), self.slots_of(weight), self.options_of(weight)
+
+        def update(block: int, start: int, dy: torch.Tensor, x: torch.Tensor) -> None:
+            rows = slice(start, start + dy.shape[1])
+            block_slots = Slots(
+                tuple(None if s is None else s[rows] for s in slots.states),
+                tuple(None if s is None else s[rows] for s in slots.scales),
+                slots.signed,
+                None if slots.residual is None else slots.residual[rows],
+            )
+            block_seed, block_row = for_row_block(seed, row, block)
+            launch = lambda: fused_wgrad_update(
+                target[rows], dy, x, block_slots, coefficients, block_seed, options, step_row=block_row
+            )
+            if fork is not None and dy.is_cuda:
+                reads = (dy, x) if block_row is None else (dy, x, block_row)  # a block's row: a copy
+                with fork(*reads):
+                    launch()
+            else:
+                launch()
+
+        return update

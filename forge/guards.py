@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.autograd import Variable
 
 from forge.rules import check_hparams
+
+if TYPE_CHECKING:
+    from forge.param_table import ParamTable
 
 _USES: weakref.WeakSet = weakref.WeakSet()  # fused-linear backward nodes that may still run
 _checked_task = [-1]  # the last backward (autograd graph task) whose uses were checked
@@ -98,12 +102,11 @@ def at_backward_end(callback: Callable[[], None]) -> None:
 
 
 class BackwardCheck:
-    """An optimizer's checks at its first update in each backward (see the module): each of
-    `groups()`'s hyperparameters by its rule (`rule_of(group)`'s name), then `check_uses`."""
+    """An optimizer's checks at its first update in each backward (see the module): the
+    hyperparameters of each of `table`'s param groups by its rule, then `check_uses`."""
 
-    def __init__(self, rule_of: Callable[[dict], str], groups: Callable[[], list[dict]]):
-        self.rule_of = rule_of
-        self.groups = groups
+    def __init__(self, table: ParamTable):
+        self.table = table
         self.checked_task = -1  # the last backward whose groups were checked
 
     def once(self) -> None:
@@ -113,7 +116,7 @@ class BackwardCheck:
         if task == self.checked_task:
             return
         if task >= 0:
-            for group in self.groups():
-                check_hparams(self.rule_of(group), group)
+            for group in self.table.param_groups:
+                check_hparams(self.table.rule_of_group(group).name, group)
             check_uses(task)
         self.checked_task = task  # only once passed: a refused backward is refused at every update

@@ -10,9 +10,8 @@ parameter, and need nothing else of it. Each part names exactly what it calls, a
                       parameters by index, their state tensors, and both updates
 
 `forge.optim.ForgeOptimizer` is all four: each of these methods hands the call to the object that
-does the job (`forge.updates.Updates`: when an update runs; `forge.launcher.Launcher`: its launch;
-`forge.steps.Steps`: the counts). A tool may wrap one of them on an optimizer instance (a benchmark
-slowing every fused update down wraps `update_linear`): the layers call the optimizer, so they see it.
+does the job (`forge.updates.Updates`: when an update runs; `forge.functional.Launcher`: its launch;
+`forge.steps.Steps`: the counts); `update_linear` is `Updates.update_linear` itself, bound.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from forge.functional import Slots
-    from forge.launcher import RowBlockUpdate
+    from forge.functional import RowBlockUpdate, Slots
 
 
 class FusedUpdater(Protocol):
@@ -33,17 +31,9 @@ class FusedUpdater(Protocol):
         """How many updates `p` has received (the forward records it, the backward compares)."""
         ...
 
-    def update_linear(
-        self,
-        weight: torch.Tensor,
-        dy: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        config=None,
-        into: tuple | None = None,
-        grad_scale: torch.Tensor | None = None,
-    ) -> None:
-        """One step of `weight` from the gradient dy^T x, fused into its dW GEMM where it can be."""
+    def update_linear(self, weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, **options) -> None:
+        """One step of `weight` from the gradient dy^T x, fused into its dW GEMM where it can be: a
+        ForgeOptimizer's is `forge.updates.Updates.update_linear`, whose options it takes."""
         ...
 
 

@@ -115,27 +115,27 @@ class ForgeLinearFunction(torch.autograd.Function):
                 "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary "
                 "gradient."
             )
-        dy2 = dy.reshape(-1, dy.shape[-1])
+        dy = dy.reshape(-1, dy.shape[-1])  # (T, N)
         dx = db = grad_scale = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0)
+            db = dy.sum(0)
         if ctx.fp8:  # dx in FP8; dy and x as T-major FP8 copies for the fused kernel, with their scale
             if ctx.input_node is not None:  # x itself, saved ahead: cast again
                 saved = saved[0].reshape(-1, ctx.input_shape[-1])
-            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, saved, weight, ctx.needs_input_grad[0])
+            dx, dy, x2, grad_scale = forge_fp8.backward(dy, saved, weight, ctx.needs_input_grad[0])
             dx = None if dx is None else dx.reshape(ctx.input_shape)
         else:
             (x,) = saved
             x2 = x.reshape(-1, x.shape[-1])
             if ctx.needs_input_grad[0]:
                 w = local(weight)  # the old W, before the update; cast only under autocast
-                dx = (dy2 @ (w if w.dtype == dy2.dtype else w.to(dy2.dtype))).reshape(x.shape)
+                dx = (dy @ (w if w.dtype == dy.dtype else w.to(dy.dtype))).reshape(x.shape)
                 if dx.dtype != x.dtype:
                     dx = dx.to(x.dtype)
         if torch.compiler.is_compiling():
-            _fused_step_outside_graph(updater, weight, dy2, x2, grad_scale)
+            _fused_step_outside_graph(updater, weight, dy, x2, grad_scale)
         else:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
-            updater.update_linear(weight, dy2, x2, grad_scale=grad_scale)
+            updater.update_linear(weight, dy, x2, grad_scale=grad_scale)
         guards.release_use(ctx)
         return dx, None, db, None, None, None, None
 

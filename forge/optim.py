@@ -10,7 +10,8 @@ every update to the objects that do one job each:
     forge.weights      which weights FORGE trains, and how bf16 ones keep their precision
     forge.states       the states' storage: fp32, bf16 or int8 with scales
     forge.steps        step counts and seeds, and the step rows CUDA graphs replay (capturable)
-    forge.launcher     one update's launch: coefficients, slots and options, and the kernel
+    forge.functional   one update's launch: coefficients, slots and options, and the kernel
+    forge.param_table  each parameter's group, rule and state, the lookup the parts above share
     forge.updates      when each update runs: now, on the update stream (`forge.streams`), after
                        the clip norm (`forge.clip`) or the data-parallel reduction (`forge.data_parallel`)
     forge.guards       what the first update of each backward checks
@@ -72,8 +73,9 @@ import torch
 from forge import functional, handles
 from forge.data_parallel import REPLICAS, SHARDS, DataParallel, check_new_group
 from forge.distributed import mesh_rank
+from forge.functional import Launcher, RowBlockUpdate
 from forge.guards import BackwardCheck
-from forge.launcher import Launcher, RowBlockUpdate
+from forge.param_table import ParamTable
 from forge.rules import (
     check_whole_matrix,
     checked_group,
@@ -123,13 +125,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
         check_options(data_parallel, capturable, update_stream, max_grad_norm)
         self.data_parallel = data_parallel
         self.param_names: dict[torch.Tensor, str] = dict(param_names or {})
-        groups, state_of = {}, lambda p: self.state[p]  # each parameter's group and state
+        table = ParamTable(self, self.rule)  # each parameter's group, rule and state
         self._sharded = data_parallel is not None and data_parallel.kind == SHARDS  # FSDP2
-        salt = mesh_rank if self._sharded else None
-        rule_of = lambda p: rule_of_group(groups[p], self.rule)  # noqa: E731
-        self.steps = Steps(rule_of, seed, capturable, groups.__getitem__, state_of, salt)
-        check = BackwardCheck(lambda group: rule_of_group(group, self.rule).name, lambda: self.param_groups)
-        self.launcher = Launcher(rule_of, self.storage, self.steps, self.weights, groups, state_of, check)
+        self.steps = Steps(table, seed, capturable, mesh_rank if self._sharded else None)
+        check = BackwardCheck(table)
+        self.launcher = Launcher(table, self.storage, self.steps, self.weights, check)
         self.updates = Updates(self.launcher, check, max_grad_norm, norm_type, update_stream)
         self.wiring = wiring if wiring is not None else HookWiring()
         self._wired = False  # until construction ends: then each new group is wired as it comes
@@ -199,7 +199,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         return self.storage.dtype_of(p)
 
     def slots_of(self, p: torch.Tensor) -> functional.Slots:
-        """p's state tensors as the kernels take them (`forge.launcher`)."""
+        """p's state tensors as the kernels take them (`forge.functional.Launcher`)."""
         return self.launcher.slots_of(p)
 
     def options_of(self, p: torch.Tensor) -> functional.UpdateOptions:
@@ -212,19 +212,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ the updates (called in backward)
 
-    def update_linear(
-        self,
-        weight: torch.Tensor,
-        dy: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        config=None,
-        into: tuple | None = None,
-        grad_scale: torch.Tensor | None = None,
-    ) -> None:
-        """One step of `weight` (N, K) from dy^T x (dy: (T, N), x: (T, K)): what a ForgeLinear's
-        backward runs (`forge.updates.Updates.update_linear` says when, and what the options do)."""
-        self.updates.update_linear(weight, dy, x, config=config, into=into, grad_scale=grad_scale)
+    update_linear = property(
+        lambda self: self.updates.update_linear,
+        doc="`update_linear(weight, dy, x, *, config=None, into=None, grad_scale=None)`: one step of "
+        "`weight` (N, K) from dy^T x (dy: (T, N), x: (T, K)), what a ForgeLinear's backward runs: "
+        "`forge.updates.Updates.update_linear` itself, which says when it runs and what the options do.",
+    )
 
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (`forge.updates` decides when)."""

@@ -20,14 +20,46 @@ rule into this storage (fp32 copied, bf16 rounded to nearest, int8 quantized wit
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from forge import functional
 from forge.distributed import is_dtensor, like_param, local
 
 STATE_DTYPES = ("fp32", "bf16", "int8")  # what `state_dtype` may name (forge.STATE_DTYPES)
 INT8_GROUPS = (64, 128)  # what `int8_group` may name: elements per int8 scale (forge.kernels.quant)
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # int8: codes and scales (`quantize`)
+
+
+class Slots(NamedTuple):
+    """The tensors one parameter's step writes besides the parameter (see the module)."""
+
+    states: tuple  # three state tensors or None, laid out like the parameter (its local shard)
+    scales: tuple  # their int8 block scales (rows, ceil(cols / group)) bf16, or None
+    signed: tuple  # whether each state's int8 codes are signed
+    residual: torch.Tensor | None = None  # bf16 residual of a compensated bf16 weight
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step writes besides the parameter, in one order: the states, their
+        scales, the residual (torch.compile's ops declare them mutated, `forge.ops`)."""
+        return [t for t in (*self.states, *self.scales, self.residual) if t is not None]
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> Slots:
+        """These slots with `tensors`, in the order of `tensors()`, in place of their own (the
+        functional copies torch.compile's ops are handed)."""
+        given = iter(tensors)
+        states = tuple(None if t is None else next(given) for t in self.states)
+        scales = tuple(None if t is None else next(given) for t in self.scales)
+        residual = None if self.residual is None else next(given)
+        return Slots(states, scales, self.signed, residual)
+
+
+def quantize(values: torch.Tensor, signed: bool, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes and bf16 scales (rows, ceil(cols / group)) of `values`, as the kernels store them:
+    `forge.kernels.quant`, loaded at the first int8 state."""
+    from forge.kernels.quant import quantize as quantize_codes
+
+    return quantize_codes(values, signed, group)
 
 
 def state_bytes(state_dtype: str, int8_group: int = 64) -> float:
@@ -76,15 +108,15 @@ class StateStorage:
             init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
             if dtype == "int8":
                 values = torch.full_like(shard, init, dtype=torch.float32)
-                codes, scale = functional.quantize(values, slot.signed, self.int8_group)
+                codes, scale = quantize(values, slot.signed, self.int8_group)
                 state[slot.name] = like_param(p, codes)
                 state[slot.name + "_absmax"] = like_param(p, scale, scale_group=self.int8_group)
             else:
                 state[slot.name] = like_param(p, torch.full_like(shard, init, dtype=_TORCH_DTYPES[dtype]))
 
-    def slots_of(self, state: dict, slots: tuple) -> functional.Slots:
+    def slots_of(self, state: dict, slots: tuple) -> Slots:
         """The kernels' view of a state: local tensors, three slots each (None where the rule has none)."""
-        return functional.Slots(
+        return Slots(
             states=tuple(local(state[s.name]) if s else None for s in slots),
             scales=tuple(local(state.get(s.name + "_absmax")) if s else None for s in slots),
             signed=tuple(bool(s and s.signed) for s in slots),
@@ -119,7 +151,7 @@ class StateStorage:
                 )
             value = value.to(device=p.device, dtype=torch.float32)
             if self.dtype_of(p) == "int8":
-                codes, scale = functional.quantize(value, slot.signed, self.int8_group)
+                codes, scale = quantize(value, slot.signed, self.int8_group)
                 state[key].copy_(codes)
                 state[key + "_absmax"].copy_(scale)
             else:

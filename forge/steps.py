@@ -10,7 +10,7 @@ checkpoint that restores the step counts and the seed restores them (`forge.chec
 shards mix their place on the mesh in, so that two shards of one weight draw independent bits.
 
 CUDA graphs (`capturable=True`). A captured launch cannot take new arguments at each replay, so
-every parameter gets a row of device memory (`row`, `functional.step_row_words()` int32) holding its
+every parameter gets a row of device memory (`row`, `step_row_words()` int32) holding its
 coefficients and seed, which its launch reads instead. Outside a capture, `begin` writes p's row
 just before its kernel (warm-up steps run the kernels a graph will replay); inside one it only
 records p and returns zeros, and `prepare_replay` then does the host's part for every captured
@@ -32,7 +32,8 @@ import torch
 
 from forge.backend import interpreting
 from forge.distributed import local
-from forge.rules import NUM_COEFFICIENTS, Rule
+from forge.param_table import ParamTable
+from forge.rules import NUM_COEFFICIENTS
 
 
 class Steps:
@@ -40,17 +41,14 @@ class Steps:
 
     def __init__(
         self,
-        rule_of: Callable[[torch.Tensor], Rule],
+        table: ParamTable,
         seed: int,
         capturable: bool,
-        group_of: Callable[[torch.Tensor], dict],
-        state_of: Callable[[torch.Tensor], dict],
         salt: Callable[[torch.Tensor], int] | None = None,
     ):
-        self.rule_of = rule_of  # p -> the rule of p's param group
+        self.table = table  # p's param group, rule and state (`forge.param_table`)
         self.seed = int(seed)
         self.capturable = bool(capturable)
-        self._group_of, self._state_of = group_of, state_of
         self._salt = salt  # p -> a number mixed into p's seeds (an FSDP2 shard's rank), or None
         self.index: dict[torch.Tensor, int] = {}  # p's position, in the order parameters were added
         self.params: list[torch.Tensor] = []  # the parameters by position
@@ -65,7 +63,7 @@ class Steps:
         self.params.append(p)
         self.version[p] = 0
         state["step"] = 0
-        state.update(self.rule_of(p).initial_host_state(p))
+        state.update(self.table.rule_of(p).initial_host_state(p))
 
     def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, row) of p's next update, its step counted. The row is None unless
@@ -81,9 +79,9 @@ class Steps:
         return coefficients, seed, row
 
     def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
-        state = self._state_of(p)
+        state = self.table.state_of(p)
         step = self._count(p, state)
-        return self.rule_of(p).coefficients(self._group_of(p), step, state), self.seed_for(p, step)
+        return self.table.rule_of(p).coefficients(self.table.group_of(p), step, state), self.seed_for(p, step)
 
     def _count(self, p: torch.Tensor, state: dict) -> int:
         """Count one more step of p; its new step."""
@@ -130,8 +128,6 @@ class Steps:
                     "FORGE: capturable=True needs every parameter on one CUDA device, found "
                     f"{sorted(map(str, devices))}"
                 )
-            from forge.functional import step_row_words
-
             rows = torch.zeros((len(self.index), step_row_words()), dtype=torch.int32, device=device)
             if rows.is_cuda:  # zeroed (on an update stream, maybe) before any other stream writes a row
                 torch.cuda.synchronize(device)
@@ -155,7 +151,7 @@ class Steps:
         coefficient_rows = []
         shared: dict[tuple[int, int], tuple] = {}  # (group, step) -> coefficients, rules without host state
         for j, p in enumerate(params):
-            state, group, rule = self._state_of(p), self._group_of(p), self.rule_of(p)
+            state, group, rule = self.table.state_of(p), self.table.group_of(p), self.table.rule_of(p)
             step = steps[j] = self._count(p, state)
             key = (id(group), step)
             # NAdam: each parameter's own running product; Muon: its shape's learning rate
@@ -194,7 +190,7 @@ def _step_values(coefficient_rows: list, seeds, shape: tuple, at) -> torch.Tenso
 
 def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int, torch.Tensor | None]:
     """(seed, step row) of one block of a parameter's rows that its own launch updates
-    (`forge.launcher.Launcher.row_blocks`). A kernel keys its stochastic-rounding bits by an element's
+    (`forge.functional.Launcher.row_blocks`). A kernel keys its stochastic-rounding bits by an element's
     row within the launch, so blocks after the first mix their index into the seed, alike on the
     host and, in a copy of the row, on the device (a captured launch reads its seed there)."""
     if block == 0:
@@ -205,3 +201,10 @@ def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int,
     mixed = row.clone()
     mixed[NUM_COEFFICIENTS : NUM_COEFFICIENTS + 1].bitwise_xor_(salt)  # the seed's word follows them
     return seed ^ salt, mixed
+
+
+def step_row_words() -> int:
+    """int32 words in one parameter's step row: h0..h8 as fp32 bits, the seed, then padding."""
+    from forge.kernels.update_tile import STEP_ROW
+
+    return STEP_ROW

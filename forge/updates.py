@@ -15,7 +15,7 @@ in this order of precedence:
 2. global-norm clipping (`forge.clip.GlobalNormClip`): the norm now, the step when the backward
    ends, scaled by the clip coefficient;
 3. the update stream (`forge.streams.UpdateStream`): a fused step on a second CUDA stream;
-4. otherwise the launch at once (`forge.launcher.Launcher`).
+4. otherwise the launch at once (`forge.functional.Launcher`).
 
 `row_block_updater` serves `forge.head`, whose lm_head gradient comes a block of rows at a time;
 it refuses what cannot be done that way (`check_row_blocks`) before any step is counted.
@@ -30,8 +30,8 @@ import torch
 from forge.clip import GlobalNormClip, check_clip_options
 from forge.data_parallel import REPLICAS, SHARDS, DataParallel, GradientReducer
 from forge.distributed import is_dtensor, local
+from forge.functional import Launcher, RowBlockUpdate
 from forge.guards import BackwardCheck
-from forge.launcher import Launcher, RowBlockUpdate
 from forge.streams import UpdateStream
 
 
@@ -130,7 +130,7 @@ class Updates:
 
     def row_block_updater(self, weight: torch.Tensor) -> RowBlockUpdate:
         """Counts one step of `weight` now and returns `update(block, start, dy, x)` for each block of
-        its rows (`forge.launcher.Launcher.row_blocks`), on the update stream where there is one.
+        its rows (`forge.functional.Launcher.row_blocks`), on the update stream where there is one.
         Refused, before anything is counted, where `check_row_blocks` refuses."""
         self.check_row_blocks(weight)
         return self.launcher.row_blocks(weight, None if self.stream is None else self.stream.fork)

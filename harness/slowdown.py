@@ -9,8 +9,8 @@ events: the clock the spin saw. A spin inside a training step need not last what
 results/baselines/demo/), so the check is shown the slowdown it measures, not the nominal one.
 
 Two switches use it, both off unless asked and both recorded with the points they slowed:
-- the FORGE method's `debug_delay_us` option (harness.run.methods.forge): a spin after every fused
-  update of a training step (225 per Llama-3.1-8B step);
+- the FORGE method's `debug_delay_us` option (harness.run.methods.forge): a spin in every fused
+  layer's backward, beside its update (225 per Llama-3.1-8B step);
 - `python -m harness kernels --regress --debug-slowdown 6%` (harness.kernels.regress_suite): a spin
   after every timed fused kernel, 6% of that kernel's own time.
 """

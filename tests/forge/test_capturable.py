@@ -7,6 +7,7 @@ The replay itself is checked on the GPU (tests/forge/test_gpu.py).
 """
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import forge.kernels
 from forge import functional
 from forge import steps as forge_steps
 from forge.kernels import STEP_ROW
+from forge.param_table import ParamTable
 from forge.rules import NUM_COEFFICIENTS
 
 
@@ -113,7 +115,8 @@ def test_a_replay_writes_the_rows_an_eager_step_would(monkeypatch, rule):
     twin = copy.copy(opt.steps)  # the same counts and host state, advanced one parameter at a time
     twin.version = dict(opt.steps.version)
     states = {p: {k: v for k, v in opt.state[p].items() if not isinstance(v, torch.Tensor)} for p in params}
-    twin._state_of = states.__getitem__
+    twin.table = ParamTable(SimpleNamespace(state=states, param_groups=opt.param_groups), opt.rule)
+    twin.table.groups = opt.steps.table.groups  # the same groups, the twin's own host states
     for _ in range(3):
         opt.prepare_replay()
         rows = opt.steps.rows

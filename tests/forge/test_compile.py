@@ -235,7 +235,7 @@ def test_compiled_autograd_trains_fused_weights():
 
 def test_compiled_muon_trains_exactly_as_eager():
     """Muon's whole-matrix half runs inside the compiled backward's update op, on the copies the op
-    is handed (`forge.launcher`'s `into`): the same weights and momentum as eager, in one graph."""
+    is handed (`forge.functional.Launcher`'s `into`): the same weights and momentum as eager, in one graph."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(23, 41, bias=False), nn.Tanh(), nn.Linear(41, 9, bias=False))
     batches = [(torch.randn(7, 23), torch.randn(7, 9)) for _ in range(STEPS)]

@@ -26,8 +26,8 @@ def test_eager_backward_calls_the_optimizer_directly(monkeypatch):
     monkeypatch.setattr(forge_nn, "_fused_step_outside_graph", lambda *a: outside.append(1))
     opt, model, _, _ = _two_copies()
     direct = []
-    update = opt.update_linear
-    monkeypatch.setattr(opt, "update_linear", lambda *a, **k: direct.append(1) or update(*a, **k))
+    update = opt.update_linear  # `forge.updates.Updates.update_linear`, bound: what the layers call
+    monkeypatch.setattr(opt.updates, "update_linear", lambda *a, **k: direct.append(1) or update(*a, **k))
     regression_step(model, regression_batches(1)[0])
     assert (len(direct), len(outside)) == (2, 0)
 

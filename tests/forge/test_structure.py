@@ -237,13 +237,38 @@ def test_the_checks_see_what_they_refuse():
 
 def test_forge_optimizer_is_a_thin_facade():
     """ForgeOptimizer keeps what torch.optim asks of an optimizer (param groups, state dicts) and
-    hands the updates to `forge.updates`, `forge.launcher` and `forge.steps`."""
+    hands the updates to `forge.updates`, `forge.functional` and `forge.steps`."""
     tree = SOURCES["forge/optim.py"]
     (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ForgeOptimizer"]
     lines = cls.end_lineno - cls.lineno + 1
     assert lines <= 200, (
         f"ForgeOptimizer is {lines} lines: move what is not torch.optim's surface to its owner"
     )
+
+
+def test_forge_optimizer_wires_its_parts_without_lambdas():
+    """Its parts look a parameter's group, rule and state up in one `forge.param_table.ParamTable`,
+    not in callables made up where the optimizer is built."""
+    tree = SOURCES["forge/optim.py"]
+    (init,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    assert not [n for n in ast.walk(init) if isinstance(n, ast.Lambda)]
+
+
+def test_the_fused_update_is_written_once():
+    """`update_linear` has one signature, `forge.updates.Updates.update_linear`'s: the optimizer
+    hands that bound method out, and the layers' Protocol (`forge.interface`) declares it by its
+    operands alone (`**options`) without restating its options."""
+    defined = [
+        f"{path}:{node.lineno}"
+        for path, tree in SOURCES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "update_linear" and node.args.kwonlyargs
+    ]
+    assert defined == [f"forge/updates.py:{_line_of('forge/updates.py', 'def update_linear(')}"]
+
+
+def _line_of(path: str, text: str) -> int:
+    return next(i for i, line in enumerate((FORGE.parent / path).read_text().splitlines(), 1) if text in line)
 
 
 # ---------------------------------------------------------------------- a rule through the registry

@@ -39,10 +39,10 @@ parameter's gradient, the linear layers' too, goes through FORGE's reducer, whos
 concatenated copy (`reducer_window_bytes`).
 
 `debug_delay_us` (0: off) makes every fused update slower on purpose: the GPU spins that many
-microseconds after each one (`harness.slowdown`, captured in a CUDA graph like the update), 225
-times a Llama-3.1-8B step. It exists to show that the regression check catches a slowdown of a
-known size (`python -m harness regress` matches such a point with its twin run without it); never
-use it for a figure meant to be quoted.
+microseconds as each fused layer's backward starts (`harness.slowdown`, captured in a CUDA graph
+like the update), 225 times a Llama-3.1-8B step. It exists to show that the regression check
+catches a slowdown of a known size (`python -m harness regress` matches such a point with its twin
+run without it); never use it for a figure meant to be quoted.
 """
 
 from __future__ import annotations
@@ -173,17 +173,21 @@ class Forge(Method):
             self._slow_down(o.debug_delay_us)
 
     def _slow_down(self, us: float) -> None:
-        """Spin the GPU `us` microseconds after each fused update (the `debug_delay_us` option)."""
+        """Spin the GPU `us` microseconds as each fused layer's backward starts, its update included
+        (the `debug_delay_us` option): a backward pre-hook on every ForgeLinear (torch's module hooks)."""
         from harness.slowdown import Delay
 
-        delay, fused = Delay(us), self.opt.update_linear
+        delay = Delay(us)
 
-        def update_then_wait(weight, dy, x, **options):
-            fused(weight, dy, x, **options)
+        def wait(module: torch.nn.Module, grad_output: tuple) -> None:
             delay()
 
-        self.opt.update_linear = update_then_wait  # what every ForgeLinear's backward calls
-        self.notes.append(f"debug_delay_us: the GPU waited {us:g} us after each fused update, on purpose")
+        for module in self.model.modules():
+            if isinstance(module, forge.ForgeLinear):
+                module.register_full_backward_pre_hook(wait)
+        self.notes.append(
+            f"debug_delay_us: the GPU waited {us:g} us in each fused layer's backward, on purpose"
+        )
 
     def before_replay(self) -> None:
         self.opt.prepare_replay()

@@ -2,8 +2,6 @@
 points, its records and how the check keys them, its refusals; and the deliberate slowdown's
 switches (`harness.slowdown`, FORGE's `debug_delay_us`)."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -86,16 +84,18 @@ def test_a_zero_delay_does_nothing_anywhere():
         Delay(-1)
 
 
-def test_forge_debug_delay_spins_once_after_each_fused_update(monkeypatch):
-    """The option replaces the optimizer's `update_linear`, which every ForgeLinear backward calls,
-    by the update followed by one spin of the asked length (both recorded here, not run)."""
+def test_forge_debug_delay_spins_once_in_each_fused_layers_backward(monkeypatch):
+    """The option hooks every ForgeLinear's backward (torch's backward pre-hook): one spin of the
+    asked length per fused update of a step (recorded here, not run)."""
     calls = []
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(cycles))
     monkeypatch.setattr("harness.slowdown.cycles_per_us", lambda: 1000.0)
-    method = Forge(torch.nn.Linear(8, 8), 1e-3, ForgeOptions(debug_delay_us=60), "cpu")
-    method.opt = SimpleNamespace(update_linear=lambda w, dy, x, config=None: calls.append("update"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    method = Forge(model, 1e-3, ForgeOptions(), "cpu")
+    method.setup()
+    before = model[0].weight.detach().clone()
     method._slow_down(60)
-    for _ in range(2):  # two layers' backward
-        method.opt.update_linear("w", "dy", "x")
-    assert calls == ["update", 60_000, "update", 60_000]  # 60 us at 1000 cycles per us
+    model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert calls == [60_000, 60_000]  # two fused layers, 60 us at 1000 cycles per us
+    assert not torch.equal(model[0].weight, before)  # and each layer's update still ran
     assert "debug_delay_us" in method.notes[-1]
