@@ -39,7 +39,7 @@ fit where the warp-specialized kernel holds 4 beside its staging buffer.
 
 Where it runs: the warp-specialized kernel's (Hopper, bf16 dy and x that TMA reads), 128-row tiles
 of 128 or 64 columns, every rule, fp32, bf16 and int8 states, compensated weights, clipping, steps
-read from memory. FP8 operands are refused by name (`forge.kernels.configs`): their 64-row MMA
+read from memory (int8 groups of 128 take pieces 128 columns wide, which spill 232 bytes). FP8 operands are refused by name (`forge.kernels.configs`): their 64-row MMA
 warpgroups keep a second accumulator, which two consumers' registers do not hold beside the
 update. FORGE launches it where it measured faster than the warp-specialized kernel
 (`configs.pingpong_wins`: bf16 states from 4,096 tokens); elsewhere it is an option
