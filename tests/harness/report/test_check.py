@@ -44,13 +44,16 @@ def test_a_figure_edited_in_a_committed_table_is_named(fresh, tmp_path, name, ri
     assert f": {figure(wrong)} where the records give {figure(right)} (" in problem
 
 
-def test_a_file_the_report_does_not_write_and_a_plot_that_moved_are_named(fresh, tmp_path):
+def test_a_file_the_report_does_not_write_and_a_plot_of_another_size_are_named(fresh, tmp_path):
     committed = tmp_path / "reports"
     shutil.copytree(fresh, committed)
     (committed / "tables" / "gone.md").write_text("| x |\n")
-    plot = sorted((committed / "plots").glob("*.png"))[0]
-    plot.write_bytes(plot.read_bytes() + b"\0")
+    plot = committed / "plots" / "overhead_vs_tokens.png"
+    data = bytearray(plot.read_bytes())
+    width, height = check.png_size(plot)
+    data[20:24] = (2185).to_bytes(4, "big")  # the plot as tall as it was before its height was capped
+    plot.write_bytes(bytes(data))
     assert check.compare(committed, fresh) == [
-        f"reports/plots/{plot.name}: differs from its rendering",
+        f"reports/plots/overhead_vs_tokens.png: {width} x 2185 px where its rendering is {width} x {height}",
         "reports/tables/gone.md: not written by the report (remove it, or restore its records)",
     ]
