@@ -298,7 +298,7 @@ def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8
                   overlap_promotion=config.overlap_promotion)
     if any(others.values()):
         raise ValueError(f"KernelConfig.pingpong takes none of {sorted(others)} (got {others})")
-    if config.block_n != 128 or config.block_k not in (64, 128) or config.num_warps != 4:
+    if config.block_n != 128 or config.block_k % 64 or not 64 <= config.block_k <= 128 or config.num_warps != 4:
         raise ValueError("KernelConfig.pingpong runs 128-row tiles of 128 or 64 columns with 4 warps a consumer "
                          f"(got block_n={config.block_n}, block_k={config.block_k}, num_warps={config.num_warps})")
     if state_dtype == "int8" and config.block_k % int8_group:
