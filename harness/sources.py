@@ -31,6 +31,7 @@ PEAKS = RESULTS + "peak_vs_tokens_h200.jsonl"
 CLIP = RESULTS + "clip_h200.jsonl"
 STREAM = RESULTS + "llama8b_update_stream_h200.jsonl"
 KAHAN = RESULTS + "kahan_h200.jsonl"
+MUON = RESULTS + "muon_h200.jsonl"
 
 # Archived runs a doc cites (int8 states in groups of 64 and of 128).
 INT8_GROUPS = ARCHIVE + "llama8b_graphs_h200-20261130-5acc636.jsonl"

@@ -225,6 +225,7 @@ def main(argv: list[str]) -> int:
     if why is not None:
         print(why, file=sys.stderr)
         return 2
+    from harness import sources
     from harness.run import env
 
     record = {
@@ -240,7 +241,7 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         record["cases"][name] = CASES[name]()
         print(name, json.dumps(record["cases"][name]), f"({time.perf_counter() - start:.1f} s)", flush=True)
-    out_dir = Path(os.environ.get("OUT", "results/out"))
+    out_dir = Path(os.environ.get("OUT", sources.OUT))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"reference-exactness-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -34,6 +34,7 @@ from harness.sources import (
     KAHAN,
     LAUNCHES,
     MASKED,
+    MUON,
     OVERLAP,
     RESULTS,
     STREAM,
@@ -193,9 +194,6 @@ def _gpu_tests_passed(root: Path) -> list[str]:
     if found is None:
         raise ValueError(f"{GPU_TESTS}: no pytest summary")
     return [found.group(1)]
-
-
-MUON = "results/muon_h200.jsonl"
 
 
 def _muon(root: Path) -> list[str]:
