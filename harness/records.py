@@ -3,8 +3,8 @@
 `harness.results.load(*paths)` reads JSONL results into a pandas DataFrame (tolerating a truncated
 last line). The report and the regression check want something simpler to reason about: a list of
 dicts, one per record, with pandas' NaN turned back into None and the file order kept. This module
-expands directories into their `*.jsonl` files (recursively, sorted, so the order is the same on
-every machine), calls the loader, and splits the records in two kinds:
+has `harness.results.expand` turn directories into their `*.jsonl` files (recursively, sorted, so
+the order is the same on every machine), calls the loader, and splits the records in two kinds:
 
 - step records: one training-step measurement per point (`harness.results.FIELDS`);
 - kernel records: one kernel timing per (shape, T, variant), recognised by their `variant` field
@@ -30,61 +30,11 @@ from harness.points import missing
 Record = dict[str, Any]
 
 
-# Folders below results/ whose files are no sweep records: the raw logs and probe outputs of the
-# GPU runs that the docs cite (results/device-logs/<what>-<date>-<commit>.<ext>).
-NOT_RECORDS = ("device-logs",)
-
-
-def expand(
-    paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
-) -> list[Path]:
-    """Files behind `paths`: a file as given, a directory as its sorted `*.jsonl` files.
-
-    Below a directory, files under a folder named in `exclude_dirs` or `NOT_RECORDS` are left out, and with
-    `skip_scratch` so are files under a scratch folder (one whose `.gitignore` ignores everything:
-    the harness marks `results/smoke/` and `results/adhoc/` so, and they are never committed).
-    """
-    files: list[Path] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files.extend(
-                f for f in sorted(path.rglob("*.jsonl")) if _wanted(path, f, exclude_dirs, skip_scratch)
-            )
-        elif path.exists():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"no such results file or directory: {path}")
-    return files
-
-
-def _wanted(root: Path, file: Path, exclude_dirs: Sequence[str], skip_scratch: bool) -> bool:
-    folders = file.relative_to(root).parts[:-1]
-    if set(folders) & {*exclude_dirs, *NOT_RECORDS}:
-        return False
-    if skip_scratch:
-        for depth in range(len(folders) + 1):
-            if is_scratch(root.joinpath(*folders[:depth])):
-                return False
-    return True
-
-
-def in_scratch(path: Path) -> bool:
-    """True when `path` is a scratch folder or lies inside one."""
-    path = Path(path).resolve()
-    return any(is_scratch(folder) for folder in (path, *path.parents))
-
-
-def is_scratch(folder: Path) -> bool:
-    """True for a folder the harness marked as scratch (its .gitignore ignores everything)."""
-    marker = folder / ".gitignore"
-    return marker.is_file() and "*" in marker.read_text().split()
-
-
 def load_records(
     paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
 ) -> list[Record]:
     """Every record in `paths`, in file order, as dicts with None for missing values."""
-    files = expand(paths, exclude_dirs, skip_scratch)
+    files = results.expand(paths, exclude_dirs, skip_scratch)
     if not files:
         return []
     frame = _load_frame(files)

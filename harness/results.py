@@ -10,6 +10,8 @@ Writing is crash-safe: `append` takes an exclusive lock, writes one whole line, 
 fsyncs, so a killed sweep leaves at worst one truncated last line. Reading tolerates that line:
 `iter_records` skips any line that is not valid JSON (with a warning) instead of failing, and
 `append` first ends such a fragment with a newline so the next record starts on a line of its own.
+`expand` lists the record files of a tree: sorted, the GPU runs' raw logs (device-logs/) left out,
+and with `skip_scratch` the scratch folders too (`is_scratch`: results/smoke/, results/adhoc/).
 
     >>> import harness.results as results
     >>> df = results.load("results")               # every *.jsonl below, one row per record
@@ -24,7 +26,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -337,23 +339,59 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 yield record
 
 
-def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files as given; directories become their *.jsonl files, recursively, in sorted order (but
-    the GPU runs' raw logs under a `device-logs` folder, which are no records)."""
+# Folders below results/ whose files are no sweep records: the raw logs and probe outputs of the
+# GPU runs that the docs cite (results/device-logs/<what>-<date>-<commit>.<ext>).
+NOT_RECORDS = ("device-logs",)
+
+
+def expand(
+    paths: Iterable[str | Path], exclude_dirs: Sequence[str] = (), skip_scratch: bool = False
+) -> list[Path]:
+    """Files behind `paths`: a file as given, a directory as its sorted `*.jsonl` files.
+
+    Below a directory, files under a folder named in `exclude_dirs` or `NOT_RECORDS` are left out, and with
+    `skip_scratch` so are files under a scratch folder (one whose `.gitignore` ignores everything:
+    the harness marks `results/smoke/` and `results/adhoc/` so, and they are never committed).
+    """
     files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files.extend(f for f in sorted(p.rglob("*.jsonl")) if "device-logs" not in f.relative_to(p).parts)
-        elif p.exists():
-            files.append(p)
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(
+                f for f in sorted(path.rglob("*.jsonl")) if _wanted(path, f, exclude_dirs, skip_scratch)
+            )
+        elif path.exists():
+            files.append(path)
         else:
-            raise FileNotFoundError(f"no results file or directory at {p}")
+            raise FileNotFoundError(f"no results file or directory at {path}")
     return files
+
+
+def _wanted(root: Path, file: Path, exclude_dirs: Sequence[str], skip_scratch: bool) -> bool:
+    folders = file.relative_to(root).parts[:-1]
+    if set(folders) & {*exclude_dirs, *NOT_RECORDS}:
+        return False
+    if skip_scratch:
+        for depth in range(len(folders) + 1):
+            if is_scratch(root.joinpath(*folders[:depth])):
+                return False
+    return True
+
+
+def in_scratch(path: Path) -> bool:
+    """True when `path` is a scratch folder or lies inside one."""
+    path = Path(path).resolve()
+    return any(is_scratch(folder) for folder in (path, *path.parents))
+
+
+def is_scratch(folder: Path) -> bool:
+    """True for a folder the harness marked as scratch (its .gitignore ignores everything)."""
+    marker = folder / ".gitignore"
+    return marker.is_file() and "*" in marker.read_text().split()
 
 
 def read(*paths: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of the given files or directories, as dicts, in file then line order."""
-    return [r for f in _expand(paths) for r in iter_records(f)]
+    return [r for f in expand(paths) for r in iter_records(f)]
 
 
 def load(*paths: str | os.PathLike) -> pd.DataFrame:

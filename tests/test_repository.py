@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from harness.records import is_scratch
+from harness.results import is_scratch
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = {"README.md": 200, "docs/performance.md": 350}  # lines

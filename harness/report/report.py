@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.points import seed_of
-from harness.records import Record, in_scratch, load_records, on_cpu, split_kinds
+from harness.records import Record, load_records, on_cpu, split_kinds
 from harness.report import plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
@@ -67,6 +67,7 @@ from harness.report.tables import (
     t6_capacity,
     t6_tensor_parallel,
 )
+from harness.results import in_scratch
 
 SCALING, PEAK = token_tables.SCALING_SWEEP, token_tables.PEAK_SWEEP
 DEFAULT_RESULTS = "results"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.records import is_scratch
+from harness.results import is_scratch
 from harness.run.methods import interpreted
 
 NONE = "—"

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import harness.results as results
-from harness import records
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +103,7 @@ def test_every_committed_kernel_record_declares_its_fields():
     """The kernel lab's records under results/ (its probes' under device-logs/overlap-*) carry only
     declared names: a field a writer adds is declared in harness.results first."""
     files = [
-        *records.expand([REPO / "results"]),
+        *results.expand([REPO / "results"]),
         *sorted((REPO / "results" / "device-logs").glob("overlap-*.jsonl")),
     ]
     kernel = [
