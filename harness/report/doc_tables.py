@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.records import Record
 from harness.report import paper
 from harness.report.markup import Table, fmt_gib, fmt_ms, fmt_ratio, to_markdown
+from harness.report.names import config_title
 from harness.report.runs import LLAMA, Run, Where, needs, one_run
 from harness.sources import (
     CHECKPOINTING,
@@ -76,17 +77,12 @@ def _reproduces(met: bool) -> str:
 # README: what it gives you
 
 
-HEADLINE_ROWS = (
-    (BASE, "fused AdamW (bf16 gradients and states)"),
-    ("forge_bf16", "FORGE, bf16 states"),
-    ("forge_int8", "FORGE, int8 states"),
-    (FLOOR, "no optimizer (gradients dropped: the floor)"),
-)
+HEADLINE_ROWS = (BASE, "forge_bf16", "forge_int8", FLOOR)  # each titled by its conf/method file
 
 
 def headline_run(root: Path) -> Run:
     """The latest run of `+exp=llama8b_graphs_h200` with every row of the headline, eager and graphed."""
-    labels = [label + suffix for label, _ in HEADLINE_ROWS for suffix in ("", "_graph")]
+    labels = [label + suffix for label in HEADLINE_ROWS for suffix in ("", "_graph")]
     return one_run(root, HEADLINE, needs(labels))
 
 
@@ -104,10 +100,12 @@ def llama8b_headline(root: Path) -> str:
     run = headline_run(root)
     graphed, eager = run.step(BASE + "_graph"), run.step(BASE)
     rows = []
-    for label, name in HEADLINE_ROWS:
+    for label in HEADLINE_ROWS:
         g, e = run.step(label + "_graph"), run.step(label)
         peaks = f"{fmt_gib(run.peak(label + '_graph'))} / {fmt_gib(run.peak(label))}"
-        rows.append([name, fmt_ms(g), fmt_ratio(g / graphed), fmt_ms(e), fmt_ratio(e / eager), peaks])
+        rows.append(
+            [config_title(label), fmt_ms(g), fmt_ratio(g / graphed), fmt_ms(e), fmt_ratio(e / eager), peaks]
+        )
         rows[-1].append(_paper_figure(label))
     header = ["Method", "graphed ms", "vs fused AdamW", "eager ms", "vs fused AdamW"]
     header += ["peak GiB graphed / eager", "the paper's figure"]
@@ -129,17 +127,13 @@ def llama8b_headline(root: Path) -> str:
 # README: the paper's setting and its claims
 
 
-PAPER_ROWS = (
-    (FP32GRAD, "fused AdamW, fp32 gradients (the paper's baseline)"),
-    ("forge_bf16", "FORGE, bf16 states"),
-    ("forge_int8", "FORGE, int8 states"),
-)
+PAPER_ROWS = (FP32GRAD, "forge_bf16", "forge_int8")
 QWEN = Where(model=QWEN14B)
 
 
 def paper_run(root: Path) -> Run:
     """The latest run of `+exp=paper_h200` with the Llama rows (eager and graphed) and Qwen3-14B's."""
-    labels = [label + suffix for label, _ in PAPER_ROWS for suffix in ("", "_graph")]
+    labels = [label + suffix for label in PAPER_ROWS for suffix in ("", "_graph")]
     return one_run(root, PAPER, needs(labels) + needs([FP32GRAD, "forge_bf16", "forge_int8"], QWEN))
 
 
@@ -154,10 +148,17 @@ def paper_setting(root: Path) -> str:
         f" {forge_gib:.1f} GiB ({forge_gib / base_gib:.2f}x)",
     }
     rows = []
-    for label, name in PAPER_ROWS:
+    for label in PAPER_ROWS:
         g, p = run.step(label + "_graph"), run.peak(label)
         rows.append(
-            [name, fmt_ms(g), fmt_ratio(g / step), fmt_gib(p), fmt_ratio(p / peak), figures.get(label, "")]
+            [
+                config_title(label),
+                fmt_ms(g),
+                fmt_ratio(g / step),
+                fmt_gib(p),
+                fmt_ratio(p / peak),
+                figures.get(label, ""),
+            ]
         )
     header = ["Llama-3.1-8B, batch 1, seq 1024", "graphed ms", "vs baseline", "peak GiB (eager)"]
     header += ["vs baseline", "the paper"]
@@ -300,17 +301,12 @@ def paper_claims(root: Path) -> str:
 # Tokens per step
 
 
-TOKEN_METHODS = (
-    (BASE + "_graph", "fused AdamW"),
-    ("forge_bf16_graph", "FORGE bf16"),
-    ("forge_int8_graph", "FORGE int8"),
-    ("forge_bf16_clip_graph", "FORGE bf16 clipped"),
-)
+TOKEN_METHODS = (BASE + "_graph", "forge_bf16_graph", "forge_int8_graph", "forge_bf16_clip_graph")
 
 
 def tokens_run(root: Path, model: str = LLAMA) -> Run:
     """The latest run of `+exp=scaling_tokens_h200` with every method at 1,024-8,192 tokens on `model`."""
-    labels = [label for label, _ in TOKEN_METHODS] + [FLOOR + "_graph", FLOOR, "forge_bf16"]
+    labels = [*TOKEN_METHODS, FLOOR + "_graph", FLOOR, "forge_bf16"]
     batches = BATCHES if model == LLAMA else tuple(b for b in BATCHES if b <= 4)
     return one_run(root, TOKENS, needs(labels, *(Where(model=model, batch_size=b) for b in batches)))
 
@@ -320,9 +316,9 @@ def tokens_llama(root: Path) -> str:
     run = tokens_run(root)
     at = lambda b: Where(batch_size=b)  # noqa: E731
     rows = []
-    for label, name in TOKEN_METHODS:
+    for label in TOKEN_METHODS:
         over = [run.step(label, at(b)) / run.step(FLOOR + "_graph", at(b)) for b in BATCHES]
-        rows.append([f"graphed step over the floor: {name}", *map(fmt_ratio, over)])
+        rows.append([f"graphed step over the floor: {config_title(label)}", *map(fmt_ratio, over)])
     rows.append(
         ["FORGE bf16 against fused AdamW, graphed"]
         + [fmt_ratio(run.step("forge_bf16_graph", at(b)) / run.step(BASE + "_graph", at(b))) for b in BATCHES]
@@ -396,18 +392,18 @@ def _over(run: Run, label: str, floor: str, where: Where) -> str:
 def tokens_detail(root: Path) -> str:
     """Llama-3.1-8B from 1,024 to 8,192 tokens: every method over the floor, graphed and eager."""
     run = tokens_run(root)
-    methods = [*TOKEN_METHODS, (FP32GRAD + "_graph", "fp32-grad baseline")]
+    methods = [*TOKEN_METHODS, FP32GRAD + "_graph"]
     rows = []
     for batch in BATCHES:
         at = Where(batch_size=batch)
         row = [_tokens(batch), fmt_ms(run.step(FLOOR + "_graph", at))]
-        row += [_over(run, label, FLOOR + "_graph", at) for label, _ in methods]
+        row += [_over(run, label, FLOOR + "_graph", at) for label in methods]
         row += [
             _over(run, "forge_bf16", FLOOR, at),
             fmt_ratio(run.step("forge_bf16", at) / run.step("forge_bf16_graph", at)),
         ]
         rows.append(row)
-    header = ["tokens", "floor ms", *(name for _, name in methods), "eager FORGE bf16 over eager floor"]
+    header = ["tokens", "floor ms", *map(config_title, methods), "eager FORGE bf16 over eager floor"]
     header.append("eager FORGE bf16 / graphed")
     return "\n\n".join(
         [
@@ -458,26 +454,22 @@ def model_size(root: Path) -> str:
     )
 
 
-CLIP_ROWS = (
-    (BASE + "_clip", "fused AdamW after `clip_grad_norm_`"),
-    ("forge_bf16_clip", "FORGE bf16, `max_grad_norm`"),
-    ("forge_int8_clip", "FORGE int8, `max_grad_norm`"),
-)
+CLIP_ROWS = (BASE + "_clip", "forge_bf16_clip", "forge_int8_clip")
 
 
 def clipping(root: Path) -> str:
     """Llama-3.1-8B at batch 1 with global-norm clipping, one run, beside the same steps unclipped."""
-    labels = [label + s for label, _ in CLIP_ROWS for s in ("", "_graph")]
+    labels = [label + s for label in CLIP_ROWS for s in ("", "_graph")]
     labels += [BASE + "_graph", "forge_bf16_graph", "forge_int8_graph"]
     run = one_run(root, CLIP, needs(labels))
     graphed, eager = run.step(BASE + "_clip_graph"), run.step(BASE + "_clip")
     rows = []
-    for label, name in CLIP_ROWS:
+    for label in CLIP_ROWS:
         g, e = run.step(label + "_graph"), run.step(label)
         plain = label.removesuffix("_clip") + "_graph"
         rows.append(
             [
-                name,
+                config_title(label),
                 fmt_ms(g),
                 fmt_ratio(g / graphed),
                 fmt_ms(e),
@@ -548,15 +540,15 @@ def goals(root: Path) -> str:
             "met" if int8 <= 38.0 else "met with `int8_group=128`" if g128 <= 38.0 else "not met",
         ],
     ]
-    for label, name, bound in (
-        ("forge_bf16_graph", "FORGE bf16", 1.05),
-        ("forge_int8_graph", "FORGE int8", 1.10),
-        ("forge_bf16_clip_graph", "FORGE bf16 clipped", 1.08),
+    for label, bound in (
+        ("forge_bf16_graph", 1.05),
+        ("forge_int8_graph", 1.10),
+        ("forge_bf16_clip_graph", 1.08),
     ):
         ratios = [over(label, b) for b in large]
         rows.append(
             _goal(
-                f"{name} <= {bound:.2f}x the floor, graphed, 4,096 and 8,192 tokens",
+                f"{config_title(label)} <= {bound:.2f}x the floor, graphed, 4,096 and 8,192 tokens",
                 ", ".join(map(fmt_ratio, ratios)),
                 max(ratios) <= bound,
             )

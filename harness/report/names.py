@@ -8,17 +8,22 @@ the baseline first, the floor and FORGE last), so that tables and plots come out
 however the results files were written.
 
     display_name(record)   'forge_int8_graph', 'forge_bf16 (chunked loss)', 'FORGE (state_dtype=int8)'
+    config_title(label)    how the docs' tables name a conf/method configuration: its `title:`
     method_rank(method)    a sort key: the declared order, unknown methods after, by name
     sort_key(config_key)   a total order over `harness.points.config_key` tuples
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from harness.points import CONFIG_FIELDS, LOSS_NAMES, loss_mode, missing, options_dict
 from harness.run import methods
+from harness.run.config import CONF_DIR
 
 
 def method_label(method: str, options: Any = None) -> str:
@@ -65,3 +70,14 @@ def sort_key(key: tuple) -> tuple:
         else:
             out.append((value is not None, str(value) if isinstance(value, str) else value or 0))
     return tuple(out)
+
+
+@functools.cache
+def config_title(label: str) -> str:
+    """How the docs' tables name the configuration `label` (conf/method/<label>.yaml): its file's
+    `title:` ("FORGE, bf16 states"), else the label itself."""
+    path = CONF_DIR / "method" / f"{label}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no conf/method/{label}.yaml: name a method configuration the tables can title")
+    title = OmegaConf.load(path).get("title")
+    return str(title) if title else label

@@ -75,6 +75,7 @@ class MethodConfig:
 
     name: str = MISSING  # a method of harness.run.methods.registry(), or "package.module:Class"
     label: str = MISSING  # unique within a sweep; by convention the conf/method file name
+    title: str | None = None  # how the docs' tables name this configuration; None: its label
     lr: float = 1e-4
     options: dict[str, Any] = field(default_factory=dict)
     dtype: str | None = None  # weight dtype for this method (one of DTYPES); None: the top-level dtype
