@@ -18,7 +18,9 @@ The update is a Gaussian matrix (seed 0), whose singular values spread as a rand
 fp64 as torch's own bf16 iteration does (the rule the CPU tests hold them to); polar_express
 computes another polynomial (a different update, whose training effect a fidelity run measures)
 and is never picked. One JSONL record per (shape, variant) into $OUT (results/out/ without it),
-`newton-schulz-<date>-<time>-<commit>.jsonl`; about a minute on an H100 or H200.
+`newton-schulz-<date>-<time>-<commit>.jsonl`; about a minute on an H100 or H200. `--tiny` runs
+the same at three small shapes on the CPU (Triton's interpreter; times mean nothing) into
+`newton-schulz-tiny-...`, which the docs' block and `--auto` must never be given.
 
   --auto FILE   the fastest safe variant per shape from a run's records, written into
                 forge/newton_schulz.py's `AUTO` table (between its generated markers), and
@@ -105,14 +107,26 @@ def distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def measure_shape(model: str, name: str, rows: int, cols: int) -> list[dict[str, Any]]:
-    """One record per variant at one shape: median ms and its three distances."""
-    from triton.testing import do_bench
+def median_ms(fn, device: str) -> float:
+    """fn's median time: `triton.testing.do_bench` on a GPU, three wall-clock runs on a CPU (--tiny)."""
+    if device == "cuda":
+        from triton.testing import do_bench
 
+        return do_bench(fn, return_mode="median")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[1]
+
+
+def measure_shape(model: str, name: str, rows: int, cols: int, device: str = "cuda") -> list[dict[str, Any]]:
+    """One record per variant at one shape: median ms and its three distances."""
     from forge import newton_schulz as ns
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    u = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    u = torch.randn(rows, cols, device=device, dtype=torch.bfloat16, generator=g)
     polar = polar_factor(u)
     exact = {"torch": iteration_fp64(u, "torch"), "polar_express": iteration_fp64(u, "polar_express")}
     default = ns.newton_schulz(u, "torch", ns.NS_COEFFICIENTS, STEPS, EPS)
@@ -123,14 +137,15 @@ def measure_shape(model: str, name: str, rows: int, cols: int) -> list[dict[str,
         o = run()
         own = distance(o, exact.get(variant, exact["torch"]))
         row = dict(model=model, shape_name=name, N=rows, K=cols, variant=variant, status="ok")
-        row["time_ms"] = do_bench(run, return_mode="median")
+        row["time_ms"] = median_ms(run, device)
         row["polar_relative_error"] = distance(o, polar)
         row["own_fp64_relative_error"] = own
         row["torch_relative_error"] = distance(o, default)
         row["safe"] = variant != "polar_express" and own <= 2 * torch_own
         out.append(row)
         del o
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -165,20 +180,25 @@ def write_auto(table: dict[tuple[int, int], str], origin: str, path: Path = AUTO
     path.write_text(pattern.sub(lambda _: auto_source(table, origin), text, count=1))
 
 
-def run(models: list[str], output: Path) -> None:
+TINY = {"tiny": {"q": (40, 40), "k": (24, 40), "gate": (72, 40)}}  # --tiny: a CPU dry run's shapes
+
+
+def run(models: list[str], output: Path, tiny: bool = False) -> None:
     from harness.run import env
 
+    device = "cpu" if tiny else "cuda"
     meta = dict(
         sweep="newton_schulz",
         method="kernel",
         env=env.collect(env.git_info()),
-        gpu_name=torch.cuda.get_device_name(),
-        gpu_count=1,
+        gpu_name="cpu (dry run)" if tiny else torch.cuda.get_device_name(),
+        gpu_count=0 if tiny else 1,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
-    for model in models:
-        for name, (rows, cols) in hidden_shapes(model).items():
-            for row in measure_shape(model, name, rows, cols):
+    grid = TINY if tiny else {model: hidden_shapes(model) for model in models}
+    for model, shapes in grid.items():
+        for name, (rows, cols) in shapes.items():
+            for row in measure_shape(model, name, rows, cols, device):
                 results.append(output, results.kernel_record(meta, row))
                 print(_line(row), flush=True)
 
@@ -194,25 +214,31 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="conf/model/ names")
     parser.add_argument("--auto", type=Path, help="a run's records: write forge's AUTO table from them")
+    parser.add_argument("--tiny", action="store_true", help="a CPU dry run at small shapes (the interpreter)")
     args = parser.parse_args(argv)
     if args.auto is not None:
-        table = picks(results.read(args.auto))
+        records = results.read(args.auto)
+        if any(r.get("gpu_count") == 0 for r in records):
+            print(f"{args.auto}: a --tiny dry run on the CPU; give --auto a GPU run's records")
+            return 2
+        table = picks(records)
         if not table:
             print(f"{args.auto}: no measured records to pick from")
             return 2
         write_auto(table, args.auto.as_posix())
         print(auto_source(table, args.auto.as_posix()))
         return 0
-    if not torch.cuda.is_available():
-        print("python -m harness.kernels.newton_schulz times GPU kernels: run it on a CUDA GPU")
+    if not torch.cuda.is_available() and not args.tiny:
+        print("python -m harness.kernels.newton_schulz times GPU kernels: run it on a CUDA GPU (or --tiny)")
         return 2
     for model in args.models:
         hidden_shapes(model)  # a bad name fails before any GPU time
     out_dir = Path(os.environ.get("OUT") or sources.OUT)
     out_dir.mkdir(parents=True, exist_ok=True)
     commit = (results_commit() or "nogit")[:7]
-    output = out_dir / f"{FILE_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{commit}.jsonl"
-    run(args.models, output)
+    kind = "tiny-" if args.tiny else ""
+    output = out_dir / f"{FILE_PREFIX}{kind}{time.strftime('%Y%m%d-%H%M%S')}-{commit}.jsonl"
+    run(args.models, output, args.tiny)
     print(f"results: {output}")
     return 0
 

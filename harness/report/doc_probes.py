@@ -206,7 +206,7 @@ def newest_newton_schulz_run(root: Path) -> tuple[str, list[dict]] | None:
     runs = []
     for path in sorted(root.glob(f"{DEVICE_LOGS}{FILE_PREFIX}*.jsonl")):
         records = results.read(path)
-        if records:
+        if records and records[0].get("gpu_count"):  # not a --tiny dry run on the CPU
             runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
     return max(runs)[1:] if runs else None
 

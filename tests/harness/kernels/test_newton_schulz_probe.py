@@ -76,3 +76,17 @@ def test_forges_auto_table_is_the_newest_committed_runs_pick():
     found = newest_newton_schulz_run(ROOT)
     assert (probe.picks(found[1]) if found else {}) == ns.AUTO
     assert all(results.is_declared(name) for name in ("safe", "polar_relative_error", "time_ms"))
+
+
+def test_a_tiny_dry_run_writes_a_record_per_variant_and_shape_that_auto_refuses(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert probe.main(["--tiny"]) == 0
+    (path,) = tmp_path.glob("newton-schulz-tiny-*.jsonl")
+    records = results.read(path)
+    assert len(records) == len(ns.VARIANTS) * len(probe.TINY["tiny"])
+    assert all(r["status"] == "ok" and r["time_ms"] > 0 for r in records)
+    polar = {(r["shape_name"], r["variant"]): r["polar_relative_error"] for r in records}
+    assert all(polar[(name, "polar_express")] < polar[(name, "torch")] for name in probe.TINY["tiny"])
+    assert probe.main(["--auto", str(path)]) == 2 and "dry run" in capsys.readouterr().out
