@@ -76,8 +76,15 @@ CHOICES = (*VARIANTS, "auto")
 # that computes torch's polynomial within twice torch's own rounding of it, written between the
 # markers from a GPU run's records by `python -m harness.kernels.newton_schulz --auto FILE`. Empty
 # until measured: every shape gets "torch".
-# generated: newton-schulz-auto (not measured yet)
-AUTO: dict[tuple[int, int], str] = {}
+# generated: newton-schulz-auto (python -m harness.kernels.newton_schulz --auto results/device-logs/newton-schulz-20261206-1abd8ba.jsonl)
+AUTO: dict[tuple[int, int], str] = {
+    (1024, 4096): 'torch',
+    (1024, 5120): 'torch',
+    (4096, 4096): 'symmetric',
+    (4096, 14336): 'gram_symmetric',
+    (5120, 5120): 'symmetric',
+    (5120, 17408): 'gram_symmetric',
+}
 # end generated: newton-schulz-auto
 
 Products = Callable[..., torch.Tensor]  # (p, q=None, d=None, *, alpha, beta) -> beta d + alpha p q^T
