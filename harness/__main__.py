@@ -187,7 +187,7 @@ VERBS = {
     "list": Verb("what each experiment, method, model, GPU and launcher config is", cmd_list, LIST_HELP),
     "report": Verb(
         "render results/ into reports/ (tables, plots, README) and the docs' generated tables",
-        _delegate("harness.report.doc_blocks:main"),
+        _delegate("harness.report.command:main"),
     ),
     "regress": Verb(
         "compare a run with a baseline: step-time and memory regressions", _delegate("harness.regress:main")

@@ -73,7 +73,7 @@ def check(root: Path = Path("."), reports: str = "reports", results: str = "resu
 
     with tempfile.TemporaryDirectory() as scratch:
         fresh = Path(scratch) / "reports"
-        records = report._read([str(root / results) + "/"], default=True)
+        records = report.read_records([str(root / results) + "/"], default=True)
         report.write_report(records, fresh, [f"{results}/"], planned=True)
         problems = compare(root / reports, fresh, reports)
     return problems + doc_blocks.stale_blocks(root)

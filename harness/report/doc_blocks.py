@@ -22,8 +22,7 @@ alone.
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.report import doc_probes, doc_tables
@@ -144,26 +143,3 @@ def write_blocks(root: Path, builders: dict[str, Callable[[Path], str]] = BLOCKS
             path.write_text(fresh)
             changed.append(path)
     return changed
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m harness report`: reports/ from results/, then, for the committed results, the
-    generated blocks of the README and docs; `--check`: only say where they differ (`check`)."""
-    from harness.report import report
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv == ["--check"]:
-        from harness.report import check
-
-        return check.main()
-    status = report.main(argv)
-    if status != 0 or argv:
-        return status
-    try:
-        changed = write_blocks(Path("."))
-    except (BlockError, LookupError, KeyError, ValueError) as err:
-        print(f"report: the docs' generated blocks: {err}", file=sys.stderr)
-        return 2
-    names = ", ".join(str(p) for p in changed) or "none changed"
-    print(f"report: generated blocks of README.md and docs/ rewritten ({names})")
-    return 0

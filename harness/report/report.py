@@ -416,7 +416,7 @@ def write_report(
     return written + pages
 
 
-def _read(inputs: Sequence[str], default: bool) -> list[Record]:
+def read_records(inputs: Sequence[str], default: bool) -> list[Record]:
     """Records to report. The default input is the committed results: no baselines, no scratch."""
     if default:
         if not Path(inputs[0]).is_dir():
@@ -485,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        records = _read(inputs, default)
+        records = read_records(inputs, default)
     except (FileNotFoundError, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return 2

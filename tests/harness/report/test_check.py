@@ -19,7 +19,7 @@ def fresh(tmp_path_factory) -> Path:
     from harness.report import report
 
     out = tmp_path_factory.mktemp("fresh") / "reports"
-    records = report._read([str(REPO / "results") + "/"], default=True)
+    records = report.read_records([str(REPO / "results") + "/"], default=True)
     report.write_report(records, out, ["results/"], planned=True)
     return out
 
