@@ -24,6 +24,8 @@ from harness.report.doc_tables import BASE, headline_run, tokens_run
 from harness.report.markup import fmt_ratio
 from harness.report.runs import Where, needs, one_run
 from harness.report.tables import step_median
+from harness.run.methods.muon import ForgeMuon, TorchMuon
+from harness.run.methods.no_optimizer import NoOptimizer
 from harness.sources import (
     ARCHIVE,
     CLIP,
@@ -199,17 +201,18 @@ def _gpu_tests_passed(root: Path) -> list[str]:
 def _muon(root: Path) -> list[str]:
     """FORGE's Muon against torch's on Llama-3.1-8B at 1,024 tokens: the graphed peaks and what FORGE
     saves, its step over torch's (eager and graphed), and its graphed step against the graphed floor."""
-    labels = ["forge_muon_graph", "muon_graph", "forge_muon", "muon", "no_optimizer_graph"]
+    ours, theirs, floor = ForgeMuon.name, TorchMuon.name, f"{NoOptimizer.name}_graph"
+    labels = [f"{method}{mode}" for method in (ours, theirs) for mode in ("_graph", "")] + [floor]
     run = one_run(root, MUON, needs(labels, Where()))
-    forge, torch = run.peak("forge_muon_graph"), run.peak("muon_graph")
-    ratios = sorted(run.step(f"forge_muon{m}") / run.step(f"muon{m}") for m in ("", "_graph"))
+    forge, torch = run.peak(f"{ours}_graph"), run.peak(f"{theirs}_graph")
+    ratios = sorted(run.step(f"{ours}{mode}") / run.step(f"{theirs}{mode}") for mode in ("", "_graph"))
     return [
         f"{forge:.1f}",
         f"{torch:.1f}",
         f"{torch - forge:.1f}",
         f"{ratios[0]:.2f}-{ratios[1]:.2f}x",
-        f"{run.step('forge_muon_graph') / 1000:.2f}",
-        f"{run.step('no_optimizer_graph') / 1000:.2f}",
+        f"{run.step(f'{ours}_graph') / 1000:.2f}",
+        f"{run.step(floor) / 1000:.2f}",
     ]
 
 
