@@ -20,7 +20,9 @@ environment. The kernels load at the first `forge.attach` (or `ForgeOptimizer`),
 What a caller may choose is exported here from the one module that declares each: the rules
 (`RULES`: `forge.rules`), the state dtypes and int8 group sizes (`STATE_DTYPES`, `INT8_GROUPS`,
 `state_bytes`: `forge.states`), the master-weight modes (`MASTER_WEIGHTS`: `forge.weights`) and
-the FP8 recipes (`FP8_RECIPES`: `forge.fp8`).
+the FP8 recipes (`FP8_RECIPES`: `forge.fp8`). Muon's orthogonalization, `newton_schulz=` in
+`forge.attach(model, "muon", ...)`, is one of `forge.newton_schulz.CHOICES`, read from that
+module, a public one, as are `forge.head`, `forge.fp8`, `forge.muon` and `forge.data_parallel`.
 """
 
 from forge import checkpoint, head
