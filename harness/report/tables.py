@@ -172,9 +172,10 @@ BASELINE = "fused_adamw"  # the baseline the ratio columns name in their headers
 
 def _against(row: Row, cell: str) -> str:
     """A ratio cell, with a footnote naming its baseline where that is not the one the header names:
-    a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped)."""
+    a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped).
+    A baseline's own row (1.00x, +0.0%) has none: it is what the footnotes of the others name."""
     name = display_name(row.ref) if row.ref is not None else BASELINE
-    if name == BASELINE:
+    if name == BASELINE or row.ref is row.record:
         return cell
     return f"{cell} {row.notes.mark(f'Against {name}, the fused AdamW whose step ran the same way.')}"
 
