@@ -25,8 +25,8 @@ The accumulator never goes through a staging buffer: it is cut in registers (res
 split: no data moves) into 16 pieces of 32 rows by 32 columns (int8 states: 8 of 32 by 64, whole
 groups; the wgmma layout keeps the row halves 64 apart, the row octets 8 apart and the column
 blocks in each thread's own registers), and each piece is converted to the epilogue's blocked
-layout (8 elements a thread along K; through a 2 KiB shared-memory scratch per consumer, which the
-compiler allocates) and updated by `update_tile.finish_tile_at`, the shipped epilogue's code, on
+layout (8 elements a thread along K; through a shared-memory scratch per consumer, which the
+compiler allocates: 2 KiB for 32-column pieces, 4 KiB for int8's 64-column ones) and updated by `update_tile.finish_tile_at`, the shipped epilogue's code, on
 the rows and columns the piece holds. Every element's update is the same arithmetic on the same
 values as in the warp-specialized kernel, and the main loop sums the same wgmma steps in the same
 order: a step equals that kernel's to the bit. With OVERLAP_SLICES each piece's W and states are
@@ -35,7 +35,9 @@ loaded before the piece before is updated, as there.
 Registers: each consumer holds its 128-register accumulator through its update, so both take 240
 of the multiprocessor's 64 Ki per thread (`CONSUMER_REGS`; the loader gives back to 24). Shared
 memory holds only the ring, the barriers and the two scratches: 6 stages of 64 tokens (192 KiB)
-fit where the warp-specialized kernel holds 4 beside its staging buffer.
+fit where the warp-specialized kernel holds 4 beside its staging buffer (196.1 KiB in all, int8
+states 200.1 KiB, of the 227 KiB a Hopper program may take: `python -m harness.kernels.build`,
+triton 3.9).
 
 Where it runs: the warp-specialized kernel's (Hopper, bf16 dy and x that TMA reads), 128-row tiles
 of 128 or 64 columns, every rule, fp32, bf16 and int8 states, compensated weights, clipping, steps

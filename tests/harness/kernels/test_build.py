@@ -355,9 +355,12 @@ def test_the_pingpong_kernel_builds_for_hopper_without_spilling(state_dtype):
     """`forge.kernels.wgrad_update_pingpong` builds for sm_90 as `PINGPONG_CONFIGS` has it: two
     consumers at 240 registers beside the loader under the 12-warp cap, no spills, the MMAs
     asynchronous (each consumer's two 64-row wgmma per 16 tokens: 16 in all for 64-token stages),
-    and one program per multiprocessor holding 6 stages of dy and x (192 KiB) and no staging buffer:
-    under 200 KiB in all."""
-    from forge.kernels.wgrad_update_pingpong import max_registers
+    and one program per multiprocessor holding 6 stages of dy and x (192 KiB) and no staging buffer.
+    Beside the ring: the barriers, and each consumer's scratch for converting a 32-row fp32 piece to
+    the epilogue's layout, at most the piece's bytes; int8 pieces hold whole groups (64 columns at
+    the build's int8_group of 64, where the others take `pingpong_cols`, 32), so int8's scratch is
+    twice the others' (200.1 KiB in all against 196.1 KiB, triton 3.9)."""
+    from forge.kernels.wgrad_update_pingpong import PIECE_ROWS, max_registers
 
     configs = _pingpong(state_dtype)
     for config, r in zip(configs, built(configs, state_dtype)):
@@ -366,7 +369,9 @@ def test_the_pingpong_kernel_builds_for_hopper_without_spilling(state_dtype):
         assert r["programs_per_sm"] == 1 and not r["mmas_serialized"], config
         assert r["tensor_core_mmas"]["HGMMA"] == 16, r["tensor_core_mmas"]
         stages = config["num_stages"] * 2 * config["block_t"] * config["block_n"] * 2
-        assert stages <= r["shared_bytes"] <= stages + 8 * 1024, (config, r["shared_bytes"])
+        group = config.get("int8_group", 64) if state_dtype == "int8" else 0
+        scratch = 2 * PIECE_ROWS.value * max(config["pingpong_cols"], group) * 4  # 2 fp32 pieces
+        assert stages <= r["shared_bytes"] <= stages + scratch + 1024, (config, r["shared_bytes"])
 
 
 def test_a_pingpong_config_the_kernel_cannot_run_is_refused_by_name():
