@@ -173,9 +173,9 @@ BASELINE = "fused_adamw"  # the baseline the ratio columns name in their headers
 def _against(row: Row, cell: str) -> str:
     """A ratio cell, with a footnote naming its baseline where that is not the one the header names:
     a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped).
-    A baseline's own row (1.00x, +0.0%) has none: it is what the footnotes of the others name."""
+    That baseline's own row (1.00x) keeps it too: its ratio is not against the header's baseline."""
     name = display_name(row.ref) if row.ref is not None else BASELINE
-    if name == BASELINE or row.ref is row.record:
+    if name == BASELINE:
         return cell
     return f"{cell} {row.notes.mark(f'Against {name}, the fused AdamW whose step ran the same way.')}"
 
@@ -501,9 +501,7 @@ def t6_capacity(records: Sequence[Record]) -> Selection | None:
 def _capacity_table(
     records: Sequence[Record], name: str, title: str, extra: list[str], with_gpus: bool = False
 ) -> Selection | None:
-    capped = dedupe_sorted(
-        r for r in records if r.get("memory_cap_gib") is not None and not is_convergence(r)
-    )
+    capped = dedupe_sorted(r for r in records if is_capacity_search(r) and not is_convergence(r))
     if not capped:
         return None
     notes = Notes()
@@ -535,6 +533,13 @@ def _capacity_table(
         extra = extra + ["With checkpointing on, throughput compares with fused AdamW checkpointed too."]
     table = Table(name=name, title=title, header=header, rows=rows, align=align, notes=extra + notes.lines())
     return Selection(table, capped)
+
+
+def is_capacity_search(record: Record) -> bool:
+    """A point of a capacity sweep (`sweep.mode: capacity`, the largest batch under a memory cap),
+    not a grid point that merely ran under a capped GPU config (`gpu=h100_80gb` on a real H100)."""
+    sweep = (record.get("config") or {}).get("sweep") or {}
+    return record.get("memory_cap_gib") is not None and sweep.get("mode", "capacity") == "capacity"
 
 
 def capacity_groups(records: Iterable[Record]) -> dict[tuple, list[Record]]:
