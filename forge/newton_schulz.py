@@ -74,9 +74,10 @@ CHOICES = (*VARIANTS, "auto")
 
 # "auto"'s choice per weight shape, keyed by (min(rows, cols), max(rows, cols)): the fastest variant
 # that computes torch's polynomial within twice torch's own rounding of it, written between the
-# markers from a GPU run's records by `python -m harness.kernels.newton_schulz --auto FILE`. Empty
-# until measured: every shape gets "torch".
-# generated: newton-schulz-auto (python -m harness.kernels.newton_schulz --auto results/device-logs/newton-schulz-20261206-1abd8ba.jsonl)
+# markers from a GPU run's records by `python -m harness.kernels.newton_schulz --auto FILE` (FILE
+# names the run); a shape not in it gets "torch".
+# generated: newton-schulz-auto (python -m harness.kernels.newton_schulz --auto FILE)
+# FILE: results/device-logs/newton-schulz-20261206-1abd8ba.jsonl
 AUTO: dict[tuple[int, int], str] = {
     (1024, 4096): 'torch',
     (1024, 5120): 'torch',

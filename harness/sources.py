@@ -32,6 +32,7 @@ CLIP = RESULTS + "clip_h200.jsonl"
 STREAM = RESULTS + "llama8b_update_stream_h200.jsonl"
 KAHAN = RESULTS + "kahan_h200.jsonl"
 MUON = RESULTS + "muon_h200.jsonl"
+REFERENCE = RESULTS + "reference_h100.jsonl"  # the paper's code beside ours (+exp=reference_h200)
 
 # Archived runs a doc cites (int8 states in groups of 64 and of 128).
 INT8_GROUPS = ARCHIVE + "llama8b_graphs_h200-20261130-5acc636.jsonl"
@@ -51,3 +52,6 @@ LAUNCHES = DEVICE_LOGS + "launch-breakdown-1024x2048x1024-20261204-9616b23.json"
 MASKED = DEVICE_LOGS + "graphed-vs-eager-b8-20261203-{}.jsonl"
 GRAPH_PEAK = DEVICE_LOGS + "graph-peak-no_optimizer-b4-20261203-b75d62b.json"
 GPU_TESTS = DEVICE_LOGS + "gpu-tests-and-sweep-llama8b_graphs_h200-20261130-d6b0cab.log"
+REFERENCE_EXACTNESS = DEVICE_LOGS + "reference-exactness-20261206-1abd8ba.json"
+GRAPHED_CHECK = DEVICE_LOGS + "graphed-check-llama8b-h100-20261206-1abd8ba.jsonl"
+MUON_FAST = DEVICE_LOGS + "muon-llama8b-h100-20261206-1abd8ba.jsonl"

@@ -164,7 +164,7 @@ def picks(records: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
 
 def auto_source(table: dict[tuple[int, int], str], origin: str) -> str:
     """The lines between forge/newton_schulz.py's AUTO markers for `table`."""
-    lines = [AUTO_BEGIN + f" (python -m harness.kernels.newton_schulz --auto {origin})"]
+    lines = [AUTO_BEGIN + " (python -m harness.kernels.newton_schulz --auto FILE)", f"# FILE: {origin}"]
     lines.append("AUTO: dict[tuple[int, int], str] = {")
     lines += [f"    ({n}, {m}): {variant!r}," for (n, m), variant in table.items()]
     lines += ["}", AUTO_END]

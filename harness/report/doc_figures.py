@@ -31,13 +31,17 @@ from harness.sources import (
     CLIP,
     GPU_TESTS,
     GRAPH_PEAK,
+    GRAPHED_CHECK,
     HEADLINE,
     INT8_GROUPS,
     KAHAN,
     LAUNCHES,
     MASKED,
     MUON,
+    MUON_FAST,
     OVERLAP,
+    REFERENCE,
+    REFERENCE_EXACTNESS,
     RESULTS,
     STREAM,
     TOKENS,
@@ -216,8 +220,77 @@ def _muon(root: Path) -> list[str]:
     ]
 
 
+def _by_label(root: Path, path: str) -> dict[tuple[str, int], dict]:
+    """The ok records of one results file by (method label, batch size): one run, one GPU."""
+    records = [r for r in load_records([root / path]) if r.get("status") == "ok"]
+    return {(r["method_label"], int(r["batch_size"])): r for r in records}
+
+
+def _distance(x: float) -> str:
+    """A distance as the docs print it: three significant figures, 5.45e-5 rather than 5.45e-05."""
+    if x >= 1e-3:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _reference_steps(root: Path) -> list[str]:
+    """Our FORGE bf16's step over the paper's code's, eager and graphed, at 512 tokens."""
+    got = _by_label(root, REFERENCE)
+    ratio = [step_median(got[(f"forge_bf16{m}", 1)]) / step_median(got[(f"forge_reference_bf16{m}", 1)])
+             for m in ("", "_graph")]  # fmt: skip
+    return [fmt_ratio(r) for r in ratio]
+
+
+def _reference_exactness(root: Path) -> list[str]:
+    cases = json.loads((root / REFERENCE_EXACTNESS).read_text())["cases"]
+    fp32, ops, bf16 = cases["fp32"], cases["bf16_operands"], cases["bf16"]
+    values = [
+        fp32["ours"],
+        fp32["torch"],
+        fp32["paper"],
+        ops["ours"],
+        ops["paper"],
+        ops["torch_tensor_cores"],
+    ]
+    values += [ops["torch_cuda_cores"], bf16["paper_to_ours_nearest"], bf16["ours_nearest"], bf16["paper"]]
+    return [_distance(v) for v in values + [bf16["torch"]]]
+
+
+def _graphed_check(root: Path) -> list[str]:
+    """Graphed FORGE bf16 against the graphed floor at batch 1 and 4 (1,024 and 4,096 tokens)."""
+    got = _by_label(root, GRAPHED_CHECK)
+    figures = []
+    for batch in (1, 4):
+        forge, floor = (
+            step_median(got[("forge_bf16_graph", batch)]),
+            step_median(got[("no_optimizer_graph", batch)]),
+        )
+        figures += [f"{forge:.1f}", f"{floor:.1f}", f"{forge / floor:.3f}x"]
+    return figures
+
+
+def _muon_fast(root: Path) -> list[str]:
+    """torch's Muon, FORGE's with the Gram iteration's symmetric products, FORGE's with torch's
+    iteration: graphed steps and peaks on Llama-3.1-8B at 1,024 tokens, one run."""
+    got = _by_label(root, MUON_FAST)
+    torch_ = got[(f"{TorchMuon.name}_graph", 1)]
+    plain = got[(f"{ForgeMuon.name}_graph", 1)]
+    fast = got[(f"{ForgeMuon.name}_fast_graph", 1)]  # forge_muon with a faster newton_schulz=
+    return [
+        f"{step_median(torch_):,.1f}",
+        f"{torch_['peak_alloc_gib']:.2f}",
+        f"{step_median(fast):,.1f}",
+        fmt_ratio(step_median(fast) / step_median(torch_)),
+        f"{fast['peak_alloc_gib']:.2f}",
+        f"{step_median(plain):,.1f}",
+        f"{plain['peak_alloc_gib']:.2f}",
+    ]
+
+
 PERF, README, DESIGN = "docs/performance.md", "README.md", "docs/how-forge-works.md"
 RECIPES = "docs/training-recipes.md"
+PAPER_DOC = "docs/paper.md"
 
 FIGURES: tuple[Figure, ...] = (
     Figure(
@@ -278,5 +351,35 @@ FIGURES: tuple[Figure, ...] = (
         "A run of the GPU suite on an H200 passed its {} tests",
         GPU_TESTS,
         _gpu_tests_passed,
+    ),
+    Figure(
+        PAPER_DOC,
+        "With bf16 states this repository's FORGE took {} the paper's code's step eager and {} graphed",
+        REFERENCE,
+        _reference_steps,
+    ),
+    Figure(
+        PAPER_DOC,
+        "in fp32, this repository's FORGE {} against torch.optim's {}, the paper's {} (its fp32 GEMM runs"
+        " in tf32); with bf16 operands and fp32 weights and states, ours {}, the paper's {}, torch's {}"
+        " (tensor cores) and {} (CUDA cores); in bf16 rounded to nearest, the two FORGEs land {} apart,"
+        " ours {} and the paper's {} from the fp64 weights (torch's bf16 AdamW: {})",
+        REFERENCE_EXACTNESS,
+        _reference_exactness,
+    ),
+    Figure(
+        PERF,
+        "{} ms against the floor's {} at 1,024 tokens ({}, the warp-specialized kernel as before), {}"
+        " against {} at 4,096 ({}, the ping-pong kernel on the bf16 layers)",
+        GRAPHED_CHECK,
+        _graphed_check,
+    ),
+    Figure(
+        RECIPES,
+        "torch's Muon took {} ms a step and peaked at {} GiB; FORGE's Muon with"
+        " `newton_schulz=\"gram_symmetric\"` (`forge_muon_fast`) {} ms ({} torch's) at {} GiB; FORGE's"
+        " Muon with torch's iteration {} ms at {} GiB",
+        MUON_FAST,
+        _muon_fast,
     ),
 )

@@ -155,6 +155,7 @@ def _links(name: str, up: str = "") -> str:
 # What each section's tables answer, by anchor: the line the index gives each section.
 QUESTIONS = {
     "paper": "Do the paper's memory and step-time claims hold in its own setting (fp32 gradients)?",
+    "reference": "Is this repository's FORGE as fast, as small and as exact as the paper's own code?",
     "t1": "What does each method cost on Llama-3.1-8B, in peak memory and step time, against fused AdamW?",
     "t2": "How do memory and step time move with the model's size, Qwen3 0.6B to 14B?",
     "t3": "Under a 40 GiB cap, how large a micro-batch does each method fit, and at what throughput?",
