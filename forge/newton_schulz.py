@@ -79,12 +79,12 @@ CHOICES = (*VARIANTS, "auto")
 # generated: newton-schulz-auto (python -m harness.kernels.newton_schulz --auto FILE)
 # FILE: results/device-logs/newton-schulz-20261206-1abd8ba.jsonl
 AUTO: dict[tuple[int, int], str] = {
-    (1024, 4096): 'torch',
-    (1024, 5120): 'torch',
-    (4096, 4096): 'symmetric',
-    (4096, 14336): 'gram_symmetric',
-    (5120, 5120): 'symmetric',
-    (5120, 17408): 'gram_symmetric',
+    (1024, 4096): "torch",
+    (1024, 5120): "torch",
+    (4096, 4096): "symmetric",
+    (4096, 14336): "gram_symmetric",
+    (5120, 5120): "symmetric",
+    (5120, 17408): "gram_symmetric",
 }
 # end generated: newton-schulz-auto
 

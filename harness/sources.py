@@ -53,5 +53,6 @@ MASKED = DEVICE_LOGS + "graphed-vs-eager-b8-20261203-{}.jsonl"
 GRAPH_PEAK = DEVICE_LOGS + "graph-peak-no_optimizer-b4-20261203-b75d62b.json"
 GPU_TESTS = DEVICE_LOGS + "gpu-tests-and-sweep-llama8b_graphs_h200-20261130-d6b0cab.log"
 REFERENCE_EXACTNESS = DEVICE_LOGS + "reference-exactness-20261206-1abd8ba.json"
-GRAPHED_CHECK = DEVICE_LOGS + "graphed-check-llama8b-h100-20261206-1abd8ba.jsonl"
-MUON_FAST = DEVICE_LOGS + "muon-llama8b-h100-20261206-1abd8ba.jsonl"
+# One device call's graphed Llama-3.1-8B steps: the floor and FORGE bf16 at 1,024 and 4,096 tokens
+# (sweep graphed_check), torch's Muon and FORGE's at 1,024 (sweep muon_h200, gpu=h100_80gb).
+LLAMA8B_GRAPHED_H100 = DEVICE_LOGS + "llama8b-graphed-h100-20261206-1abd8ba.jsonl"

@@ -166,7 +166,7 @@ def auto_source(table: dict[tuple[int, int], str], origin: str) -> str:
     """The lines between forge/newton_schulz.py's AUTO markers for `table`."""
     lines = [AUTO_BEGIN + " (python -m harness.kernels.newton_schulz --auto FILE)", f"# FILE: {origin}"]
     lines.append("AUTO: dict[tuple[int, int], str] = {")
-    lines += [f"    ({n}, {m}): {variant!r}," for (n, m), variant in table.items()]
+    lines += [f'    ({n}, {m}): "{variant}",' for (n, m), variant in table.items()]
     lines += ["}", AUTO_END]
     return "\n".join(lines)
 

@@ -31,14 +31,13 @@ from harness.sources import (
     CLIP,
     GPU_TESTS,
     GRAPH_PEAK,
-    GRAPHED_CHECK,
     HEADLINE,
     INT8_GROUPS,
     KAHAN,
     LAUNCHES,
+    LLAMA8B_GRAPHED_H100,
     MASKED,
     MUON,
-    MUON_FAST,
     OVERLAP,
     REFERENCE,
     REFERENCE_EXACTNESS,
@@ -259,7 +258,7 @@ def _reference_exactness(root: Path) -> list[str]:
 
 def _graphed_check(root: Path) -> list[str]:
     """Graphed FORGE bf16 against the graphed floor at batch 1 and 4 (1,024 and 4,096 tokens)."""
-    got = _by_label(root, GRAPHED_CHECK)
+    got = _by_label(root, LLAMA8B_GRAPHED_H100)
     figures = []
     for batch in (1, 4):
         forge, floor = (
@@ -273,7 +272,7 @@ def _graphed_check(root: Path) -> list[str]:
 def _muon_fast(root: Path) -> list[str]:
     """torch's Muon, FORGE's with the Gram iteration's symmetric products, FORGE's with torch's
     iteration: graphed steps and peaks on Llama-3.1-8B at 1,024 tokens, one run."""
-    got = _by_label(root, MUON_FAST)
+    got = _by_label(root, LLAMA8B_GRAPHED_H100)
     torch_ = got[(f"{TorchMuon.name}_graph", 1)]
     plain = got[(f"{ForgeMuon.name}_graph", 1)]
     fast = got[(f"{ForgeMuon.name}_fast_graph", 1)]  # forge_muon with a faster newton_schulz=
@@ -371,7 +370,7 @@ FIGURES: tuple[Figure, ...] = (
         PERF,
         "{} ms against the floor's {} at 1,024 tokens ({}, the warp-specialized kernel as before), {}"
         " against {} at 4,096 ({}, the ping-pong kernel on the bf16 layers)",
-        GRAPHED_CHECK,
+        LLAMA8B_GRAPHED_H100,
         _graphed_check,
     ),
     Figure(
@@ -379,7 +378,7 @@ FIGURES: tuple[Figure, ...] = (
         "torch's Muon took {} ms a step and peaked at {} GiB; FORGE's Muon with"
         " `newton_schulz=\"gram_symmetric\"` (`forge_muon_fast`) {} ms ({} torch's) at {} GiB; FORGE's"
         " Muon with torch's iteration {} ms at {} GiB",
-        MUON_FAST,
+        LLAMA8B_GRAPHED_H100,
         _muon_fast,
     ),
 )
