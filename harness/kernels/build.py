@@ -69,6 +69,14 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         warp_specialized=True,
         epilogue_rows=32,
     )
+    pingpong = dict(  # the ping-pong kernel as shipped for bf16 states
+        warp_specialized_base,
+        num_warps=4,
+        num_stages=6,
+        pingpong=True,
+        fast_epilogue=True,
+        overlap_slices=True,
+    )
     return {
         "shipped": shipped,
         "tiles": [
@@ -137,33 +145,11 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # `forge.kernels.configs.PINGPONG_CONFIGS` (bf16, fp32, int8 states), then bf16's with the
         # shipped kernel's 4 stages, and in pieces of 64 columns (spills 24-40 bytes).
         "pingpong": [
-            dict(
-                warp_specialized_base,
-                num_warps=4,
-                num_stages=6,
-                pingpong=True,
-                fast_epilogue=True,
-                overlap_slices=True,
-            ),
+            pingpong,
             dict(warp_specialized_base, num_warps=4, num_stages=6, pingpong=True),
             dict(warp_specialized_base, num_warps=4, num_stages=6, pingpong=True, fast_epilogue=True),
-            dict(
-                warp_specialized_base,
-                num_warps=4,
-                num_stages=4,
-                pingpong=True,
-                fast_epilogue=True,
-                overlap_slices=True,
-            ),
-            dict(
-                warp_specialized_base,
-                num_warps=4,
-                num_stages=6,
-                pingpong=True,
-                fast_epilogue=True,
-                overlap_slices=True,
-                pingpong_cols=64,
-            ),
+            dict(pingpong, num_stages=4),
+            dict(pingpong, pingpong_cols=64),
         ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the

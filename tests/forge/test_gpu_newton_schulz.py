@@ -11,30 +11,11 @@ import pytest
 import torch
 
 from forge import newton_schulz as ns
+from tests.forge.test_newton_schulz import _dist, _iteration
 
 pytestmark = pytest.mark.gpu
 
 STEPS, EPS = 5, 1e-7
-
-
-def _dist(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def _iteration(u: torch.Tensor, variant: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The polynomial `variant` computes, as torch.optim.Muon's loop computes it in `dtype`."""
-    x = u.to(dtype)
-    tall = x.size(0) > x.size(1)
-    x = x.T if tall else x
-    if variant == "polar_express":
-        sequence, margin = ns.polar_express_sequence(STEPS), 1 + ns.POLAR_EXPRESS_SAFETY
-    else:
-        sequence, margin = [ns.NS_COEFFICIENTS] * STEPS, 1.0
-    x = x / (x.norm() * margin)
-    for a, b, c in sequence:
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
