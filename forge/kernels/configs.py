@@ -113,6 +113,9 @@ class KernelConfig:
     # tile, take turns at the tensor cores and update their tile from their own accumulator
     # registers (no staging buffer); `num_warps` must be 4 (one consumer), `epilogue_rows` is unused:
     # the consumers update 32-row pieces of `pingpong_cols` columns (32 or 64; int8: a whole group).
+    # With `update_stages` (fp32 or bf16 states), a piece loader brings each 64-row piece of W and
+    # the states by bulk copies into a ring of that many slots ahead of the consumers, which update
+    # from shared memory (`forge.kernels.wgrad_update_pingpong_fed`; pieces of 16, 32 or 64 columns).
     pingpong: bool = False
     pingpong_cols: int = 32
 
@@ -150,6 +153,16 @@ PINGPONG_CONFIGS = {
     "bf16": replace(_PINGPONG, fast_epilogue=True, overlap_slices=True),
     "int8": replace(_PINGPONG, fast_epilogue=True),
 }
+# The ping-pong kernel with its update fed by bulk copies (`forge.kernels.wgrad_update_pingpong_fed`),
+# per state dtype: bf16 states with the fast epilogue, 5 stages of dy and x beside 4 slots of 64 x 32
+# pieces (216 KiB); fp32 states with the exact epilogue in 64 x 16 pieces (in 32 columns it spills),
+# 4 stages beside 4 slots; as `python -m harness.kernels.build` finds them without spills under
+# triton 3.6 and 3.9. FORGE launches it where the ping-pong kernel would run (`_FED_STATES`).
+PINGPONG_FED_CONFIGS = {
+    "bf16": replace(_PINGPONG, fast_epilogue=True, num_stages=5, update_stages=4),
+    "fp32": replace(_PINGPONG, num_stages=4, update_stages=4, pingpong_cols=16),
+}
+_FED_STATES = {"bf16"}
 # Where FORGE launches it unasked: bf16 states from this many tokens, on grids of at least
 # `_PINGPONG_MIN_TILES_PER_SM` tiles a multiprocessor, as measured (one H100, AdamW, Llama-3.1-8B's
 # gate, q and down, 7.8-27 tiles a multiprocessor; results/device-logs/overlap-pingpong-20261206-522087f.jsonl):
@@ -234,6 +247,8 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
         return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
     multiprocessors = _multiprocessors(dy.device)
+    if not is_fp8(dy) and state_dtype in _FED_STATES and tiles >= _PINGPONG_MIN_TILES_PER_SM * multiprocessors:
+        return PINGPONG_FED_CONFIGS[state_dtype]
     if not is_fp8(dy) and pingpong_wins(T, state_dtype, tiles / multiprocessors):
         return PINGPONG_CONFIGS[state_dtype]
     if tiles >= _WS_MIN_TILES_PER_SM[state_dtype] * multiprocessors:
@@ -263,9 +278,20 @@ def _can_run_warp_specialized(state_dtype: str, dy: torch.Tensor, x: torch.Tenso
     return operands and _is_hopper(dy.device)
 
 
+def _copy_engine_reads(weight, states) -> bool:
+    """Whether bulk tensor copies can read W and its states: each contiguous, of W's shape, rows of a
+    multiple of 16 bytes, 16-byte aligned."""
+    return all(t.shape == weight.shape and t.is_contiguous() and (t.shape[1] * t.element_size()) % 16 == 0
+               and t.data_ptr() % 16 == 0 for t in (weight, *(s for s in states if s is not None)))
+
+
 def _check_update_stages(config: KernelConfig, weight, states, state_dtype: str, fp8: bool, kahan: bool) -> None:
-    """Refuse a `KernelConfig.update_stages` config the prefetching kernel cannot run, saying why."""
-    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+    """Refuse a `KernelConfig.update_stages` config the kernel it names cannot run (the ping-pong
+    kernel fed by bulk copies, or the prefetching warp-specialized one), saying why."""
+    if config.pingpong:
+        from forge.kernels.wgrad_update_pingpong_fed import SHARED_BYTES, shared_bytes
+    else:
+        from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
 
     if not config.warp_specialized or fp8 or config.update_programs:
         raise ValueError("KernelConfig.update_stages is an option of the warp-specialized kernel on bf16 operands "
@@ -274,18 +300,17 @@ def _check_update_stages(config: KernelConfig, weight, states, state_dtype: str,
     if state_dtype not in ("fp32", "bf16") or kahan:
         raise ValueError(f"KernelConfig.update_stages reads W and fp32 or bf16 states by bulk copies; {state_dtype} "
                          f"states{' and compensated weights' if kahan else ''} take update_stages=0")
-    tensors = [weight, *(s for s in states if s is not None)]
-    if any(t.shape != weight.shape or not t.is_contiguous() or (t.shape[1] * t.element_size()) % 16
-           or t.data_ptr() % 16 for t in tensors):
+    if not _copy_engine_reads(weight, states):
         raise ValueError("KernelConfig.update_stages needs W and its states contiguous and 16-byte aligned, with rows "
                          f"of a multiple of 16 bytes (got W {tuple(weight.shape)} {weight.dtype}); take update_stages=0")
-    if config.block_n % config.epilogue_rows:
+    if not config.pingpong and config.block_n % config.epilogue_rows:
         raise ValueError(f"KernelConfig.epilogue_rows={config.epilogue_rows} must divide block_n={config.block_n}")
     needed = shared_bytes(config, weight.element_size(), tuple(s.element_size() for s in states if s is not None))
     if needed > SHARED_BYTES:
-        raise ValueError(f"KernelConfig(update_stages={config.update_stages}, epilogue_rows={config.epilogue_rows}, "
+        piece = f"pingpong_cols={config.pingpong_cols}" if config.pingpong else f"epilogue_rows={config.epilogue_rows}"
+        raise ValueError(f"KernelConfig(update_stages={config.update_stages}, {piece}, "
                          f"num_stages={config.num_stages}) takes {needed} bytes of shared memory, more than the "
-                         f"{SHARED_BYTES} a Hopper multiprocessor gives a program: fewer stages or rows")
+                         f"{SHARED_BYTES} a Hopper multiprocessor gives a program: fewer stages, slots or columns")
 
 
 def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8: bool) -> None:
@@ -294,8 +319,7 @@ def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8
         raise ValueError("KernelConfig.pingpong is a schedule of the warp-specialized kernel on bf16 operands "
                          f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, FP8 operands: "
                          f"{fp8}); FP8 operands take the warp-specialized kernel (pingpong=False)")
-    others = dict(update_programs=config.update_programs, update_stages=config.update_stages,
-                  overlap_promotion=config.overlap_promotion)
+    others = dict(update_programs=config.update_programs, overlap_promotion=config.overlap_promotion)
     if any(others.values()):
         raise ValueError(f"KernelConfig.pingpong takes none of {sorted(others)} (got {others})")
     if config.block_n != 128 or config.block_k % 64 or not 64 <= config.block_k <= 128 or config.num_warps != 4:
@@ -303,8 +327,9 @@ def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8
                          f"(got block_n={config.block_n}, block_k={config.block_k}, num_warps={config.num_warps})")
     if state_dtype == "int8" and config.block_k % int8_group:
         raise ValueError(f"block_k={config.block_k} does not span whole int8 groups of {int8_group}")
-    if config.pingpong_cols not in (32, 64) or config.block_k % config.pingpong_cols:
-        raise ValueError(f"KernelConfig.pingpong_cols={config.pingpong_cols}: 32 or 64, dividing "
+    widths = (16, 32, 64) if config.update_stages else (32, 64)
+    if config.pingpong_cols not in widths or config.block_k % config.pingpong_cols:
+        raise ValueError(f"KernelConfig.pingpong_cols={config.pingpong_cols}: one of {widths}, dividing "
                          f"block_k={config.block_k}")
 
 
@@ -384,8 +409,9 @@ class Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
     # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws), "split"
-    # (forge.kernels.wgrad_update_split), "prefetch" (forge.kernels.wgrad_update_prefetch) or
-    # "pingpong" (forge.kernels.wgrad_update_pingpong)
+    # (forge.kernels.wgrad_update_split), "prefetch" (forge.kernels.wgrad_update_prefetch),
+    # "pingpong" (forge.kernels.wgrad_update_pingpong) or "pingpong_fed"
+    # (forge.kernels.wgrad_update_pingpong_fed)
     kernel: str
     config: KernelConfig
     tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
@@ -411,6 +437,8 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         )
     if config is None:
         config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
+        if config is not None and config.update_stages and (kahan or not _copy_engine_reads(weight, states)):
+            config = WARP_SPECIALIZED_DEFAULTS[state_dtype]  # the fed kernel reads neither: the loads' kernel
     elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
         raise ValueError(
             "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "
@@ -477,6 +505,14 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
         constexprs.pop("OVERLAP_PROMOTION")
         return Plan("split", cfg, "host", (programs,), cdiv(K, int8_group), constexprs, options)
     grid = (min(tiles, _multiprocessors(device)),)
+    if cfg.pingpong and cfg.update_stages:
+        from forge.kernels import wgrad_update_pingpong_fed
+
+        for name in ("ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"):  # the pieces: the descriptors' blocks
+            constexprs.pop(name)
+        return Plan("pingpong_fed", cfg, "host", grid, cdiv(K, int8_group),
+                    dict(constexprs, UPDATE_STAGES=cfg.update_stages),
+                    dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_pingpong_fed.max_registers()))
     if cfg.pingpong:
         from forge.kernels import wgrad_update_pingpong
 

@@ -52,12 +52,14 @@ from forge.kernels.wgrad_tile import tile_origin, wgrad_tile
 try:  # Gluon (Triton >= 3.5): the warp-specialized kernels for Hopper
     from forge.kernels import (
         wgrad_update_pingpong,
+        wgrad_update_pingpong_fed,
         wgrad_update_prefetch,
         wgrad_update_split,
         wgrad_update_ws,
     )
 except ImportError:  # pragma: no cover - an older Triton: configs never plans them
     wgrad_update_ws = wgrad_update_split = wgrad_update_prefetch = wgrad_update_pingpong = None
+    wgrad_update_pingpong_fed = None
 
 
 @triton.jit
@@ -208,6 +210,9 @@ def wgrad_update(
         return
     if plan.kernel == "pingpong":
         wgrad_update_pingpong.launch(key, plan, weight, slots, dy, x, step)
+        return
+    if plan.kernel == "pingpong_fed":
+        wgrad_update_pingpong_fed.launch(key, plan, weight, slots, dy, x, step)
         return
     dy_src, x_src = dy, x
     if plan.tma == "host":

@@ -151,6 +151,23 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(pingpong, num_stages=4),
             dict(pingpong, pingpong_cols=64),
         ],
+        # The ping-pong kernel with its update fed by bulk copies
+        # (`forge.kernels.wgrad_update_pingpong_fed`): a piece loader brings 64-row pieces of W and
+        # the states into a ring of `update_stages` slots (a power of 2) beside `num_stages` stages
+        # of dy and x, within 227 KiB: for bf16 states (fast epilogue) a deep operand ring and a
+        # shallow piece ring, both halfway, and a deep piece ring of narrow pieces; for fp32 states
+        # (exact epilogue, which spills in 32-column pieces) 16-column pieces.
+        "pingpong_fed": [
+            dict(pingpong, overlap_slices=False, update_stages=2),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=4),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=8, pingpong_cols=16),
+            dict(pingpong, overlap_slices=False, num_stages=4, update_stages=8, pingpong_cols=16),
+            *(
+                dict(pingpong, overlap_slices=False, fast_epilogue=False, num_stages=stages, update_stages=4,
+                     pingpong_cols=16)
+                for stages in (4, 5)
+            ),
+        ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
         # operand bytes per weight through L2; beside the shipped warp-specialized config. Measured
@@ -229,20 +246,23 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from forge.kernels import wgrad_update_pingpong, ws_max_registers
+    from forge.kernels import wgrad_update_pingpong, wgrad_update_pingpong_fed, ws_max_registers
     from forge.kernels.launch import FP_FUSION
     from forge.kernels.wgrad_update_prefetch import wgrad_update_prefetch_kernel
     from forge.kernels.wgrad_update_split import wgrad_update_split_kernel
     from forge.kernels.wgrad_update_ws import wgrad_update_ws_kernel
 
     split = bool(config.get("update_programs"))  # the multiprocessor-specialized twin
-    prefetch = bool(config.get("update_stages"))  # the update fed by bulk copies
     pingpong = bool(config.get("pingpong"))  # two MMA warpgroups updating from their registers
+    fed = pingpong and bool(config.get("update_stages"))  # ... from pieces the copy engine brought
+    prefetch = not pingpong and bool(config.get("update_stages"))  # the warp-specialized update fed so
     kernel = (
         wgrad_update_split_kernel
         if split
         else wgrad_update_prefetch_kernel
         if prefetch
+        else wgrad_update_pingpong_fed.wgrad_update_pingpong_fed_kernel
+        if fed
         else wgrad_update_pingpong.wgrad_update_pingpong_kernel
         if pingpong
         else wgrad_update_ws_kernel
@@ -257,12 +277,16 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         else (("dy_desc", "bf16", bt, bn), ("x_desc", "bf16", bt, bk))
     )
     element = {"bf16": gl.bfloat16, "fp8e5": gl.float8e5, "fp8e4nv": gl.float8e4nv}
-    if prefetch:  # W and each state in (epilogue_rows, block_k) blocks; AdamW has no third slot
+    if prefetch or fed:  # W and each state in blocks of a slice or a piece; AdamW has no third slot
         if state_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"the prefetching kernel reads bf16 or fp32 states, not {state_dtype}")
-        rows = config["epilogue_rows"]
-        blocks += (("w_desc", "bf16", rows, bk), ("s1_desc", state_dtype, rows, bk))
-        blocks += (("s2_desc", state_dtype, rows, bk), ("s3_desc", "bf16", rows, bk))
+            raise ValueError(f"the kernels fed by bulk copies read bf16 or fp32 states, not {state_dtype}")
+        rows, cols = (
+            (wgrad_update_pingpong_fed.PIECE_ROWS, config.get("pingpong_cols", 32))
+            if fed
+            else (config["epilogue_rows"], bk)
+        )
+        blocks += (("w_desc", "bf16", rows, cols), ("s1_desc", state_dtype, rows, cols))
+        blocks += (("s2_desc", state_dtype, rows, cols), ("s3_desc", "bf16", rows, cols))
         element["fp32"] = gl.float32
     for name, dtype, rows, cols in blocks:
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], element[dtype])
@@ -282,7 +306,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
     )
-    if prefetch:  # the slice is the descriptors' block; the ring replaces the overlapped loads
+    if prefetch or fed:  # the slice or piece is the descriptors' block; a ring replaces the overlapped loads
+        if fp8:
+            raise ValueError("the kernels fed by bulk copies read bf16 operands, not FP8 ones")
         for name in ("ROWS", "OVERLAP_SLICES"):
             constants.pop(name)
         constants["UPDATE_STAGES"] = config["update_stages"]
@@ -303,7 +329,11 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible},
     )
     maxnreg = (
-        wgrad_update_pingpong.max_registers() if pingpong else ws_max_registers(config["num_warps"], bn, fp8)
+        wgrad_update_pingpong_fed.max_registers()
+        if fed
+        else wgrad_update_pingpong.max_registers()
+        if pingpong
+        else ws_max_registers(config["num_warps"], bn, fp8)
     )
     options = dict(num_warps=config["num_warps"], maxnreg=maxnreg)
     return triton.compile(
@@ -594,6 +624,11 @@ def _describe_warp_specialized(c: dict) -> str:
             f"warps, {c['num_stages']} stages"
             + (", fast epilogue" if c.get("fast_epilogue") else "")
             + (", overlapped pieces" if c.get("overlap_slices") else "")
+            + (
+                f", {c['update_stages']} pieces of 64 x {c.get('pingpong_cols', 32)} fed by bulk copies"
+                if c.get("update_stages")
+                else ""
+            )
         )
     return (
         f"{c['block_n']}x{c['block_k']}x{c['block_t']} warp-specialized, {c['num_warps']} epilogue warps "

@@ -34,8 +34,16 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
     pingpong_s<S>      the ping-pong kernel (`forge.kernels.wgrad_update_pingpong`): two MMA
                        warpgroups taking turns, each updating its tile from its own registers, with
                        S stages of dy and x, in pieces of 32 columns (_c64: of 64)
+    fed_s<S>_u<U>_c<C> the ping-pong kernel whose update is fed by bulk copies
+                       (`forge.kernels.wgrad_update_pingpong_fed`): S stages of dy and x, U slots of
+                       64 x C pieces of W and the states (the bf16 candidates of
+                       `harness.kernels.build.candidate_groups()["pingpong_fed"]`)
+    ..._mma_only       its consumers' main loops in turn, no update (the piece loader idle): its
+                       GEMM half
+    ..._update_only    its consumers updating a synthetic gradient from the piece ring, no operand
+                       reads and no turns: its update half
 
-`--designs` names the design candidates to time (default: split, prefetch and pingpong) and
+`--designs` names the design candidates to time (default: split, prefetch, pingpong and fed) and
 `--probe-modes` the shipped kernel's probe modes (default: all). Each timing records the SM clock
 and power NVML read while it ran. Every split, prefetching and ping-pong config is also checked
 against the warp-specialized kernel: the same step from the same state, W and both states equal to
@@ -60,9 +68,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from forge.kernels import WARP_SPECIALIZED_DEFAULTS
+from forge.kernels import wgrad_update_pingpong_fed as fed
 from forge.kernels import wgrad_update_prefetch as pf
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
+from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate
 from harness import sources
 
 SHAPES = {"gate": (14336, 4096), "q": (4096, 4096), "down": (4096, 14336)}  # Llama-3.1-8B (N, K)
@@ -354,6 +364,126 @@ def prefetch_update_only_kernel(
     )
 
 
+MMA_ONLY, UPDATE_ONLY = 1, 2  # the fed ping-pong kernel's halves (`fed_halves_kernel`)
+
+
+@gluon.jit
+def fed_half_consumer(
+    dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed,
+    params, N, K, NUM_GROUPS, T, step, UPDATE,
+    FAST_EPILOGUE: gl.constexpr, WHICH: gl.constexpr, HALF: gl.constexpr,
+):
+    """`wgrad_update_pingpong_fed.consumer_partition` with one half: its main loops in turn and no
+    update (MMA_ONLY), or its update from the piece ring of a synthetic gradient, (tile index + 1) *
+    1e-3, with no operands and no turns (UPDATE_ONLY)."""
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    ROWS: gl.constexpr = bufs[0].type.shape[1]
+    COLS: gl.constexpr = bufs[0].type.shape[2]
+    PIECES: gl.constexpr = (BLOCK_N // ROWS) * (BLOCK_K // COLS)
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[BLOCK_N // 32, 1], instr_shape=[16, BLOCK_K, 16]
+    )
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    stages = gl.cdiv(T, BLOCK_T)
+    programs = gl.num_programs(0)
+    kept = gl.zeros((BLOCK_N,), gl.float32, gl.SliceLayout(1, layout))  # the main loops' sums, kept alive
+    turns = 0
+    for tile in range(gl.program_id(0) + WHICH * programs, tiles, 2 * programs):
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+        j = 2 * turns + WHICH
+        if HALF == 1:
+            mbarrier.wait(turn.index(WHICH), (turns & 1) ^ (1 - WHICH))
+            acc = accumulate(dy_bufs, x_bufs, ready, empty, j * stages, T)
+            mbarrier.arrive(turn.index(1 - WHICH))
+            kept += gl.sum(acc, axis=1)  # in-thread adds and a quad's shuffles: no tile is dead code
+        else:
+            acc = gl.full((BLOCK_N, BLOCK_K), 1e-3, gl.float32, layout) * (tile + 1).to(gl.float32)
+            fed.update_from_ring(acc, n0, k0, j * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
+                                 UPDATE, FAST_EPILOGUE)
+        turns += 1
+    if HALF == 1 and N < 0:  # never: a store the compiler cannot prove dead
+        w_ptr = params[0]
+        rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        gl.store(w_ptr + rows, kept.to(w_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def fed_half_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, HALF: gl.constexpr):
+    """The operand loader for MMA_ONLY; none for UPDATE_ONLY."""
+    if HALF == 1:
+        fed.loader_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K)
+
+
+@gluon.jit
+def fed_half_piece_loader(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed,
+                          dy_bufs, x_bufs, N, K, HALF: gl.constexpr):
+    """The piece loader for UPDATE_ONLY; none for MMA_ONLY."""
+    if HALF == 2:
+        fed.piece_loader_partition(
+            w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs,
+            landed, freed, dy_bufs, x_bufs, N, K,
+        )
+
+
+@gluon.jit(do_not_specialize=["seed"])
+def fed_halves_kernel(
+    w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr,
+    w_desc, s1_desc, s2_desc, s3_desc, dy_desc, x_desc,
+    T, N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
+    UPDATE: gl.constexpr, GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr, UPDATE_STAGES: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
+    HALF: gl.constexpr,
+):
+    """`wgrad_update_pingpong_fed_kernel`'s buffers and partitions with one half (`fed_half_consumer`):
+    the same arguments as that kernel, and HALF (MMA_ONLY or UPDATE_ONLY)."""
+    dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
+    bufs, landed, freed = fed.allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    gl.warp_specialize(
+        [
+            (
+                fed_half_consumer,
+                (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T, step,
+                 UPDATE, FAST_EPILOGUE, 0, HALF),
+            ),
+            (
+                fed_half_consumer,
+                (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T, step,
+                 UPDATE, FAST_EPILOGUE, 1, HALF),
+            ),
+            (fed_half_loader, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, HALF)),
+            (
+                fed_half_piece_loader,
+                (w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed, dy_bufs,
+                 x_bufs, N, K, HALF),
+            ),
+        ],
+        [CONSUMER_WARPS, 1, 1],
+        [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS],
+    )
+
+
+def fed_configs() -> dict:
+    """The fed ping-pong kernel's candidates for bf16 states (the fast epilogue), by probe name."""
+    from forge.kernels import KernelConfig
+    from harness.kernels.build import candidate_groups
+
+    configs = {}
+    for fields in candidate_groups()["pingpong_fed"]:
+        c = KernelConfig(**fields)
+        if c.fast_epilogue and fed.shared_bytes(c, 2, (2, 2)) <= fed.SHARED_BYTES:
+            configs[f"fed_s{c.num_stages}_u{c.update_stages}_c{c.pingpong_cols}"] = c
+    return configs
+
+
 def prefetch_configs() -> dict:
     """The prefetching kernel's candidates that fit beside bf16 AdamW states, by probe name."""
     from forge.kernels import KernelConfig
@@ -455,6 +585,20 @@ class Point:
         return lambda: prefetch_update_only_kernel[plan.grid](*args, **plan.constexprs, **plan.options)
 
 
+    def fed_half(self, cfg, half: int):
+        """A launch of `fed_halves_kernel` under the fed ping-pong config `cfg`, one half."""
+        from forge.kernels.update_tile import slot_arguments, step_arguments
+
+        plan = self.plan(cfg)
+        slots = self.opt.slots_of(self.w)
+        coefficients, seed = self.step_scalars()
+        step = step_arguments(self.w, coefficients, seed, None)
+        args = fed.arguments(
+            plan, self.w, slot_arguments(self.w, slots.states, slots.scales), self.dy, self.x, step
+        )
+        return lambda: fed_halves_kernel[plan.grid](*args, **plan.constexprs, HALF=half, **plan.options)
+
+
 def split_config(update_programs: int):
     """The bf16 states' warp-specialized config with `update_programs` update programs."""
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
@@ -492,7 +636,7 @@ def pingpong_configs() -> dict:
     return {name: config, f"{name}_c64": dataclasses.replace(config, pingpong_cols=64)}
 
 
-DESIGNS = ("split", "prefetch", "pingpong")
+DESIGNS = ("split", "prefetch", "pingpong", "fed")
 
 
 def time_point(
@@ -545,9 +689,54 @@ def time_point(
     for name, cfg in pingpong_configs().items() if "pingpong" in designs else ():
         timed(name, lambda cfg=cfg: point.step(cfg))
         row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
+    if "fed" in designs and "pingpong" not in designs:
+        timed("warp_specialized", lambda: point.step(WARP_SPECIALIZED_DEFAULTS["bf16"]))
+    for name, cfg in fed_configs().items() if "fed" in designs else ():
+        timed(name, lambda cfg=cfg: point.step(cfg))
+        timed(f"{name}_mma_only", point.fed_half(cfg, MMA_ONLY))
+        timed(f"{name}_update_only", point.fed_half(cfg, UPDATE_ONLY))
+        row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
     row["roofline_ms"] = max(row["cublas_gemm_ms"], row["update_bytes"] / (copy_tbps * 1e9))
     assert torch.isfinite(point.w).all(), "weights became non-finite during timing"
     return row
+
+
+def _build_one(job: tuple[str, str, tuple]) -> str:
+    """Launch one kernel of the timing loop once on a small problem (its compiled form lands in
+    Triton's cache, which the timing loop's launches then find): `job` is (kind, name, designs)."""
+    kind, name, _ = job
+    point = Point(256, 256, 128)  # every size a multiple of 16: the timed points' specialization
+    if kind == "probe":
+        point.probe(name)()
+    elif kind == "pingpong":
+        point.step(pingpong_configs()[name])
+    elif kind == "fed":
+        cfg = fed_configs()[name]
+        point.step(cfg)
+        point.fed_half(cfg, MMA_ONLY)()
+        point.fed_half(cfg, UPDATE_ONLY)()
+    else:
+        point.step(WARP_SPECIALIZED_DEFAULTS["bf16"])
+    torch.cuda.synchronize()
+    return f"{kind} {name}"
+
+
+def build_first(designs, probe_modes, processes: int = 8) -> None:
+    """Build the kernels of the probe modes and of the ping-pong and fed designs in `processes`
+    processes at once before the timing loop, which otherwise compiles each on first use, one after
+    another (each Gluon kernel takes seconds to build)."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = [("ws", "warp_specialized", ())] + [("probe", mode, ()) for mode in probe_modes]
+    jobs += [("pingpong", name, ()) for name in pingpong_configs()] if "pingpong" in designs else []
+    jobs += [("fed", name, ()) for name in fed_configs()] if "fed" in designs else []
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        for done in pool.map(_build_one, jobs):
+            print(f"  built: {done}", flush=True)
+    print(f"built {len(jobs)} kernels' variants in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def _ratio(row: dict, key: str) -> str:
@@ -566,6 +755,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-modes", nargs="*", default=list(PROBE_MODES), choices=list(PROBE_MODES))
     parser.add_argument(
         "--out", type=Path, default=Path(sources.DEVICE_LOGS), help="folder for the JSONL records"
+    )
+    parser.add_argument(
+        "--build-first",
+        action="store_true",
+        help="build the probe modes' and the ping-pong and fed designs' kernels in parallel processes first",
     )
     parser.add_argument(
         "--launch-once",
@@ -589,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
                     point.step(cfg)
                 torch.cuda.synchronize()
         return 0
+    if args.build_first:
+        build_first(args.designs, args.probe_modes)
     from harness import results
     from harness.kernels.bench import measure_ceilings
     from harness.run import env
@@ -635,6 +831,12 @@ def main(argv: list[str] | None = None) -> int:
             for part in ("", "_update_only")
         ),
         *(pingpong_configs() if "pingpong" in args.designs else ()),
+        *(
+            f"{name}{part}"
+            for name in fed_configs()
+            if "fed" in args.designs
+            for part in ("", "_mma_only", "_update_only")
+        ),
         "foreach_update",
         "cublas_gemm",
     ]

@@ -622,3 +622,50 @@ def test_the_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state_dty
             got = steps(config, capturable)
             for a, b in zip(got, want):
                 assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"
+
+
+@pytest.mark.parametrize(
+    "rule, hp, state_dtype",
+    [
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "bf16"),
+        ("adamw", dict(lr=1e-3, weight_decay=0.01), "fp32"),
+        ("lion", dict(lr=1e-4), "bf16"),
+        ("rmsprop", dict(lr=1e-3, momentum=0.9, centered=True), "bf16"),  # three state slots
+        ("sgd", dict(lr=1e-2, momentum=0.9, nesterov=True), "fp32"),
+    ],
+)
+@pytest.mark.parametrize(
+    "T, N, K", [(1024, 4096, 2048), (2000, 1000, 4096), (1000, 1060, 1960)], ids=["tiles", "edges", "ragged"]
+)
+def test_the_fed_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state_dtype, T, N, K):
+    """`forge.kernels.wgrad_update_pingpong_fed` (the ping-pong kernel whose consumers update from
+    pieces of W and the states a piece loader brought into shared memory) against the
+    warp-specialized kernel: the same wgmma sums and the same update arithmetic, so W and the states
+    equal to the bit over three launches in a row, on whole tiles, with rows and columns past the
+    weight's edge (the copy engine's zeros, masked stores; ragged: a last tile whose lower row half
+    lies wholly past N, which the piece loader skips, and T no multiple of the 64-token stage). Each
+    candidate of its kind (`candidate_groups()["pingpong_fed"]`: the fast epilogue for bf16 states,
+    the exact one for fp32) that fits beside the rule's states, the first with the step passed in and
+    read from device memory."""
+    from dataclasses import replace
+
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS, KernelConfig
+    from forge.kernels.wgrad_update_pingpong_fed import SHARED_BYTES, shared_bytes
+    from harness.kernels.build import candidate_groups
+
+    steps = functools.partial(_three_fused_steps, rule, hp, state_dtype, *_layer_problem(T, N, K, seed=8))
+    ws = WARP_SPECIALIZED_DEFAULTS[state_dtype]
+    slots = 3 if rule == "rmsprop" else 1 if rule == "lion" else 2
+    state_bytes = (4 if state_dtype == "fp32" else 2,) * slots
+    configs = [
+        c
+        for c in (KernelConfig(**fields) for fields in candidate_groups()["pingpong_fed"])
+        if c.fast_epilogue == (state_dtype == "bf16") and shared_bytes(c, 2, state_bytes) <= SHARED_BYTES
+    ]
+    assert configs, f"no fed ping-pong candidate fits {state_dtype} {rule}"
+    want = steps(replace(ws, fast_epilogue=configs[0].fast_epilogue))
+    for i, config in enumerate(configs):
+        for capturable in (False, True) if i == 0 else (False,):
+            got = steps(config, capturable)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), f"{config}, capturable={capturable}: differs"

@@ -1,0 +1,372 @@
+"""The ping-pong kernel with its update fed by the copy engine: W and the states come through shared memory.
+
+In the ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) each consumer warpgroup updates its
+tile from its accumulator registers, loading W and the states with plain global loads: its 128
+threads hold at most two pieces' loads in flight, each load holds its registers until its bytes
+arrive, and one consumer took 25-36 us to update a 128 x 128 tile on an H100 where its main loop
+took 6 us at 1,024 tokens (docs/performance.md). The update waits on its loads, not on arithmetic.
+
+Here a fourth partition asks the copy engine for those bytes ahead of time, as CUTLASS's Hopper
+epilogue loads its source operand (`sm90_epilogue_tma_warpspecialized`: a producer warp fills a
+ring of epilogue sub-tiles while the consumer is still in its main loop):
+
+    loader          1 warp    TMA copies of dy and x tiles into the operand ring (`num_stages` slots)
+    piece loader    1 warp    TMA copies of each piece of W and of every state the rule has into the
+                              piece ring (`update_stages` slots), in the order the consumers update
+                              them, as far ahead as the ring allows and across tiles
+    consumer 0, 1   4 warps   as in the ping-pong kernel: every other tile's main loop in turn at
+                    each      the tensor cores, then its update, piece by piece, W and the states
+                              read from the piece ring, W and the states stored to global memory
+
+A piece is 64 rows (one of the accumulator's two row halves: the warpgroup's 4 warps x 16 rows,
+contiguous in W) by `pingpong_cols` columns, cut from the accumulator in its registers
+(`pieces_of_halves`: no data moves), converted to the epilogue's blocked layout and updated by
+`update_tile.finish_tile_at`, the shipped arithmetic on the same values. Each piece slot has two
+barriers: `landed` (the copy engine wrote it) and `freed` (the consumer's 4 warps have read it).
+The ring is one for both consumers: the piece loader fills it in tile order, and the consumers
+update their tiles in that order (consumer 0's tile j's update may overlap consumer 1's tile j + 1's;
+neither waits on the other's update, only on the ring, which the earlier tile frees as it goes).
+The main loops are the ping-pong kernel's (the same wgmma steps in the same order) and every
+element's update is the same arithmetic on the same values: a step equals the warp-specialized
+and ping-pong kernels' to the bit.
+
+Shared memory: the operand ring (32 KiB a stage of 64 tokens), the piece ring (64 x cols x (W's
+and the states' bytes) a slot: 12 KiB for bf16 W, m and v in 32 columns), the consumers' layout
+scratch and the barriers; `shared_bytes` counts them and `forge.kernels.configs` refuses a config
+over the 227 KiB a Hopper program may take.
+
+Where it runs: the ping-pong kernel's (Hopper, bf16 dy and x that TMA reads, 128-row tiles), fp32
+and bf16 states, plain weights, W and states whose rows the copy engine reads (contiguous, rows of
+a multiple of 16 bytes, 16-byte aligned). int8 states (their scales) and compensated weights (their
+residual) are read by the ping-pong and warp-specialized kernels only, and refused here by name.
+"""
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from forge.kernels import wgrad_update_ws as ws
+from forge.kernels.launch import DirectLauncher
+from forge.kernels.update_tile import finish_tile_at, load_step_values, offsets_of
+from forge.kernels.wgrad_tile import tile_origin
+from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate
+
+PIECE_ROWS = 64  # a piece: one row half of the accumulator, the warpgroup's 4 warps x 16 rows
+SHARED_BYTES = 227 * 1024  # a Hopper multiprocessor's shared memory, as one program may take it
+
+
+@gluon.jit
+def allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, SLOTS: gl.constexpr, UPDATE):
+    """The ring of SLOTS slots of one piece of W and of each state the rule has (the descriptors'
+    block shape and layout), with two barriers a slot, `landed` and `freed`, initialised. A slot the
+    rule lacks gets a placeholder of a few int8 bytes, never written or read: its 8-bit type is how
+    the piece loader, which sees no compile-time argument but its buffers' types, knows it is absent."""
+    ROWS: gl.constexpr = w_desc.block_type.shape[0]
+    COLS: gl.constexpr = w_desc.block_type.shape[1]
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [SLOTS, ROWS, COLS], w_desc.layout)
+    absent = gl.allocate_shared_memory(gl.int8, [1, 1, 16], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    s1_bufs = absent
+    s2_bufs = absent
+    s3_bufs = absent
+    if UPDATE[3]:
+        s1_bufs = gl.allocate_shared_memory(s1_desc.dtype, [SLOTS, ROWS, COLS], s1_desc.layout)
+    if UPDATE[4]:
+        s2_bufs = gl.allocate_shared_memory(s2_desc.dtype, [SLOTS, ROWS, COLS], s2_desc.layout)
+    if UPDATE[5]:
+        s3_bufs = gl.allocate_shared_memory(s3_desc.dtype, [SLOTS, ROWS, COLS], s3_desc.layout)
+    landed = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    freed = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(landed.index(i), count=1)
+        mbarrier.init(freed.index(i), count=1)
+    fence_async_shared()  # the barriers initialised before the copy engine signals them
+    return (w_bufs, s1_bufs, s2_bufs, s3_bufs), landed, freed
+
+
+@gluon.jit
+def loader_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K):
+    """Fill the operand ring with every tile's dy and x, in the program's order (both consumers')."""
+    ws.load_tiles(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, gl.program_id(0), gl.num_programs(0))
+
+
+@gluon.jit
+def piece_loader_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed,
+                           dy_bufs, x_bufs, N, K):
+    """For each piece of this program's tiles, in the consumers' order (`piece_origin`), wait until
+    its slot is freed, then ask the copy engine for the piece of W and of each state (rows and
+    columns past the weight's edge arrive as zeros, and count as bytes). A piece wholly below the
+    last row is not copied: its slot is marked landed as it is, since none of its rows is stored."""
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    SLOTS: gl.constexpr = w_bufs.type.shape[0]
+    ROWS: gl.constexpr = w_bufs.type.shape[1]
+    COLS: gl.constexpr = w_bufs.type.shape[2]
+    PIECES: gl.constexpr = (BLOCK_N // ROWS) * (BLOCK_K // COLS)
+    HAS_S1: gl.constexpr = s1_bufs.dtype.primitive_bitwidth > 8  # else the placeholder (`allocate_piece_ring`)
+    HAS_S2: gl.constexpr = s2_bufs.dtype.primitive_bitwidth > 8
+    HAS_S3: gl.constexpr = s3_bufs.dtype.primitive_bitwidth > 8
+    BYTES: gl.constexpr = (w_desc.block_type.nbytes + s1_desc.block_type.nbytes * HAS_S1
+                           + s2_desc.block_type.nbytes * HAS_S2 + s3_desc.block_type.nbytes * HAS_S3)
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    q = 0  # pieces requested so far
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+        for i in gl.static_range(PIECES):
+            slot = q % SLOTS
+            mbarrier.wait(freed.index(slot), ((q // SLOTS) & 1) ^ 1)  # passes at once on the first lap
+            bar = landed.index(slot)
+            row, col = piece_origin(n0, k0, i, ROWS, COLS)
+            if row < N:
+                mbarrier.expect(bar, BYTES)
+                ws.tma_load(w_desc, [row, col], bar, w_bufs.index(slot))
+                if HAS_S1:
+                    ws.tma_load(s1_desc, [row, col], bar, s1_bufs.index(slot))
+                if HAS_S2:
+                    ws.tma_load(s2_desc, [row, col], bar, s2_bufs.index(slot))
+                if HAS_S3:
+                    ws.tma_load(s3_desc, [row, col], bar, s3_bufs.index(slot))
+            else:
+                mbarrier.arrive(bar)
+            q += 1
+
+
+@gluon.jit
+def piece_origin(n0, k0, PIECE: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """First row and column of piece PIECE of the tile at (n0, k0): PIECE = 2 * part + half, the
+    row half fastest (`pieces_of_halves`)."""
+    return n0 + (PIECE % 2) * ROWS, k0 + (PIECE // 2) * COLS
+
+
+@gluon.jit
+def pieces_of_halves(acc, PARTS: gl.constexpr):
+    """The (128, BLOCK_K) accumulator cut in its registers into 2 * PARTS pieces of (4, 2, 8,
+    BLOCK_K / PARTS): row r = 64 * half + 16 * warp + 8 * octet + lane_row and column c = part *
+    BLOCK_K / PARTS + col. In the wgmma layout the half, the octet and the part are bits of each
+    thread's registers, so the cut moves no data; a piece's 64 rows are contiguous in W. Piece
+    index i = 2 * part + half (PARTS: 1, 2, 4 or 8)."""
+    BLOCK_K: gl.constexpr = acc.type.shape[1]
+    COLS: gl.constexpr = BLOCK_K // PARTS
+    if PARTS == 8:
+        a = gl.reshape(acc, (2, 4, 2, 8, 2, 2, 2, COLS))  # half, warp, octet, lane row, part bits 2, 1, 0, column
+        a = gl.permute(a, (1, 2, 3, 7, 0, 6, 5, 4))  # warp, octet, lane row, column, half, part bits 0, 1, 2
+        low, high = gl.split(a)
+        pieces = _by_part_bits(low, 2) + _by_part_bits(high, 2)
+    elif PARTS == 4:
+        a = gl.reshape(acc, (2, 4, 2, 8, 2, 2, COLS))  # half, warp, octet, lane row, part bits 1, 0, column
+        a = gl.permute(a, (1, 2, 3, 6, 0, 5, 4))  # warp, octet, lane row, column, half, part bits 0, 1
+        low, high = gl.split(a)
+        pieces = _by_part_bits(low, 1) + _by_part_bits(high, 1)
+    elif PARTS == 2:
+        a = gl.reshape(acc, (2, 4, 2, 8, 2, COLS))  # half, warp, octet, lane row, part, column
+        a = gl.permute(a, (1, 2, 3, 5, 0, 4))  # warp, octet, lane row, column, half, part
+        low, high = gl.split(a)
+        pieces = _by_part_bits(low, 0) + _by_part_bits(high, 0)
+    else:
+        a = gl.reshape(acc, (2, 4, 2, 8, COLS))  # half, warp, octet, lane row, column
+        pieces = _by_part_bits(gl.permute(a, (1, 2, 3, 4, 0)), 0)
+    return pieces
+
+
+@gluon.jit
+def _by_part_bits(a, BITS: gl.constexpr):
+    """The pieces of a (4, 2, 8, COLS, half, [part bits]) tensor whose last BITS dimensions are the
+    remaining part bits (the most significant last), in the order (part, half)."""
+    if BITS == 0:
+        lo, hi = gl.split(a)
+        pieces = (lo, hi)
+    else:
+        low, high = gl.split(a)
+        pieces = _by_part_bits(low, BITS - 1) + _by_part_bits(high, BITS - 1)
+    return pieces
+
+
+@gluon.jit
+def read_piece(bufs, slot, layout: gl.constexpr, UPDATE):
+    """A slot's piece in `layout`, as `update_tile.load_tile_at` returns one: (w, s1, q1, s2, q2,
+    s3, q3), the scales being the values again (no int8 here) and a slot the rule lacks W."""
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    w = w_bufs.index(slot).load(layout)
+    s1 = w
+    s2 = w
+    s3 = w
+    if UPDATE[3]:
+        s1 = s1_bufs.index(slot).load(layout)
+    if UPDATE[4]:
+        s2 = s2_bufs.index(slot).load(layout)
+    if UPDATE[5]:
+        s3 = s3_bufs.index(slot).load(layout)
+    return w, s1, s1, s2, s2, s3, s3
+
+
+@gluon.jit
+def update_from_ring(
+    acc, n0, k0, first, bufs, landed, freed,
+    params, N, K, NUM_GROUPS, step, UPDATE,  # as `update_tile` takes them
+    FAST_EPILOGUE: gl.constexpr, grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
+):
+    """The update of the tile at (n0, k0) from its accumulator, piece by piece (`pieces_of_halves`),
+    W and the states of piece i from ring position `first` + i: wait until it has landed, read it,
+    free the slot (after all 4 warps read it), then the rule (`finish_tile_at`) and the stores."""
+    BLOCK_K: gl.constexpr = acc.type.shape[1]
+    SLOTS: gl.constexpr = bufs[0].type.shape[0]
+    ROWS: gl.constexpr = bufs[0].type.shape[1]
+    COLS: gl.constexpr = bufs[0].type.shape[2]
+    PARTS: gl.constexpr = BLOCK_K // COLS
+    QGROUP: gl.constexpr = UPDATE[10]
+    THREADS_K: gl.constexpr = COLS // 8  # 8 elements a thread along K
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
+    pieces = pieces_of_halves(acc, PARTS)
+    for i in gl.static_range(2 * PARTS):
+        q = first + i
+        slot = q % SLOTS
+        mbarrier.wait(landed.index(slot), (q // SLOTS) & 1)
+        loaded = read_piece(bufs, slot, layout, UPDATE)
+        ws.partition_barrier()  # every warp of this consumer has read the slot
+        fence_async_shared()  # those reads before the copy engine's next writes to it
+        mbarrier.arrive(freed.index(slot))
+        g = gl.convert_layout(gl.reshape(pieces[i], (ROWS, COLS)), layout)
+        if GRAD_SCALE:
+            g = g * grad_scale
+        row, col = piece_origin(n0, k0, i, ROWS, COLS)
+        rows = row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        offs_k = col + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+        groups = col // QGROUP + gl.arange(0, 1, layout=gl.SliceLayout(0, layout))  # scales: unread here
+        offsets = offsets_of(rows, offs_k, groups, N, K, NUM_GROUPS)
+        finish_tile_at(g, offsets, loaded, params, step, UPDATE, ROWS, COLS, FAST_EPILOGUE, True)
+
+
+@gluon.jit
+def consumer_partition(
+    dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed,
+    params, N, K, NUM_GROUPS, T, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
+    GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr, WHICH: gl.constexpr,
+):
+    """Consumer WHICH (0 or 1): the program's tiles WHICH, WHICH + 2, ...; each one's main loop in
+    its turn at the tensor cores (`wgrad_update_pingpong.accumulate`), then its update from the
+    accumulator's registers and the piece ring."""
+    BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    ROWS: gl.constexpr = bufs[0].type.shape[1]
+    COLS: gl.constexpr = bufs[0].type.shape[2]
+    PIECES: gl.constexpr = (BLOCK_N // ROWS) * (BLOCK_K // COLS)
+    if STEPS_IN_MEMORY:
+        step = load_step_values(step_ptr)
+    grad_scale = 1.0
+    if GRAD_SCALE:
+        grad_scale = gl.load(scale_ptr)
+    tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    stages = gl.cdiv(T, BLOCK_T)  # operand ring fills per tile
+    programs = gl.num_programs(0)
+    turns = 0  # tiles of this consumer so far
+    for tile in range(gl.program_id(0) + WHICH * programs, tiles, 2 * programs):
+        n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
+        j = 2 * turns + WHICH  # the tile's place in the program's order
+        # consumer 0's first turn passes at once; every later one waits for the other's main loop
+        mbarrier.wait(turn.index(WHICH), (turns & 1) ^ (1 - WHICH))
+        acc = accumulate(dy_bufs, x_bufs, ready, empty, j * stages, T)
+        mbarrier.arrive(turn.index(1 - WHICH))  # the tensor cores are the other consumer's
+        update_from_ring(acc, n0, k0, j * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step, UPDATE,
+                         FAST_EPILOGUE, grad_scale, GRAD_SCALE)
+        turns += 1
+
+
+@gluon.jit(do_not_specialize=["seed"])
+def wgrad_update_pingpong_fed_kernel(
+    w_ptr,  # (N, K) fp32 | bf16, updated in place
+    s1_ptr, s2_ptr, s3_ptr,  # (N, K) state slots: fp32 | bf16, updated in place
+    q1_ptr, q2_ptr, q3_ptr,  # unread (int8 scales: not here), as `update_tile` takes them
+    r_ptr,  # unread (compensated weights: not here)
+    w_desc,  # W: a Gluon TMA descriptor of (PIECE_ROWS, pingpong_cols) blocks
+    s1_desc, s2_desc, s3_desc,  # each state slot likewise; a slot the rule lacks: w_desc, unread
+    dy_desc,  # (T, N) bf16: a Gluon TMA descriptor of (BLOCK_T, 128) blocks
+    x_desc,  # (T, K) bf16: a Gluon TMA descriptor of (BLOCK_T, BLOCK_K) blocks
+    T, N, K, NUM_GROUPS,
+    h0, h1, h2, h3, h4, h5, h6, h7, h8,  # fp32 rule coefficients for this step (forge.rules)
+    seed,  # int32 stochastic-rounding seed for this step and tensor
+    step_ptr,  # STEPS_IN_MEMORY: an int32 row holding this step's h0..h8 and seed; else unread
+    scale_ptr,  # GRAD_SCALE: one fp32 the gradient is multiplied by (the clip coefficient); else unread
+    UPDATE: gl.constexpr,  # the update: rule, state slots, storage (`update_tile.epilogue_constexprs`)
+    GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
+    STEPS_IN_MEMORY: gl.constexpr,
+    STAGES: gl.constexpr,  # operand ring slots of dy and x tiles
+    UPDATE_STAGES: gl.constexpr,  # piece ring slots of W and the states
+    FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
+):
+    dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
+    bufs, landed, freed = allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer c's turn at the MMAs
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
+    gl.warp_specialize([
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T,
+                              step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 0)),
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T,
+                              step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 1)),
+        (loader_partition, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K)),
+        (piece_loader_partition, (w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed,
+                                  freed, dy_bufs, x_bufs, N, K)),
+    ], [CONSUMER_WARPS, 1, 1], [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS])
+
+
+def max_registers() -> int:
+    """The kernel-wide register cap: 12 warps (two consumers, the two loaders in a group of four)
+    within the multiprocessor's 64 Ki registers; the partitions then move registers between them."""
+    return 65536 // (3 * CONSUMER_WARPS.value * 32) // 8 * 8
+
+
+_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
+@functools.cache
+def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], _GLUON_DTYPES[dtype])
+
+
+def piece_descriptor(t: torch.Tensor, cols: int):
+    """A Gluon TMA descriptor of the (N, K) fp32 or bf16 tensor `t` in (PIECE_ROWS, cols) blocks."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, [PIECE_ROWS, cols], _shared_layout(PIECE_ROWS, cols, t.dtype))
+
+
+def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
+    """Shared memory of one program under `cfg` (bf16 operands): the operand ring, `update_stages`
+    pieces of W (elements of `weight_bytes`) and of each state the rule has (`state_bytes`), the
+    layout scratch the compiler allocates for the consumers' conversion of a piece's fp32 gradient
+    to the blocked layout (one piece's bytes, as the builds of `python -m harness.kernels.build`
+    find under triton 3.6 and 3.9), and 1 KiB for the barriers and the buffers' alignment (the
+    builds take under 200 bytes of it)."""
+    ring = cfg.num_stages * cfg.block_t * (cfg.block_n + cfg.block_k) * 2
+    pieces = cfg.update_stages * PIECE_ROWS * cfg.pingpong_cols * (weight_bytes + sum(state_bytes))
+    scratch = PIECE_ROWS * cfg.pingpong_cols * 4
+    return ring + pieces + scratch + 1024
+
+
+_launch = DirectLauncher(wgrad_update_pingpong_fed_kernel)
+
+
+def arguments(plan, weight, slots, dy, x, step: tuple) -> tuple:
+    """The kernel's arguments for `plan` (a "pingpong_fed" `forge.kernels.configs.Plan`): `slots` as
+    `update_tile.slot_arguments`, `step` as `update_tile.step_arguments` return them. W and each
+    state get descriptors of (PIECE_ROWS, pingpong_cols) blocks, dy and x of the plan's blocks, built
+    on every launch (they hold the tensors' addresses)."""
+    cfg = plan.config
+    T, N = dy.shape
+    K = x.shape[1]
+    w_desc = piece_descriptor(weight, cfg.pingpong_cols)
+    state_descs = [w_desc if s is weight else piece_descriptor(s, cfg.pingpong_cols) for s in slots[:3]]
+    dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
+    x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
+    return (weight, *slots, w_desc, *state_descs, dy_desc, x_desc, T, N, K, plan.num_groups, *step)
+
+
+def launch(key, plan, weight, slots, dy, x, step: tuple) -> None:
+    """Run `plan` for the problem `key` (`arguments` says what the others are)."""
+    _launch(key, plan.grid, arguments(plan, weight, slots, dy, x, step), plan.constexprs, plan.options)
