@@ -98,26 +98,18 @@ class KernelConfig:
     # the stage before's is added into the fp32 accumulator (`wgrad_update_ws._promoting_mma_partition`),
     # instead of the MMAs waiting for each add. The same sums, added in the same order.
     overlap_promotion: bool = False
-    # Warp-specialized, bf16 operands: this many of the persistent grid's programs (one a
-    # multiprocessor) run only the update, the others only the GEMM, and finished gradient tiles
-    # pass between them through a ring of `ring_tiles` fp32 tiles in L2 (0: twice the GEMM
-    # programs); `forge.kernels.wgrad_update_split`. 0 keeps both halves in every program.
-    update_programs: int = 0
-    ring_tiles: int = 0
-    # Warp-specialized, bf16 operands, fp32 or bf16 states: the epilogue's slices of W and the
-    # states come into shared memory by bulk tensor copies, this many slices ahead of the one being
-    # updated (`forge.kernels.wgrad_update_prefetch`), instead of by loads into registers. 0: loads.
-    update_stages: int = 0
     # Warp-specialized, bf16 operands, 128-row tiles: Hopper's ping-pong schedule
     # (`forge.kernels.wgrad_update_pingpong`): two MMA warpgroups of 4 warps each own every other
     # tile, take turns at the tensor cores and update their tile from their own accumulator
     # registers (no staging buffer); `num_warps` must be 4 (one consumer), `epilogue_rows` is unused:
     # the consumers update 32-row pieces of `pingpong_cols` columns (32 or 64; int8: a whole group).
-    # With `update_stages` (fp32 or bf16 states), a piece loader brings each 64-row piece of W and
-    # the states by bulk copies into a ring of that many slots ahead of the consumers, which update
-    # from shared memory (`forge.kernels.wgrad_update_pingpong_fed`; pieces of 16, 32 or 64 columns).
     pingpong: bool = False
     pingpong_cols: int = 32
+    # Ping-pong, fp32 or bf16 states: a piece loader brings each 64-row piece of W and the states by
+    # bulk tensor copies into a ring of this many slots (a power of 2) ahead of the consumers, which
+    # update from shared memory (`forge.kernels.wgrad_update_pingpong_fed`; pieces of 16, 32 or 64
+    # columns) instead of loading into registers. 0: loads.
+    update_stages: int = 0
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -286,29 +278,24 @@ def _copy_engine_reads(weight, states) -> bool:
 
 
 def _check_update_stages(config: KernelConfig, weight, states, state_dtype: str, fp8: bool, kahan: bool) -> None:
-    """Refuse a `KernelConfig.update_stages` config the kernel it names cannot run (the ping-pong
-    kernel fed by bulk copies, or the prefetching warp-specialized one), saying why."""
-    if config.pingpong:
-        from forge.kernels.wgrad_update_pingpong_fed import SHARED_BYTES, shared_bytes
-    else:
-        from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+    """Refuse a `KernelConfig.update_stages` config the fed ping-pong kernel cannot run, saying why."""
+    from forge.kernels.wgrad_update_pingpong_fed import SHARED_BYTES, shared_bytes
 
-    if not config.warp_specialized or fp8 or config.update_programs:
-        raise ValueError("KernelConfig.update_stages is an option of the warp-specialized kernel on bf16 operands "
-                         f"without update_programs (got warp_specialized={config.warp_specialized}, "
-                         f"update_programs={config.update_programs}, FP8 operands: {fp8})")
+    if not (config.warp_specialized and config.pingpong) or fp8:
+        raise ValueError("KernelConfig.update_stages is an option of the ping-pong kernel on bf16 operands "
+                         f"(warp_specialized=True, pingpong=True; got warp_specialized={config.warp_specialized}, "
+                         f"pingpong={config.pingpong}, FP8 operands: {fp8})")
     if state_dtype not in ("fp32", "bf16") or kahan:
         raise ValueError(f"KernelConfig.update_stages reads W and fp32 or bf16 states by bulk copies; {state_dtype} "
                          f"states{' and compensated weights' if kahan else ''} take update_stages=0")
     if not _copy_engine_reads(weight, states):
         raise ValueError("KernelConfig.update_stages needs W and its states contiguous and 16-byte aligned, with rows "
                          f"of a multiple of 16 bytes (got W {tuple(weight.shape)} {weight.dtype}); take update_stages=0")
-    if not config.pingpong and config.block_n % config.epilogue_rows:
-        raise ValueError(f"KernelConfig.epilogue_rows={config.epilogue_rows} must divide block_n={config.block_n}")
+    if config.update_stages & (config.update_stages - 1):
+        raise ValueError(f"KernelConfig.update_stages={config.update_stages}: the piece ring's slots are a power of 2")
     needed = shared_bytes(config, weight.element_size(), tuple(s.element_size() for s in states if s is not None))
     if needed > SHARED_BYTES:
-        piece = f"pingpong_cols={config.pingpong_cols}" if config.pingpong else f"epilogue_rows={config.epilogue_rows}"
-        raise ValueError(f"KernelConfig(update_stages={config.update_stages}, {piece}, "
+        raise ValueError(f"KernelConfig(update_stages={config.update_stages}, pingpong_cols={config.pingpong_cols}, "
                          f"num_stages={config.num_stages}) takes {needed} bytes of shared memory, more than the "
                          f"{SHARED_BYTES} a Hopper multiprocessor gives a program: fewer stages, slots or columns")
 
@@ -319,9 +306,8 @@ def _check_pingpong(config: KernelConfig, state_dtype: str, int8_group: int, fp8
         raise ValueError("KernelConfig.pingpong is a schedule of the warp-specialized kernel on bf16 operands "
                          f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, FP8 operands: "
                          f"{fp8}); FP8 operands take the warp-specialized kernel (pingpong=False)")
-    others = dict(update_programs=config.update_programs, overlap_promotion=config.overlap_promotion)
-    if any(others.values()):
-        raise ValueError(f"KernelConfig.pingpong takes none of {sorted(others)} (got {others})")
+    if config.overlap_promotion:
+        raise ValueError("KernelConfig.pingpong takes no overlap_promotion (an option of FP8 operands)")
     if config.block_n != 128 or config.block_k % 64 or not 64 <= config.block_k <= 128 or config.num_warps != 4:
         raise ValueError("KernelConfig.pingpong runs 128-row tiles of 128 or 64 columns with 4 warps a consumer "
                          f"(got block_n={config.block_n}, block_k={config.block_k}, num_warps={config.num_warps})")
@@ -408,10 +394,8 @@ def fp8_config(cfg: KernelConfig, on_interpreter: bool) -> KernelConfig:
 class Plan:
     """What a launch of one problem needs besides its tensors and this step's scalars."""
 
-    # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws), "split"
-    # (forge.kernels.wgrad_update_split), "prefetch" (forge.kernels.wgrad_update_prefetch),
-    # "pingpong" (forge.kernels.wgrad_update_pingpong) or "pingpong_fed"
-    # (forge.kernels.wgrad_update_pingpong_fed)
+    # "triton" (forge.kernels.wgrad_update), "gluon" (forge.kernels.wgrad_update_ws), "pingpong"
+    # (forge.kernels.wgrad_update_pingpong) or "pingpong_fed" (forge.kernels.wgrad_update_pingpong_fed)
     kernel: str
     config: KernelConfig
     tma: str  # the Triton kernel's operand path: "host" descriptors or "none" (pointers)
@@ -451,9 +435,6 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         raise ValueError("KernelConfig.overlap_promotion is an option of the warp-specialized kernel on FP8 operands "
                          f"in 64-row tiles (warp_specialized=True, block_n=64; got block_n={config.block_n}, "
                          f"warp_specialized={config.warp_specialized}, dy {dy.dtype})")
-    if config is not None and config.update_programs and not (config.warp_specialized and not fp8):
-        raise ValueError("KernelConfig.update_programs is an option of the warp-specialized kernel on bf16 operands "
-                         f"(warp_specialized=True; got warp_specialized={config.warp_specialized}, dy {dy.dtype})")
     if config is not None and config.update_stages:
         _check_update_stages(config, weight, states, state_dtype, fp8, kahan)
     if config is not None and config.pingpong:
@@ -497,13 +478,6 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
     )
     options = dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_ws.max_registers(cfg.num_warps, cfg.block_n, fp8))
     tiles = cdiv(N, cfg.block_n) * cdiv(K, cfg.block_k)
-    if cfg.update_programs:
-        programs = _multiprocessors(device)
-        if not 0 < cfg.update_programs < programs:
-            raise ValueError(f"KernelConfig.update_programs={cfg.update_programs}: between 1 and {programs - 1} of "
-                             f"this GPU's {programs} multiprocessors run the update; the rest run the GEMM")
-        constexprs.pop("OVERLAP_PROMOTION")
-        return Plan("split", cfg, "host", (programs,), cdiv(K, int8_group), constexprs, options)
     grid = (min(tiles, _multiprocessors(device)),)
     if cfg.pingpong and cfg.update_stages:
         from forge.kernels import wgrad_update_pingpong_fed
@@ -521,9 +495,4 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
         constexprs["PIECE_COLS"] = cfg.pingpong_cols
         return Plan("pingpong", cfg, "host", grid, cdiv(K, int8_group), constexprs,
                     dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_pingpong.max_registers()))
-    if cfg.update_stages:
-        for name in ("ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"):  # the slice: the descriptors' blocks
-            constexprs.pop(name)
-        return Plan("prefetch", cfg, "host", grid, cdiv(K, int8_group), dict(constexprs, UPDATE_STAGES=cfg.update_stages),
-                    options)
     return Plan("gluon", cfg, "host", grid, cdiv(K, int8_group), constexprs, options)

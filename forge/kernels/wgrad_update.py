@@ -53,13 +53,10 @@ try:  # Gluon (Triton >= 3.5): the warp-specialized kernels for Hopper
     from forge.kernels import (
         wgrad_update_pingpong,
         wgrad_update_pingpong_fed,
-        wgrad_update_prefetch,
-        wgrad_update_split,
         wgrad_update_ws,
     )
 except ImportError:  # pragma: no cover - an older Triton: configs never plans them
-    wgrad_update_ws = wgrad_update_split = wgrad_update_prefetch = wgrad_update_pingpong = None
-    wgrad_update_pingpong_fed = None
+    wgrad_update_ws = wgrad_update_pingpong = wgrad_update_pingpong_fed = None
 
 
 @triton.jit
@@ -201,12 +198,6 @@ def wgrad_update(
     step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)
-        return
-    if plan.kernel == "split":
-        wgrad_update_split.launch(key, plan, weight, slots, dy, x, step)
-        return
-    if plan.kernel == "prefetch":
-        wgrad_update_prefetch.launch(key, plan, weight, slots, dy, x, step)
         return
     if plan.kernel == "pingpong":
         wgrad_update_pingpong.launch(key, plan, weight, slots, dy, x, step)

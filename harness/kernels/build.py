@@ -129,16 +129,6 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                 fast_epilogue=True,
             ),
         ],
-        # The update fed by the copy engine (`forge.kernels.wgrad_update_prefetch`): W and the
-        # states of `update_stages` slices in flight through shared memory instead of registers,
-        # beside 4 or 3 stages of dy and x (what fits 227 KiB). The first three for bf16 states
-        # (fast epilogue), the last for fp32 states (the exact epilogue, 10 bytes a weight a slice).
-        "prefetch": [
-            dict(warp_specialized_base, fast_epilogue=True, epilogue_rows=16, update_stages=2),
-            dict(warp_specialized_base, fast_epilogue=True, num_stages=3, update_stages=2),
-            dict(warp_specialized_base, fast_epilogue=True, epilogue_rows=16, num_stages=3, update_stages=4),
-            dict(warp_specialized_base, epilogue_rows=16, num_stages=3, update_stages=2),
-        ],
         # Hopper's ping-pong schedule (`forge.kernels.wgrad_update_pingpong`): two MMA warpgroups
         # own every other tile, take turns at the tensor cores and update from their own
         # accumulator registers; no staging buffer, so 6 stages of dy and x fit. The configs of
@@ -248,20 +238,12 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
 
     from forge.kernels import wgrad_update_pingpong, wgrad_update_pingpong_fed, ws_max_registers
     from forge.kernels.launch import FP_FUSION
-    from forge.kernels.wgrad_update_prefetch import wgrad_update_prefetch_kernel
-    from forge.kernels.wgrad_update_split import wgrad_update_split_kernel
     from forge.kernels.wgrad_update_ws import wgrad_update_ws_kernel
 
-    split = bool(config.get("update_programs"))  # the multiprocessor-specialized twin
     pingpong = bool(config.get("pingpong"))  # two MMA warpgroups updating from their registers
     fed = pingpong and bool(config.get("update_stages"))  # ... from pieces the copy engine brought
-    prefetch = not pingpong and bool(config.get("update_stages"))  # the warp-specialized update fed so
     kernel = (
-        wgrad_update_split_kernel
-        if split
-        else wgrad_update_prefetch_kernel
-        if prefetch
-        else wgrad_update_pingpong_fed.wgrad_update_pingpong_fed_kernel
+        wgrad_update_pingpong_fed.wgrad_update_pingpong_fed_kernel
         if fed
         else wgrad_update_pingpong.wgrad_update_pingpong_kernel
         if pingpong
@@ -277,14 +259,10 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         else (("dy_desc", "bf16", bt, bn), ("x_desc", "bf16", bt, bk))
     )
     element = {"bf16": gl.bfloat16, "fp8e5": gl.float8e5, "fp8e4nv": gl.float8e4nv}
-    if prefetch or fed:  # W and each state in blocks of a slice or a piece; AdamW has no third slot
+    if fed:  # W and each state in blocks of a piece; AdamW has no third slot
         if state_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"the kernels fed by bulk copies read bf16 or fp32 states, not {state_dtype}")
-        rows, cols = (
-            (wgrad_update_pingpong_fed.PIECE_ROWS, config.get("pingpong_cols", 32))
-            if fed
-            else (config["epilogue_rows"], bk)
-        )
+            raise ValueError(f"the fed ping-pong kernel reads bf16 or fp32 states, not {state_dtype}")
+        rows, cols = wgrad_update_pingpong_fed.PIECE_ROWS, config.get("pingpong_cols", 32)
         blocks += (("w_desc", "bf16", rows, cols), ("s1_desc", state_dtype, rows, cols))
         blocks += (("s2_desc", state_dtype, rows, cols), ("s3_desc", "bf16", rows, cols))
         element["fp32"] = gl.float32
@@ -293,10 +271,6 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         signature[name] = f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
     integers = dict(T=T, N=N, K=K, NUM_GROUPS=-(-K // config.get("int8_group", 64)))
     signature.update({name: "i32" for name in integers})
-    if split:
-        signature.update(
-            ring_ptr="*fp32", published="*i32", consumed="*i32", mma_programs="i32", ring_tiles="i32"
-        )
     signature.update({f"h{i}": "fp32" for i in range(9)}, seed="i32", step_ptr="*i32", scale_ptr="*fp32")
     constants = _epilogue_constants(state_dtype, stochastic_rounding, config.get("int8_group", 64))
     constants.update(
@@ -306,9 +280,9 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         FAST_EPILOGUE=config.get("fast_epilogue", False),
         OVERLAP_SLICES=config.get("overlap_slices", False),
     )
-    if prefetch or fed:  # the slice or piece is the descriptors' block; a ring replaces the overlapped loads
+    if fed:  # the piece is the descriptors' block; the piece ring replaces the overlapped loads
         if fp8:
-            raise ValueError("the kernels fed by bulk copies read bf16 operands, not FP8 ones")
+            raise ValueError("the fed ping-pong kernel reads bf16 operands, not FP8 ones")
         for name in ("ROWS", "OVERLAP_SLICES"):
             constants.pop(name)
         constants["UPDATE_STAGES"] = config["update_stages"]
@@ -317,7 +291,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
             raise ValueError("the ping-pong kernel reads bf16 operands, not FP8 ones")
         constants.pop("ROWS")
         constants["PIECE_COLS"] = config.get("pingpong_cols", 32)
-    elif not split:
+    else:
         constants["OVERLAP_PROMOTION"] = config.get("overlap_promotion", False)
     signature.update({name: "constexpr" for name in constants})
     ordered = {name: signature[name] for name in kernel.arg_names}

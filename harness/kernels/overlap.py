@@ -1,7 +1,7 @@
 """How well the fused kernel hides its update under the dW GEMM, and the designs that try to do better.
 
     python -m harness.kernels.overlap                          # Llama-3.1-8B gate, q, down at T = 1k, 4k, 16k
-    python -m harness.kernels.overlap --shapes gate --tokens 1024 --update-programs 24 48
+    python -m harness.kernels.overlap --shapes gate --tokens 1024 --designs fed --build-first
 
 For each linear shape and token count T, on one GPU, side by side, fresh random inputs, AdamW with
 bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
@@ -24,13 +24,6 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
                        not): an upper bound on what that cluster buys
     ws_first_lap       the shipped partitions, no operand reads after the ring's first lap: the
                        bound of any cut in operand traffic
-    split_u<U>         the multiprocessor-specialized kernel (`forge.kernels.wgrad_update_split`)
-                       with U update programs, the others running the GEMM
-    prefetch_<config>  the kernel whose update reads W and the states from shared memory, filled by
-                       bulk copies `update_stages` slices ahead (`forge.kernels.wgrad_update_prefetch`;
-                       its candidates for bf16 states: u<update_stages>_r<rows>_s<dy and x stages>)
-    ..._update_only    that kernel's epilogue warps on a synthetic gradient, no operand reads: its
-                       update half, beside ws_epilogue_only
     pingpong_s<S>      the ping-pong kernel (`forge.kernels.wgrad_update_pingpong`): two MMA
                        warpgroups taking turns, each updating its tile from its own registers, with
                        S stages of dy and x, in pieces of 32 columns (_c64: of 64)
@@ -43,9 +36,9 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
     ..._update_only    its consumers updating a synthetic gradient from the piece ring, no operand
                        reads and no turns: its update half
 
-`--designs` names the design candidates to time (default: split, prefetch, pingpong and fed) and
-`--probe-modes` the shipped kernel's probe modes (default: all). Each timing records the SM clock
-and power NVML read while it ran. Every split, prefetching and ping-pong config is also checked
+`--designs` names the design candidates to time (default: pingpong and fed) and `--probe-modes`
+the shipped kernel's probe modes (default: all). Each timing records the SM clock and power NVML
+read while it ran. Every ping-pong and fed config is also checked
 against the warp-specialized kernel: the same step from the same state, W and both states equal to
 the bit (both sum the same tiles in the same order and run the same epilogue arithmetic).
 
@@ -69,7 +62,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from forge.kernels import WARP_SPECIALIZED_DEFAULTS
 from forge.kernels import wgrad_update_pingpong_fed as fed
-from forge.kernels import wgrad_update_prefetch as pf
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
 from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate
@@ -77,7 +69,6 @@ from harness import sources
 
 SHAPES = {"gate": (14336, 4096), "q": (4096, 4096), "down": (4096, 14336)}  # Llama-3.1-8B (N, K)
 TOKENS = (1024, 4096, 16384)
-UPDATE_PROGRAMS = (8, 16, 32, 66)
 ALL_OPERANDS, HALF_DY, FIRST_LAP = 0, 1, 2  # what the probe's loader refills
 # probe mode: (the epilogue warps' part, the loader's refills)
 PROBE_MODES = {
@@ -265,105 +256,6 @@ def halves_kernel(
         )
 
 
-@gluon.jit(do_not_specialize=["seed"])
-def prefetch_update_only_kernel(
-    w_ptr,
-    s1_ptr,
-    s2_ptr,
-    s3_ptr,
-    q1_ptr,
-    q2_ptr,
-    q3_ptr,
-    r_ptr,
-    w_desc,
-    s1_desc,
-    s2_desc,
-    s3_desc,
-    dy_desc,
-    x_desc,
-    T,
-    N,
-    K,
-    NUM_GROUPS,
-    h0,
-    h1,
-    h2,
-    h3,
-    h4,
-    h5,
-    h6,
-    h7,
-    h8,
-    seed,
-    step_ptr,
-    scale_ptr,
-    UPDATE: gl.constexpr,
-    GRAD_SCALE: gl.constexpr,
-    STEPS_IN_MEMORY: gl.constexpr,
-    STAGES: gl.constexpr,
-    UPDATE_STAGES: gl.constexpr,
-    FAST_EPILOGUE: gl.constexpr,
-):
-    """`wgrad_update_prefetch_kernel`'s buffers, epilogue and copy warp beside `synthetic_mma` and an
-    idle loader: its update half alone (the same arguments as that kernel)."""
-    dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty = ws.allocate_buffers(
-        dy_desc, x_desc, STAGES
-    )
-    bufs, landed, freed = pf.allocate_update_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
-    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
-    workers = (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, acc_smem, acc_ready, acc_empty, T, N, K, K)
-    params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
-    step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
-    gl.warp_specialize(
-        [
-            (
-                pf.prefetching_epilogue,
-                (
-                    acc_smem,
-                    acc_ready,
-                    acc_empty,
-                    bufs,
-                    landed,
-                    freed,
-                    params,
-                    N,
-                    K,
-                    NUM_GROUPS,
-                    step,
-                    step_ptr,
-                    scale_ptr,
-                    UPDATE,
-                    GRAD_SCALE,
-                    STEPS_IN_MEMORY,
-                    FAST_EPILOGUE,
-                ),
-            ),
-            (synthetic_mma, workers),
-            (idle_loader, workers),
-            (
-                pf.copy_partition,
-                (
-                    w_desc,
-                    s1_desc,
-                    s2_desc,
-                    s3_desc,
-                    w_bufs,
-                    s1_bufs,
-                    s2_bufs,
-                    s3_bufs,
-                    landed,
-                    freed,
-                    acc_smem,
-                    N,
-                    K,
-                ),
-            ),
-        ],
-        [4, 1, 1],
-        [ws.MMA_REGS, ws.LOADER_REGS, ws.LOADER_REGS],
-    )
-
-
 MMA_ONLY, UPDATE_ONLY = 1, 2  # the fed ping-pong kernel's halves (`fed_halves_kernel`)
 
 
@@ -484,20 +376,6 @@ def fed_configs() -> dict:
     return configs
 
 
-def prefetch_configs() -> dict:
-    """The prefetching kernel's candidates that fit beside bf16 AdamW states, by probe name."""
-    from forge.kernels import KernelConfig
-    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
-    from harness.kernels.build import candidate_groups
-
-    configs = {}
-    for fields in candidate_groups()["prefetch"]:
-        c = KernelConfig(**fields)
-        if c.fast_epilogue and shared_bytes(c, 2, (2, 2)) <= SHARED_BYTES:  # bf16 states' epilogue
-            configs[f"prefetch_u{c.update_stages}_r{c.epilogue_rows}_s{c.num_stages}"] = c
-    return configs
-
-
 class Point:
     """One layer's weight with FORGE attached (AdamW, bf16 states), its operands and launches."""
 
@@ -571,20 +449,6 @@ class Point:
         constexprs = {k: v for k, v in plan.constexprs.items() if k != "OVERLAP_PROMOTION"}
         return lambda: halves_kernel[plan.grid](*head, *step, **constexprs, EPILOGUE=epilogue, **plan.options)
 
-    def prefetch_update_only(self, cfg):
-        """A launch of `prefetch_update_only_kernel` under the prefetching config `cfg`."""
-        from forge.kernels.update_tile import slot_arguments, step_arguments
-
-        plan = self.plan(cfg)
-        slots = self.opt.slots_of(self.w)
-        coefficients, seed = self.step_scalars()
-        step = step_arguments(self.w, coefficients, seed, None)
-        args = pf.arguments(
-            plan, self.w, slot_arguments(self.w, slots.states, slots.scales), self.dy, self.x, step
-        )
-        return lambda: prefetch_update_only_kernel[plan.grid](*args, **plan.constexprs, **plan.options)
-
-
     def fed_half(self, cfg, half: int):
         """A launch of `fed_halves_kernel` under the fed ping-pong config `cfg`, one half."""
         from forge.kernels.update_tile import slot_arguments, step_arguments
@@ -599,15 +463,8 @@ class Point:
         return lambda: fed_halves_kernel[plan.grid](*args, **plan.constexprs, HALF=half, **plan.options)
 
 
-def split_config(update_programs: int):
-    """The bf16 states' warp-specialized config with `update_programs` update programs."""
-    from forge.kernels import WARP_SPECIALIZED_DEFAULTS
-
-    return dataclasses.replace(WARP_SPECIALIZED_DEFAULTS["bf16"], update_programs=update_programs)
-
-
 def matches_ws(N: int, K: int, T: int, config) -> dict:
-    """One step under `config` (a split or prefetching one) and one of the warp-specialized kernel
+    """One step under `config` (a ping-pong or fed one) and one of the warp-specialized kernel
     from the same state: how many elements of W and of each state differ (0 everywhere: equal to
     the bit)."""
     from forge.kernels import WARP_SPECIALIZED_DEFAULTS
@@ -636,7 +493,7 @@ def pingpong_configs() -> dict:
     return {name: config, f"{name}_c64": dataclasses.replace(config, pingpong_cols=64)}
 
 
-DESIGNS = ("split", "prefetch", "pingpong", "fed")
+DESIGNS = ("pingpong", "fed")
 
 
 def time_point(
@@ -644,7 +501,6 @@ def time_point(
     N: int,
     K: int,
     T: int,
-    update_programs,
     copy_tbps: float,
     designs=DESIGNS,
     probe_modes=tuple(PROBE_MODES),
@@ -677,20 +533,11 @@ def time_point(
     timed("shipped", lambda: point.step(None))
     for mode in probe_modes:
         timed(mode, point.probe(mode))
-    for u in update_programs if "split" in designs else ():
-        timed(f"split_u{u}", lambda u=u: point.step(split_config(u)))
-        row[f"split_u{u}_differs"] = matches_ws(N, K, T, split_config(u))
-    for name, cfg in prefetch_configs().items() if "prefetch" in designs else ():
-        timed(name, lambda cfg=cfg: point.step(cfg))
-        timed(f"{name}_update_only", point.prefetch_update_only(cfg))
-        row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
-    if "pingpong" in designs:  # the shipped launch takes the ping-pong kernel itself where it won
+    if designs:  # the shipped launch takes a design's kernel itself where it won
         timed("warp_specialized", lambda: point.step(WARP_SPECIALIZED_DEFAULTS["bf16"]))
     for name, cfg in pingpong_configs().items() if "pingpong" in designs else ():
         timed(name, lambda cfg=cfg: point.step(cfg))
         row[f"{name}_differs"] = matches_ws(N, K, T, cfg)
-    if "fed" in designs and "pingpong" not in designs:
-        timed("warp_specialized", lambda: point.step(WARP_SPECIALIZED_DEFAULTS["bf16"]))
     for name, cfg in fed_configs().items() if "fed" in designs else ():
         timed(name, lambda cfg=cfg: point.step(cfg))
         timed(f"{name}_mma_only", point.fed_half(cfg, MMA_ONLY))
@@ -750,7 +597,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
-    parser.add_argument("--update-programs", nargs="*", type=int, default=list(UPDATE_PROGRAMS))
     parser.add_argument("--designs", nargs="*", default=list(DESIGNS), choices=list(DESIGNS))
     parser.add_argument("--probe-modes", nargs="*", default=list(PROBE_MODES), choices=list(PROBE_MODES))
     parser.add_argument(
@@ -764,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--launch-once",
         action="store_true",
-        help="launch the shipped and each split kernel once per point, untimed (for a profiler)",
+        help="launch the shipped kernel and the designs' candidates once a point, untimed (for a profiler)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -777,9 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             for T in args.tokens:
                 point = Point(*SHAPES[name], T)
                 point.step(None)
-                for u in args.update_programs:
-                    point.step(split_config(u))
-                for cfg in prefetch_configs().values():
+                for cfg in (*pingpong_configs().values(), *fed_configs().values()):
                     point.step(cfg)
                 torch.cuda.synchronize()
         return 0
@@ -809,7 +653,6 @@ def main(argv: list[str] | None = None) -> int:
                 N,
                 K,
                 T,
-                args.update_programs,
                 meta["ceilings"]["copy_tbps"],
                 args.designs,
                 args.probe_modes,
@@ -823,13 +666,6 @@ def main(argv: list[str] | None = None) -> int:
     keys = [
         "shipped",
         *args.probe_modes,
-        *(f"split_u{u}" for u in args.update_programs if "split" in args.designs),
-        *(
-            f"{name}{part}"
-            for name in prefetch_configs()
-            if "prefetch" in args.designs
-            for part in ("", "_update_only")
-        ),
         *(pingpong_configs() if "pingpong" in args.designs else ()),
         *(
             f"{name}{part}"
