@@ -53,13 +53,13 @@ def test_the_warp_specialized_kernel_takes_small_grids_with_bf16_states(
     assert (config and (config.block_n, config.block_k)) == expected
 
 
-def _prefetch_plan(monkeypatch, state_dtype="bf16", K=4096, kahan=False, **fields):
-    """`configs.plan` of a prefetching config on a Hopper of 132 multiprocessors (stubbed: CPU tensors)."""
+def _fed_plan(monkeypatch, state_dtype="bf16", K=4096, kahan=False, **fields):
+    """`configs.plan` of a fed ping-pong config on a Hopper of 132 multiprocessors (stubbed: CPU tensors)."""
     import dataclasses
 
     import torch
 
-    from forge.kernels import WARP_SPECIALIZED_DEFAULTS, configs
+    from forge.kernels import PINGPONG_FED_CONFIGS, configs
 
     monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
     monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
@@ -67,36 +67,25 @@ def _prefetch_plan(monkeypatch, state_dtype="bf16", K=4096, kahan=False, **field
     w = torch.empty(1000, K, dtype=torch.bfloat16)
     states = (torch.empty(1000, K, dtype=dtype), torch.empty(1000, K, dtype=dtype), None)
     dy, x = torch.empty(512, 1000, dtype=torch.bfloat16), torch.empty(512, K, dtype=torch.bfloat16)
-    config = dataclasses.replace(
-        WARP_SPECIALIZED_DEFAULTS["bf16"], **{"epilogue_rows": 16, "update_stages": 2, **fields}
-    )
+    config = dataclasses.replace(PINGPONG_FED_CONFIGS["bf16"], **fields)
     return configs.plan(
-        w,
-        states,
-        (True, False, False),
-        dy,
-        x,
-        rule="adamw",
-        flags={"momentum": False, "centered": False},
-        state_dtype=state_dtype,
-        stochastic_rounding=True,
-        int8_group=64,
-        config=config,
-        steps_in_memory=False,
+        w, states, (True, False, False), dy, x, rule="adamw", flags={"momentum": False, "centered": False},
+        state_dtype=state_dtype, stochastic_rounding=True, int8_group=64, config=config, steps_in_memory=False,
         kahan=kahan,
-    )
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
-def test_a_prefetching_config_plans_the_prefetching_kernel(monkeypatch, state_dtype):
-    """`KernelConfig.update_stages` takes `forge.kernels.wgrad_update_prefetch`: its ring depth as
-    a compile-time argument, the slice's rows from the descriptors (no ROWS), one program a
-    multiprocessor."""
-    stages = 4 if state_dtype == "bf16" else 3  # fp32 states' slices take more shared memory
-    plan = _prefetch_plan(monkeypatch, state_dtype, num_stages=stages)
-    assert plan.kernel == "prefetch" and plan.grid == (min(132, 8 * 32),)
-    assert plan.constexprs["UPDATE_STAGES"] == 2 and plan.constexprs["STAGES"] == stages
-    assert not {"ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"} & set(plan.constexprs)
+def test_a_fed_pingpong_config_plans_the_fed_pingpong_kernel(monkeypatch, state_dtype):
+    """`KernelConfig.update_stages` with `pingpong` takes `forge.kernels.wgrad_update_pingpong_fed`:
+    its ring depths as compile-time arguments, the piece from the descriptors (no ROWS, no
+    overlapped slices), one program a multiprocessor, the 12-warp register cap."""
+    fields = dict(num_stages=4, pingpong_cols=16) if state_dtype == "fp32" else {}  # fp32 pieces: more bytes
+    plan = _fed_plan(monkeypatch, state_dtype, **fields)
+    assert plan.kernel == "pingpong_fed" and plan.grid == (min(132, 8 * 32),)
+    assert plan.constexprs["UPDATE_STAGES"] == 4 and plan.constexprs["STAGES"] == fields.get("num_stages", 5)
+    assert not {"ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION", "PIECE_COLS"} & set(plan.constexprs)
+    assert plan.options == dict(num_warps=4, maxnreg=168)
 
 
 @pytest.mark.parametrize(
@@ -104,41 +93,63 @@ def test_a_prefetching_config_plans_the_prefetching_kernel(monkeypatch, state_dt
     [
         (dict(state_dtype="int8"), "int8 states"),
         (dict(kahan=True), "compensated weights"),
-        (dict(update_programs=8), "without update_programs"),
-        (dict(warp_specialized=False), "warp-specialized kernel"),
+        (dict(pingpong=False), "option of the ping-pong kernel"),
         (dict(K=4100), "multiple of 16 bytes"),
-        (dict(epilogue_rows=48), "must divide block_n"),
-        (dict(state_dtype="fp32"), "shared memory"),  # 4 stages and fp32 slices: 234 KiB
-        (dict(epilogue_rows=32), "shared memory"),  # 4 stages and 32-row slices: 242 KiB
+        (dict(update_stages=3), "power of 2"),
+        (dict(pingpong_cols=8), "one of"),
+        (dict(state_dtype="fp32"), "shared memory"),  # 5 stages and 4 fp32 pieces of 32 columns: 234 KiB
+        (dict(num_stages=6, update_stages=4), "shared memory"),  # 241 KiB
     ],
 )
-def test_a_prefetching_config_it_cannot_run_is_refused_saying_why(monkeypatch, fields, match):
+def test_a_fed_pingpong_config_it_cannot_run_is_refused_saying_why(monkeypatch, fields, match):
     with pytest.raises(ValueError, match=match):
-        _prefetch_plan(monkeypatch, **fields)
+        _fed_plan(monkeypatch, **fields)
 
 
-def test_the_prefetching_launch_passes_every_argument_of_its_kernel(monkeypatch):
-    """`wgrad_update_prefetch.arguments` and the plan's compile-time arguments name each of the
-    kernel's parameters once; W and each state get a descriptor of one epilogue slice,
-    a slot the rule lacks W's again."""
+def test_the_fed_pingpong_launch_passes_every_argument_of_its_kernel(monkeypatch):
+    """`wgrad_update_pingpong_fed.arguments` and the plan's compile-time arguments name each of the
+    kernel's parameters once; W and each state get a descriptor of one 64-row piece, a slot the
+    rule lacks W's again."""
     import torch
 
-    from forge.kernels import wgrad_update_prefetch as pf
+    from forge.kernels import wgrad_update_pingpong_fed as fed
     from forge.kernels.update_tile import slot_arguments, step_arguments
 
-    plan = _prefetch_plan(monkeypatch)
+    plan = _fed_plan(monkeypatch)
     w = torch.empty(1000, 4096, dtype=torch.bfloat16)
     m, v = torch.empty_like(w), torch.empty_like(w)
     dy, x = torch.empty(512, 1000, dtype=torch.bfloat16), torch.empty(512, 4096, dtype=torch.bfloat16)
-    args = pf.arguments(
+    args = fed.arguments(
         plan, w, slot_arguments(w, (m, v, None), (None,) * 3), dy, x, step_arguments(w, (0.0,) * 9, 0, None)
     )
-    names = pf.wgrad_update_prefetch_kernel.arg_names
+    names = fed.wgrad_update_pingpong_fed_kernel.arg_names
     assert len(args) + len(plan.constexprs) == len(names)
     assert set(plan.constexprs) == set(names[len(args) :])  # passed by name
     w_desc, s1_desc, s2_desc, s3_desc = args[8:12]
-    assert [d.block_shape for d in (w_desc, s1_desc, s2_desc)] == [[16, 128]] * 3
+    assert [d.block_shape for d in (w_desc, s1_desc, s2_desc)] == [[64, 32]] * 3
     assert s1_desc.base is m and s2_desc.base is v and s3_desc is w_desc
+
+
+def test_forge_falls_back_to_loads_where_the_copy_engine_cannot_read_the_states(monkeypatch):
+    """FORGE's own choice of the fed kernel (config=None) gives way to the warp-specialized kernel,
+    whose loads read anything, for compensated weights and for rows the copy engine cannot read."""
+    import torch
+
+    from forge.kernels import WARP_SPECIALIZED_DEFAULTS, configs
+
+    monkeypatch.setattr(configs, "_can_run_warp_specialized", lambda *a: True)
+    monkeypatch.setattr(configs, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    for K, kahan in ((4096, True), (4100, False)):
+        w = torch.empty(14336, K, dtype=torch.bfloat16)
+        states = (torch.empty_like(w), torch.empty_like(w), None)
+        dy, x = torch.empty(1024, 14336, dtype=torch.bfloat16), torch.empty(1024, K, dtype=torch.bfloat16)
+        plan = configs.plan(
+            w, states, (True, False, False), dy, x, rule="adamw", flags={"momentum": False, "centered": False},
+            state_dtype="bf16", stochastic_rounding=True, int8_group=64, config=None, steps_in_memory=False,
+            kahan=kahan,
+        )  # fmt: skip
+        assert plan.kernel == "gluon" and plan.config == WARP_SPECIALIZED_DEFAULTS["bf16"], (K, kahan)
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def _planned(state_dtype: str) -> list[dict]:
     if state_dtype == "bf16":
         configs += [groups["pointers"][1], kernel_build.ELEMENTWISE, kernel_build.FP8_CAST]
         configs += _fp8_candidates()
-    return configs + _warp_specialized(state_dtype) + _prefetching(state_dtype) + _pingpong(state_dtype)
+    return configs + _warp_specialized(state_dtype) + _pingpong(state_dtype) + _fed(state_dtype)
 
 
 def _pingpong(state_dtype: str) -> list[dict]:
@@ -75,10 +75,13 @@ def _pingpong(state_dtype: str) -> list[dict]:
     return [dataclasses.asdict(PINGPONG_CONFIGS[state_dtype])]
 
 
-def _prefetching(state_dtype: str) -> list[dict]:
-    """The prefetching kernel's candidates that fit beside `state_dtype` states (the last is fp32's)."""
-    prefetch = kernel_build.candidate_groups()["prefetch"]
-    return {"bf16": prefetch, "fp32": prefetch[3:]}.get(state_dtype, [])
+def _fed(state_dtype: str) -> list[dict]:
+    """The fed ping-pong kernel's candidates for `state_dtype` states: the fast epilogue's for bf16
+    states, the exact one's for fp32 states (`candidate_groups()["pingpong_fed"]`)."""
+    fed = kernel_build.candidate_groups()["pingpong_fed"]
+    return {"bf16": [c for c in fed if c["fast_epilogue"]], "fp32": [c for c in fed if not c["fast_epilogue"]]}.get(
+        state_dtype, []
+    )
 
 
 def _key(config: dict, state_dtype: str) -> tuple[str, str]:
@@ -331,23 +334,32 @@ def test_a_warp_specialized_config_where_it_cannot_run_says_why():
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
-def test_the_prefetching_kernel_reads_w_and_the_states_by_bulk_copies_only(state_dtype):
-    """`forge.kernels.wgrad_update_prefetch` builds for sm_90 as every candidate: the warp-specialized
-    kernel's register cap, no spills, one program per multiprocessor, the shared memory that
-    `shared_bytes` counts (within its 1 KiB allowance), and not one load into registers from
-    global memory: W and the states arrive by bulk tensor copies (the warp-specialized kernel's
-    epilogue issues 24 global loads in its SASS, triton 3.6 and 3.9)."""
-    from forge.kernels.wgrad_update_prefetch import SHARED_BYTES, shared_bytes
+def test_the_fed_pingpong_kernel_reads_w_and_the_states_by_bulk_copies_only(state_dtype):
+    """`forge.kernels.wgrad_update_pingpong_fed` builds for sm_90 as every candidate and as
+    `PINGPONG_FED_CONFIGS` has it: the ping-pong kernel's 12-warp register cap, no spills, the MMAs
+    asynchronous (16 wgmma), one program per multiprocessor, the shared memory that `shared_bytes`
+    counts (within its 1 KiB allowance), and not one load into registers from global memory: W and
+    the states arrive by bulk tensor copies (the ping-pong kernel's consumers issue 96 global loads
+    in its SASS, triton 3.9)."""
+    from forge.kernels import PINGPONG_FED_CONFIGS
+    from forge.kernels.wgrad_update_pingpong_fed import SHARED_BYTES, max_registers, shared_bytes
 
-    configs = _prefetching(state_dtype)
+    configs = _fed(state_dtype)
+    assert dataclasses.asdict(PINGPONG_FED_CONFIGS[state_dtype]) in [_full(c) for c in configs]
     size = {"bf16": 2, "fp32": 4}[state_dtype]
     for config, r in zip(configs, built(configs, state_dtype)):
-        assert r["registers"] == ws_max_registers(config["num_warps"], config["block_n"]), config
+        assert r["registers"] == max_registers() == 168, config
         assert r["stack_bytes"] == 0 and r["spill_stores"] == 0, (config, r)
         assert r["programs_per_sm"] == 1 and not r["mmas_serialized"], config
+        assert r["tensor_core_mmas"]["HGMMA"] == 16, r["tensor_core_mmas"]
         counted = shared_bytes(KernelConfig(**config), 2, (size, size))
         assert counted - 1024 <= r["shared_bytes"] <= counted <= SHARED_BYTES, (config, r["shared_bytes"])
         assert r["global_loads"] == 0 and r["bulk_tensor_loads"] > 0, (config, r)
+
+
+def _full(config: dict) -> dict:
+    """A config with every KernelConfig field spelled out."""
+    return dataclasses.asdict(KernelConfig(**config))
 
 
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
@@ -386,9 +398,9 @@ def test_a_pingpong_config_the_kernel_cannot_run_is_refused_by_name():
     wrong = (
         dict(num_warps=8),
         dict(block_n=256),
-        dict(update_stages=2),
-        dict(update_programs=8),
+        dict(overlap_promotion=True),
         dict(pingpong_cols=48),
+        dict(pingpong_cols=16),  # the pieces of registers' loads: 32 or 64 columns
     )
     for bad in wrong:
         with pytest.raises(ValueError, match="KernelConfig.pingpong"):
