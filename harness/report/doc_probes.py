@@ -12,6 +12,9 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
   overlap run that timed it, or what to run where none has.
+- `kernel_fed`: the same probe's timings of the ping-pong kernel fed by bulk copies
+  (`forge.kernels.wgrad_update_pingpong_fed`), with its halves apart, from the newest overlap run
+  that timed it, or what to run where none has.
 - `newton_schulz`: `python -m harness.kernels.newton_schulz`'s newest run: each Newton-Schulz
   variant's time and distances per hidden matrix shape, and the pick `forge.newton_schulz.AUTO`
   holds (docs/training-recipes.md).
@@ -112,25 +115,29 @@ def kernel_overlap(root: Path) -> str:
     )
 
 
-def _newest_run(root: Path, prefix: str) -> tuple[str, list[dict]] | None:
+def _newest_run(root: Path, prefix: str, without: str = "") -> tuple[str, list[dict]] | None:
     """(path, records) of the newest overlap run (by its records' time) that timed the candidates
-    whose probe names start with `prefix`, or None."""
+    whose probe names start with `prefix` (and none starting with `without`, if given), or None."""
     runs = []
     for path in sorted(root.glob(OVERLAP_RUNS)):
         records = results.read(path)
-        if records and any(key.startswith(prefix) for key in records[0]):
+        keys = records[0] if records else {}
+        excluded = bool(without) and any(k.startswith(without) for k in keys)
+        if any(k.startswith(prefix) for k in keys) and not excluded:
             runs.append((records[0]["time"], path.relative_to(root).as_posix(), records))
     return max(runs)[1:] if runs else None
 
 
 PINGPONG = "pingpong_"
+FED = "fed_"
+FED_PARTS = ("_mma_only", "_update_only")
 
 
 def kernel_pingpong(root: Path) -> str:
     """The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) at its faster ring depth per
     point, against cuBLAS's GEMM, the shipped kernel and the roofline, beside the shipped kernel's
     halves timed in the same run, and whether its step equals the shipped kernel's to the bit."""
-    found = _newest_run(root, PINGPONG)
+    found = _newest_run(root, PINGPONG, without=FED)  # the fed kernel's runs time it beside that one
     if found is None:
         return (
             "Not measured yet. `python -m harness.kernels.overlap --designs pingpong --update-programs"
@@ -194,6 +201,80 @@ def kernel_pingpong(root: Path) -> str:
             " differ: W and both states after one step of every candidate against the warp-specialized"
             f" kernel's (0: equal to the bit). Data: {_source(path, records)}, from"
             " `python -m harness.kernels.overlap`.",
+        ]
+    )
+
+
+def kernel_fed(root: Path) -> str:
+    """The ping-pong kernel with its update fed by bulk copies (`forge.kernels.wgrad_update_pingpong_fed`)
+    at its fastest candidate per point, against the warp-specialized and ping-pong kernels, cuBLAS
+    and the roofline, with that candidate's own halves timed apart in the same run, and whether its
+    step equals the warp-specialized kernel's to the bit."""
+    found = _newest_run(root, FED)
+    if found is None:
+        return (
+            "Not measured yet. `python -m harness.kernels.overlap --build-first --designs pingpong fed"
+            " --probe-modes ws_mma_only ws_epilogue_only` on an H100 or H200 times it beside the"
+            " warp-specialized and ping-pong kernels and cuBLAS's GEMM, with its halves apart, and checks"
+            " its step against the warp-specialized kernel's to the bit; `python -m harness report` then"
+            " writes its records here."
+        )
+    path, records = found
+    rows = []
+    for r in records:
+        names = sorted(
+            {k[: -len("_differs")] for k in r if k.startswith(FED) and k.endswith("_differs")}
+        )
+        timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
+        differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
+        roof = r["roofline_ms"]
+        ws_ms = r.get("warp_specialized_ms") or r["shipped_ms"]
+        pingpong = [r[k] for k in r if k.startswith(PINGPONG) and k.endswith("_ms") and r[k]]
+        head = [f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}", _ms(roof), _ms(ws_ms)]
+        head.append(_ms(min(pingpong)) if pingpong else "-")
+        if not timed:
+            rows.append([*head, "failed", "-", "-", "-", "-", "-", str(differing)])
+            continue
+        ms, best = min(timed)
+        halves = [
+            _x(r[f"{best}{part}_ms"] / roof) if r.get(f"{best}{part}_ms") else "-" for part in FED_PARTS
+        ]
+        rows.append(
+            [
+                *head,
+                f"{_ms(ms)} ({best[len(FED) :]})",
+                _x(ms / ws_ms),
+                _x(ms / min(pingpong)) if pingpong else "-",
+                _x(ms / roof),
+                *halves,
+                str(differing),
+            ]
+        )
+    header = [
+        "point",
+        "roofline ms",
+        "warp-specialized ms",
+        "ping-pong ms",
+        "fed, best ms (candidate)",
+        "over warp-specialized",
+        "over ping-pong",
+        "over roofline",
+        "its MMA half / roofline",
+        "its update half / roofline",
+        "elements that differ",
+    ]
+    return "\n\n".join(
+        [
+            _table(header, rows, "l" + "r" * 10),
+            "Fed: the ping-pong kernel whose consumers update from 64-row pieces of W and the states that a "
+            "piece loader brought into shared memory by bulk copies; candidates s<S>_u<U>_c<C>: S stages of "
+            "dy and x, U piece slots, pieces of C columns (`harness.kernels.overlap.fed_configs`); AdamW with"
+            " bf16 states, median ms. Its halves, of the fastest candidate: its consumers' main loops in turn"
+            " with no update, and their update of a synthetic gradient from the piece ring with no operand "
+            "reads. The warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`) and the ping-pong kernel's "
+            "faster candidate from the same run; elements that differ: W and both states after one step of "
+            "every candidate against the warp-specialized kernel's (0: equal to the bit). Data:"
+            f" {_source(path, records)}, from `python -m harness.kernels.overlap`.",
         ]
     )
 
@@ -361,6 +442,7 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
+    "kernel-fed": kernel_fed,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(
