@@ -105,10 +105,10 @@ class KernelConfig:
     # the consumers update 32-row pieces of `pingpong_cols` columns (32 or 64; int8: a whole group).
     pingpong: bool = False
     pingpong_cols: int = 32
-    # Ping-pong, fp32 or bf16 states: a piece loader brings each 64-row piece of W and the states by
-    # bulk tensor copies into a ring of this many slots (a power of 2) ahead of the consumers, which
-    # update from shared memory (`forge.kernels.wgrad_update_pingpong_fed`; pieces of 16, 32 or 64
-    # columns) instead of loading into registers. 0: loads.
+    # Ping-pong, fp32 or bf16 states: one piece loader per consumer brings each 64-row piece of W
+    # and the states by bulk tensor copies into its consumer's ring of this many slots (a power of
+    # 2), and the consumers update from shared memory (`forge.kernels.wgrad_update_pingpong_fed`;
+    # pieces of 16, 32 or 64 columns) instead of loading into registers. 0: loads.
     update_stages: int = 0
 
 
@@ -146,13 +146,14 @@ PINGPONG_CONFIGS = {
     "int8": replace(_PINGPONG, fast_epilogue=True),
 }
 # The ping-pong kernel with its update fed by bulk copies (`forge.kernels.wgrad_update_pingpong_fed`),
-# per state dtype: bf16 states with the fast epilogue, 5 stages of dy and x beside 4 slots of 64 x 32
-# pieces (216 KiB); fp32 states with the exact epilogue in 64 x 16 pieces (in 32 columns it spills),
-# 4 stages beside 4 slots; as `python -m harness.kernels.build` finds them without spills under
-# triton 3.6 and 3.9. FORGE launches it where the ping-pong kernel would run (`_FED_STATES`).
+# per state dtype: bf16 states with the fast epilogue, 5 stages of dy and x beside two rings of 2
+# slots of 64 x 32 pieces; fp32 states with the exact epilogue in 64 x 16 pieces (in 32 columns it
+# spills), 4 stages beside rings of 2 slots; as `python -m harness.kernels.build` finds them without
+# spills under triton 3.6 and 3.9. FORGE launches it where the ping-pong kernel would run
+# (`_FED_STATES`).
 PINGPONG_FED_CONFIGS = {
-    "bf16": replace(_PINGPONG, fast_epilogue=True, num_stages=5, update_stages=4),
-    "fp32": replace(_PINGPONG, num_stages=4, update_stages=4, pingpong_cols=16),
+    "bf16": replace(_PINGPONG, fast_epilogue=True, num_stages=5, update_stages=2),
+    "fp32": replace(_PINGPONG, num_stages=4, update_stages=2, pingpong_cols=16),
 }
 _FED_STATES = {"bf16"}
 # Where FORGE launches it unasked: bf16 states from this many tokens, on grids of at least

@@ -11,28 +11,28 @@ epilogue loads its source operand (`sm90_epilogue_tma_warpspecialized`: a produc
 ring of epilogue sub-tiles while the consumer is still in its main loop):
 
     loader          1 warp    TMA copies of dy and x tiles into the operand ring (`num_stages` slots)
-    piece loader    1 warp    TMA copies of each piece of W and of every state the rule has into the
-                              piece ring (`update_stages` slots), in the order the consumers update
-                              them, as far ahead as the ring allows and across tiles
+    piece loader    1 warp    TMA copies of each piece of W and of every state the rule has into
+      0, 1          each      consumer c's piece ring (`update_stages` slots), in the order it
+                              updates them, as far ahead as the ring allows and across its tiles
     consumer 0, 1   4 warps   as in the ping-pong kernel: every other tile's main loop in turn at
                     each      the tensor cores, then its update, piece by piece, W and the states
-                              read from the piece ring, W and the states stored to global memory
+                              read from its piece ring, W and the states stored to global memory
 
 A piece is 64 rows (one of the accumulator's two row halves: the warpgroup's 4 warps x 16 rows,
 contiguous in W) by `pingpong_cols` columns, cut from the accumulator in its registers
 (`pieces_of_halves`: no data moves), converted to the epilogue's blocked layout and updated by
 `update_tile.finish_tile_at`, the shipped arithmetic on the same values. Each piece slot has two
 barriers: `landed` (the copy engine wrote it) and `freed` (the consumer's 4 warps have read it).
-The ring is one for both consumers: the piece loader fills it in tile order, and the consumers
-update their tiles in that order (consumer 0's tile j's update may overlap consumer 1's tile j + 1's;
-neither waits on the other's update, only on the ring, which the earlier tile frees as it goes).
-The main loops are the ping-pong kernel's (the same wgmma steps in the same order) and every
-element's update is the same arithmetic on the same values: a step equals the warp-specialized
-and ping-pong kernels' to the bit.
+Each consumer has a ring and a piece loader of its own: the two consumers' updates overlap (at few
+tokens a tile's update outlasts the other's main loop), and a ring shared by two readers that do
+not take turns would let one wait on a slot two laps ahead of what landed there, which a barrier's
+phase parity cannot tell from one lap. The main loops are the ping-pong kernel's (the same wgmma
+steps in the same order) and every element's update is the same arithmetic on the same values: a
+step equals the warp-specialized and ping-pong kernels' to the bit.
 
-Shared memory: the operand ring (32 KiB a stage of 64 tokens), the piece ring (64 x cols x (W's
-and the states' bytes) a slot: 12 KiB for bf16 W, m and v in 32 columns), the consumers' layout
-scratch and the barriers; `shared_bytes` counts them and `forge.kernels.configs` refuses a config
+Shared memory: the operand ring (32 KiB a stage of 64 tokens), the two piece rings (64 x cols x
+(W's and the states' bytes) a slot: 12 KiB for bf16 W, m and v in 32 columns), the consumers'
+layout scratch and the barriers; `shared_bytes` counts them and `forge.kernels.configs` refuses a config
 over the 227 KiB a Hopper program may take.
 
 Where it runs: the ping-pong kernel's (Hopper, bf16 dy and x that TMA reads, 128-row tiles), fp32
@@ -94,11 +94,12 @@ def loader_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K):
 
 @gluon.jit
 def piece_loader_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed,
-                           dy_bufs, x_bufs, N, K):
-    """For each piece of this program's tiles, in the consumers' order (`piece_origin`), wait until
-    its slot is freed, then ask the copy engine for the piece of W and of each state (rows and
-    columns past the weight's edge arrive as zeros, and count as bytes). A piece wholly below the
-    last row is not copied: its slot is marked landed as it is, since none of its rows is stored."""
+                           dy_bufs, x_bufs, N, K, WHICH: gl.constexpr):
+    """For each piece of consumer WHICH's tiles (the program's tiles WHICH, WHICH + 2, ...), in its
+    order (`piece_origin`), wait until its slot is freed, then ask the copy engine for the piece of
+    W and of each state (rows and columns past the weight's edge arrive as zeros, and count as
+    bytes). A piece wholly below the last row is not copied: its slot is marked landed as it is,
+    since none of its rows is stored."""
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
     SLOTS: gl.constexpr = w_bufs.type.shape[0]
@@ -111,8 +112,9 @@ def piece_loader_partition(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s
     BYTES: gl.constexpr = (w_desc.block_type.nbytes + s1_desc.block_type.nbytes * HAS_S1
                            + s2_desc.block_type.nbytes * HAS_S2 + s3_desc.block_type.nbytes * HAS_S3)
     tiles = gl.cdiv(N, BLOCK_N) * gl.cdiv(K, BLOCK_K)
+    programs = gl.num_programs(0)
     q = 0  # pieces requested so far
-    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for tile in range(gl.program_id(0) + WHICH * programs, tiles, 2 * programs):
         n0, k0 = tile_origin(tile, N, K, BLOCK_N, BLOCK_K, ws.GROUP_N)
         for i in gl.static_range(PIECES):
             slot = q % SLOTS
@@ -246,7 +248,7 @@ def consumer_partition(
 ):
     """Consumer WHICH (0 or 1): the program's tiles WHICH, WHICH + 2, ...; each one's main loop in
     its turn at the tensor cores (`wgrad_update_pingpong.accumulate`), then its update from the
-    accumulator's registers and the piece ring."""
+    accumulator's registers and its piece ring (`bufs`, `landed`, `freed`)."""
     BLOCK_T: gl.constexpr = dy_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = dy_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
@@ -269,8 +271,8 @@ def consumer_partition(
         mbarrier.wait(turn.index(WHICH), (turns & 1) ^ (1 - WHICH))
         acc = accumulate(dy_bufs, x_bufs, ready, empty, j * stages, T)
         mbarrier.arrive(turn.index(1 - WHICH))  # the tensor cores are the other consumer's
-        update_from_ring(acc, n0, k0, j * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step, UPDATE,
-                         FAST_EPILOGUE, grad_scale, GRAD_SCALE)
+        update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
+                         UPDATE, FAST_EPILOGUE, grad_scale, GRAD_SCALE)
         turns += 1
 
 
@@ -293,30 +295,34 @@ def wgrad_update_pingpong_fed_kernel(
     GRAD_SCALE: gl.constexpr,  # scale the gradient by *scale_ptr (global-norm clipping)
     STEPS_IN_MEMORY: gl.constexpr,
     STAGES: gl.constexpr,  # operand ring slots of dy and x tiles
-    UPDATE_STAGES: gl.constexpr,  # piece ring slots of W and the states
+    UPDATE_STAGES: gl.constexpr,  # slots of each consumer's piece ring of W and the states
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
 ):
     dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
-    bufs, landed, freed = allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
-    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    bufs0, landed0, freed0 = allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    bufs1, landed1, freed1 = allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    w0, s10, s20, s30 = bufs0
+    w1, s11, s21, s31 = bufs1
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer c's turn at the MMAs
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     gl.warp_specialize([
-        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T,
-                              step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 0)),
-        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T,
-                              step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 1)),
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs0, landed0, freed0, params, N, K, NUM_GROUPS,
+                              T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 0)),
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs1, landed1, freed1, params, N, K, NUM_GROUPS,
+                              T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 1)),
         (loader_partition, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K)),
-        (piece_loader_partition, (w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed,
-                                  freed, dy_bufs, x_bufs, N, K)),
-    ], [CONSUMER_WARPS, 1, 1], [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS])
+        (piece_loader_partition, (w_desc, s1_desc, s2_desc, s3_desc, w0, s10, s20, s30, landed0, freed0, dy_bufs,
+                                  x_bufs, N, K, 0)),
+        (piece_loader_partition, (w_desc, s1_desc, s2_desc, s3_desc, w1, s11, s21, s31, landed1, freed1, dy_bufs,
+                                  x_bufs, N, K, 1)),
+    ], [CONSUMER_WARPS, 1, 1, 1], [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS, ws.LOADER_REGS])
 
 
 def max_registers() -> int:
-    """The kernel-wide register cap: 12 warps (two consumers, the two loaders in a group of four)
+    """The kernel-wide register cap: 12 warps (two consumers, the three loaders in a group of four)
     within the multiprocessor's 64 Ki registers; the partitions then move registers between them."""
     return 65536 // (3 * CONSUMER_WARPS.value * 32) // 8 * 8
 
@@ -337,14 +343,15 @@ def piece_descriptor(t: torch.Tensor, cols: int):
 
 
 def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
-    """Shared memory of one program under `cfg` (bf16 operands): the operand ring, `update_stages`
-    pieces of W (elements of `weight_bytes`) and of each state the rule has (`state_bytes`), the
+    """Shared memory of one program under `cfg` (bf16 operands): the operand ring, each consumer's
+    `update_stages` pieces of W (elements of `weight_bytes`) and of each state the rule has
+    (`state_bytes`), the
     layout scratch the compiler allocates for the consumers' conversion of a piece's fp32 gradient
     to the blocked layout (one piece's bytes, as the builds of `python -m harness.kernels.build`
     find under triton 3.6 and 3.9), and 1 KiB for the barriers and the buffers' alignment (the
     builds take under 200 bytes of it)."""
     ring = cfg.num_stages * cfg.block_t * (cfg.block_n + cfg.block_k) * 2
-    pieces = cfg.update_stages * PIECE_ROWS * cfg.pingpong_cols * (weight_bytes + sum(state_bytes))
+    pieces = 2 * cfg.update_stages * PIECE_ROWS * cfg.pingpong_cols * (weight_bytes + sum(state_bytes))
     scratch = PIECE_ROWS * cfg.pingpong_cols * 4
     return ring + pieces + scratch + 1024
 

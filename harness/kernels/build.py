@@ -142,18 +142,18 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
             dict(pingpong, pingpong_cols=64),
         ],
         # The ping-pong kernel with its update fed by bulk copies
-        # (`forge.kernels.wgrad_update_pingpong_fed`): a piece loader brings 64-row pieces of W and
-        # the states into a ring of `update_stages` slots (a power of 2) beside `num_stages` stages
-        # of dy and x, within 227 KiB: for bf16 states (fast epilogue) a deep operand ring and a
-        # shallow piece ring, both halfway, and a deep piece ring of narrow pieces; for fp32 states
-        # (exact epilogue, which spills in 32-column pieces) 16-column pieces.
+        # (`forge.kernels.wgrad_update_pingpong_fed`): one piece loader per consumer brings 64-row
+        # pieces of W and the states into that consumer's ring of `update_stages` slots (a power of 2) beside
+        # `num_stages` stages of dy and x, within 227 KiB: for bf16 states (fast epilogue) a deep
+        # operand ring and shallow piece rings, both halfway, and deep piece rings of narrow pieces;
+        # for fp32 states (exact epilogue, which spills in 32-column pieces) 16-column pieces.
         "pingpong_fed": [
-            dict(pingpong, overlap_slices=False, update_stages=2),
-            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=4),
-            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=8, pingpong_cols=16),
-            dict(pingpong, overlap_slices=False, num_stages=4, update_stages=8, pingpong_cols=16),
+            dict(pingpong, overlap_slices=False, update_stages=2, pingpong_cols=16),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=2),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=4, pingpong_cols=16),
+            dict(pingpong, overlap_slices=False, num_stages=4, update_stages=4, pingpong_cols=16),
             *(
-                dict(pingpong, overlap_slices=False, fast_epilogue=False, num_stages=stages, update_stages=4,
+                dict(pingpong, overlap_slices=False, fast_epilogue=False, num_stages=stages, update_stages=2,
                      pingpong_cols=16)
                 for stages in (4, 5)
             ),

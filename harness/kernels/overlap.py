@@ -292,8 +292,8 @@ def fed_half_consumer(
             kept += gl.sum(acc, axis=1)  # in-thread adds and a quad's shuffles: no tile is dead code
         else:
             acc = gl.full((BLOCK_N, BLOCK_K), 1e-3, gl.float32, layout) * (tile + 1).to(gl.float32)
-            fed.update_from_ring(acc, n0, k0, j * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
-                                 UPDATE, FAST_EPILOGUE)
+            fed.update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS,
+                                 step, UPDATE, FAST_EPILOGUE)
         turns += 1
     if HALF == 1 and N < 0:  # never: a store the compiler cannot prove dead
         w_ptr = params[0]
@@ -310,12 +310,12 @@ def fed_half_loader(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, HAL
 
 @gluon.jit
 def fed_half_piece_loader(w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed,
-                          dy_bufs, x_bufs, N, K, HALF: gl.constexpr):
-    """The piece loader for UPDATE_ONLY; none for MMA_ONLY."""
+                          dy_bufs, x_bufs, N, K, WHICH: gl.constexpr, HALF: gl.constexpr):
+    """Consumer WHICH's piece loader for UPDATE_ONLY; none for MMA_ONLY."""
     if HALF == 2:
         fed.piece_loader_partition(
             w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs,
-            landed, freed, dy_bufs, x_bufs, N, K,
+            landed, freed, dy_bufs, x_bufs, N, K, WHICH,
         )
 
 
@@ -332,8 +332,10 @@ def fed_halves_kernel(
     """`wgrad_update_pingpong_fed_kernel`'s buffers and partitions with one half (`fed_half_consumer`):
     the same arguments as that kernel, and HALF (MMA_ONLY or UPDATE_ONLY)."""
     dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
-    bufs, landed, freed = fed.allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
-    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    bufs0, landed0, freed0 = fed.allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    bufs1, landed1, freed1 = fed.allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
+    w0, s10, s20, s30 = bufs0
+    w1, s11, s21, s31 = bufs1
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
@@ -343,23 +345,28 @@ def fed_halves_kernel(
         [
             (
                 fed_half_consumer,
-                (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T, step,
-                 UPDATE, FAST_EPILOGUE, 0, HALF),
+                (dy_bufs, x_bufs, ready, empty, turn, bufs0, landed0, freed0, params, N, K, NUM_GROUPS, T,
+                 step, UPDATE, FAST_EPILOGUE, 0, HALF),
             ),
             (
                 fed_half_consumer,
-                (dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed, params, N, K, NUM_GROUPS, T, step,
-                 UPDATE, FAST_EPILOGUE, 1, HALF),
+                (dy_bufs, x_bufs, ready, empty, turn, bufs1, landed1, freed1, params, N, K, NUM_GROUPS, T,
+                 step, UPDATE, FAST_EPILOGUE, 1, HALF),
             ),
             (fed_half_loader, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, HALF)),
             (
                 fed_half_piece_loader,
-                (w_desc, s1_desc, s2_desc, s3_desc, w_bufs, s1_bufs, s2_bufs, s3_bufs, landed, freed, dy_bufs,
-                 x_bufs, N, K, HALF),
+                (w_desc, s1_desc, s2_desc, s3_desc, w0, s10, s20, s30, landed0, freed0, dy_bufs, x_bufs, N, K,
+                 0, HALF),
+            ),
+            (
+                fed_half_piece_loader,
+                (w_desc, s1_desc, s2_desc, s3_desc, w1, s11, s21, s31, landed1, freed1, dy_bufs, x_bufs, N, K,
+                 1, HALF),
             ),
         ],
-        [CONSUMER_WARPS, 1, 1],
-        [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS],
+        [CONSUMER_WARPS, 1, 1, 1],
+        [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS, ws.LOADER_REGS],
     )
 
 

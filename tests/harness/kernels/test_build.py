@@ -79,9 +79,8 @@ def _fed(state_dtype: str) -> list[dict]:
     """The fed ping-pong kernel's candidates for `state_dtype` states: the fast epilogue's for bf16
     states, the exact one's for fp32 states (`candidate_groups()["pingpong_fed"]`)."""
     fed = kernel_build.candidate_groups()["pingpong_fed"]
-    return {"bf16": [c for c in fed if c["fast_epilogue"]], "fp32": [c for c in fed if not c["fast_epilogue"]]}.get(
-        state_dtype, []
-    )
+    fast = {"bf16": True, "fp32": False}.get(state_dtype)
+    return [c for c in fed if c["fast_epilogue"] == fast]
 
 
 def _key(config: dict, state_dtype: str) -> tuple[str, str]:
