@@ -149,13 +149,14 @@ PINGPONG_CONFIGS = {
 # per state dtype: bf16 states with the fast epilogue, 5 stages of dy and x beside two rings of 2
 # slots of 64 x 32 pieces; fp32 states with the exact epilogue in 64 x 16 pieces (in 32 columns it
 # spills), 4 stages beside rings of 2 slots; as `python -m harness.kernels.build` finds them without
-# spills under triton 3.6 and 3.9. FORGE launches it where the ping-pong kernel would run
-# (`_FED_STATES`).
+# spills under triton 3.6 (fp32 under triton 3.9: 24 bytes). An option FORGE never takes unasked: on
+# one H100 (AdamW, bf16 states, Llama-3.1-8B's gate, q and down;
+# results/device-logs/overlap-fed-20261207-d9f2083.jsonl) it took 1.62-1.71x the warp-specialized
+# kernel's time at T = 1024, 1.12-1.14x at 4096 and 0.97-1.01x at 16384, the same steps to the bit.
 PINGPONG_FED_CONFIGS = {
     "bf16": replace(_PINGPONG, fast_epilogue=True, num_stages=5, update_stages=2),
     "fp32": replace(_PINGPONG, num_stages=4, update_stages=2, pingpong_cols=16),
 }
-_FED_STATES = {"bf16"}
 # Where FORGE launches it unasked: bf16 states from this many tokens, on grids of at least
 # `_PINGPONG_MIN_TILES_PER_SM` tiles a multiprocessor, as measured (one H100, AdamW, Llama-3.1-8B's
 # gate, q and down, 7.8-27 tiles a multiprocessor; results/device-logs/overlap-pingpong-20261206-522087f.jsonl):
@@ -240,8 +241,6 @@ def _warp_specialized_config(T: int, N: int, K: int, state_dtype: str, dy: torch
         return None
     tiles = cdiv(N, config.block_n) * cdiv(K, config.block_k)
     multiprocessors = _multiprocessors(dy.device)
-    if not is_fp8(dy) and state_dtype in _FED_STATES and tiles >= _PINGPONG_MIN_TILES_PER_SM * multiprocessors:
-        return PINGPONG_FED_CONFIGS[state_dtype]
     if not is_fp8(dy) and pingpong_wins(T, state_dtype, tiles / multiprocessors):
         return PINGPONG_CONFIGS[state_dtype]
     if tiles >= _WS_MIN_TILES_PER_SM[state_dtype] * multiprocessors:
@@ -422,8 +421,6 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         )
     if config is None:
         config = _warp_specialized_config(T, N, K, state_dtype, dy, x, on_interpreter)
-        if config is not None and config.update_stages and (kahan or not _copy_engine_reads(weight, states)):
-            config = WARP_SPECIALIZED_DEFAULTS[state_dtype]  # the fed kernel reads neither: the loads' kernel
     elif config.warp_specialized and not _can_run_warp_specialized(state_dtype, dy, x):
         raise ValueError(
             "a warp_specialized KernelConfig needs a Hopper GPU (sm_90), Triton's Gluon, bf16 dy and x that TMA "

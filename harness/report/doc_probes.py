@@ -266,15 +266,75 @@ def kernel_fed(root: Path) -> str:
     return "\n\n".join(
         [
             _table(header, rows, "l" + "r" * 10),
-            "Fed: the ping-pong kernel whose consumers update from 64-row pieces of W and the states that a "
-            "piece loader brought into shared memory by bulk copies; candidates s<S>_u<U>_c<C>: S stages of "
-            "dy and x, U piece slots, pieces of C columns (`harness.kernels.overlap.fed_configs`); AdamW with"
-            " bf16 states, median ms. Its halves, of the fastest candidate: its consumers' main loops in turn"
-            " with no update, and their update of a synthetic gradient from the piece ring with no operand "
-            "reads. The warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`) and the ping-pong kernel's "
-            "faster candidate from the same run; elements that differ: W and both states after one step of "
-            "every candidate against the warp-specialized kernel's (0: equal to the bit). Data:"
+            "Fed: the ping-pong kernel whose consumers update from 64-row pieces of W and the states that "
+            "each consumer's piece loader brought into shared memory by bulk copies; candidates "
+            "s<S>_u<U>_c<C>: S stages of dy and x, U slots a consumer's piece ring, pieces of C columns "
+            "(`harness.kernels.overlap.fed_configs`); AdamW with bf16 states, median ms. Its halves, of the "
+            "fastest candidate: its consumers' main loops in turn with no update, and their update of a "
+            "synthetic gradient from the piece rings with no operand reads. The warp-specialized kernel "
+            "(`WARP_SPECIALIZED_DEFAULTS`) and the ping-pong kernel's faster candidate from the same run; "
+            "elements that differ: W and both states after one step of every candidate against the warp-"
+            "specialized kernel's (0: equal to the bit). Data:"
             f" {_source(path, records)}, from `python -m harness.kernels.overlap`.",
+        ]
+    )
+
+
+def _span(values: list[float]) -> str:
+    """'a-bx' (or 'ax' where all round alike) over every value given."""
+    low, high = _x(min(values)), _x(max(values))
+    return low if low == high else f"{low[:-1]}-{high}"
+
+
+def kernel_fed_outcome(root: Path) -> str:
+    """The fed kernel's run summed up by token count: over every shape of the run at that T, the
+    range of its fastest candidate's time over the warp-specialized kernel, the ping-pong kernel and
+    the roofline, and of its halves' and the warp-specialized kernel's halves' over the roofline."""
+    found = _newest_run(root, FED)
+    if found is None:
+        return "Not measured yet (the block above says how)."
+    path, records = found
+    by_t: dict[int, list[dict]] = {}
+    for r in records:
+        names = [k[: -len("_differs")] for k in r if k.startswith(FED) and k.endswith("_differs")]
+        timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
+        if not timed:
+            continue
+        ms, best = min(timed)
+        roof = r["roofline_ms"]
+        pingpong = min(r[k] for k in r if k.startswith(PINGPONG) and k.endswith("_ms") and r[k])
+        by_t.setdefault(r["T"], []).append(
+            dict(
+                ws=ms / (r.get("warp_specialized_ms") or r["shipped_ms"]),
+                pingpong=ms / pingpong,
+                roof=ms / roof,
+                mma=r[f"{best}_mma_only_ms"] / roof,
+                update=r[f"{best}_update_only_ms"] / roof,
+                ws_mma=r["ws_mma_only_ms"] / roof,
+                ws_update=r["ws_epilogue_only_ms"] / roof,
+            )
+        )
+    columns = ("ws", "pingpong", "roof", "mma", "update", "ws_mma", "ws_update")
+    rows = [
+        [f"{T:,}", str(len(points))] + [_span([p[c] for p in points]) for c in columns]
+        for T, points in sorted(by_t.items())
+    ]
+    header = [
+        "T",
+        "shapes",
+        "fed over warp-specialized",
+        "over ping-pong",
+        "over roofline",
+        "its MMA half / roofline",
+        "its update half / roofline",
+        "warp-specialized MMA half / roofline",
+        "warp-specialized update half / roofline",
+    ]
+    return "\n\n".join(
+        [
+            _table(header, rows, "r" * 9),
+            "Ranges over the shapes of the table above at each T (the fastest candidate at each point)."
+            f" Data: {_source(path, records)}.",
         ]
     )
 
@@ -443,6 +503,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
     "kernel-fed": kernel_fed,
+    "kernel-fed-outcome": kernel_fed_outcome,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(
