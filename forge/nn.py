@@ -82,17 +82,17 @@ class ForgeLinearFunction(torch.autograd.Function):
     ):
         # saved_ahead: x is the output of `_SavedInput`, whose node holds x for the backward
         # fp8: the three GEMMs on FP8 tensor cores (`forge.fp8`)
-        ctx.input_node = x.grad_fn if saved_ahead else None
-        if not saved_ahead and not fp8:
-            ctx.save_for_backward(x)
+        if saved_ahead:
+            ctx.input_node = x.grad_fn
+        else:
+            ctx.input_node = None
+            if not fp8:
+                ctx.save_for_backward(x)
         # The Parameter itself, not a saved tensor: under activation checkpointing saved tensors come
         # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
-        ctx.weight = weight
-        ctx.updater = updater
-        ctx.name = name
+        ctx.weight, ctx.updater, ctx.name, ctx.fp8 = weight, updater, name, fp8
         ctx.version = updater.version(weight)
-        ctx.has_bias = bias is not None
-        ctx.fp8 = fp8
+        ctx.sharded = sharded = is_dtensor(weight)  # a tensor-parallel shard: its local rows or columns
         if not torch.compiler.is_compiling():
             guards.record_use(ctx)  # checked at the backward's first update (`forge.guards`)
         if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
@@ -101,11 +101,12 @@ class ForgeLinearFunction(torch.autograd.Function):
                 ctx.save_for_backward(*x8)
             ctx.input_shape = x.shape
             return y if bias is None else y + bias.to(y.dtype)
-        return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
+        return F.linear(x, weight.to_local() if sharded else weight, bias)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        saved = ctx.input_node.saved_tensors if ctx.input_node is not None else ctx.saved_tensors
+        # The host's path between autograd and the kernel launch: every line here runs for each
+        # fused layer of every step, on the autograd engine's thread, under the GIL.
         weight, updater = ctx.weight, ctx.updater
         if updater.version(weight) != ctx.version:
             raise RuntimeError(
@@ -115,27 +116,31 @@ class ForgeLinearFunction(torch.autograd.Function):
                 "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary "
                 "gradient."
             )
-        dy = dy.reshape(-1, dy.shape[-1])  # (T, N)
+        input_node, needs = ctx.input_node, ctx.needs_input_grad
+        saved = ctx.saved_tensors if input_node is None else input_node.saved_tensors
+        dy2 = dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1])  # (T, N)
         dx = db = grad_scale = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum(0)
+        if needs[2]:  # a bias that requires grad
+            db = dy2.sum(0)
         if ctx.fp8:  # dx in FP8; dy and x as T-major FP8 copies for the fused kernel, with their scale
-            if ctx.input_node is not None:  # x itself, saved ahead: cast again
+            if input_node is not None:  # x itself, saved ahead: cast again
                 saved = saved[0].reshape(-1, ctx.input_shape[-1])
-            dx, dy, x2, grad_scale = forge_fp8.backward(dy, saved, weight, ctx.needs_input_grad[0])
+            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, saved, weight, needs[0])
             dx = None if dx is None else dx.reshape(ctx.input_shape)
         else:
             (x,) = saved
-            x2 = x.reshape(-1, x.shape[-1])
-            if ctx.needs_input_grad[0]:
-                w = local(weight)  # the old W, before the update; cast only under autocast
-                dx = (dy @ (w if w.dtype == dy.dtype else w.to(dy.dtype))).reshape(x.shape)
+            x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (T, K)
+            if needs[0]:
+                w = weight.to_local() if ctx.sharded else weight  # the old W, before the update
+                # dy of any rank against W (cast only under autocast): matmul folds the leading dims
+                # into the GEMM's rows, the same mm as on (T, N), without a reshape from Python
+                dx = dy @ (w if w.dtype == dy.dtype else w.to(dy.dtype))
                 if dx.dtype != x.dtype:
                     dx = dx.to(x.dtype)
         if torch.compiler.is_compiling():
-            _fused_step_outside_graph(updater, weight, dy, x2, grad_scale)
+            _fused_step_outside_graph(updater, weight, dy2, x2, grad_scale)
         else:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
-            updater.update_linear(weight, dy, x2, grad_scale=grad_scale)
+            updater.update_linear(weight, dy2, x2, grad_scale=grad_scale)
         guards.release_use(ctx)
         return dx, None, db, None, None, None, None
 
@@ -153,10 +158,12 @@ class _SavedInput(torch.autograd.Function):
         return dx
 
 
+_TOP_SAVED_TENSOR_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def _saved_tensor_hooks_active() -> bool:
     """Whether saved tensors go through hooks here (activation checkpointing, offloading)."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is not None and top(False) is not None
+    return _TOP_SAVED_TENSOR_HOOKS is not None and _TOP_SAVED_TENSOR_HOOKS(False) is not None
 
 
 def forge_linear(
@@ -172,7 +179,15 @@ def forge_linear(
     saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
     if saved_ahead:
         x = _SavedInput.apply(x)
-    return ForgeLinearFunction.apply(x, weight, bias, updater, name, saved_ahead, fp8)
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return ForgeLinearFunction.apply(x, weight, bias, updater, name, saved_ahead, fp8)
+    return _APPLY(x, weight, bias, updater, name, saved_ahead, fp8)
+
+
+# `ForgeLinearFunction.apply` past torch's Python wrapper, which in eager mode without functorch
+# transforms only hands its arguments on to this, autograd's own apply (Dynamo and functorch see
+# the wrapper: `forge_linear` calls it for them).
+_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, ForgeLinearFunction)
 
 
 def _fused_step_outside_graph(
@@ -257,19 +272,19 @@ class ForgeLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opt = self._forge_optimizer
+        params = self._parameters  # what `self.weight` finds after nn.Module's __getattr__, directly
+        weight, bias = params["weight"], params["bias"]
         if opt is None or not torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        if is_dtensor(self.weight):  # sharded by a tensor-parallel plan (forge.distributed)
-            return tp_linear_forward(x, self.weight, self.bias, opt, self._forge_name)
+            return F.linear(x, weight, bias)
+        if is_dtensor(weight):  # sharded by a tensor-parallel plan (forge.distributed)
+            return tp_linear_forward(x, weight, bias, opt, self._forge_name)
         fp8 = self._forge_fp8
         if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
             from forge.ops import forge_linear_op
 
             states, handle, index = self._forge_states, self._forge_handle, self._forge_index
-            return forge_linear_op(
-                autocast_input(x), self.weight, self.bias, states, handle, index, self._forge_marker
-            )
-        return forge_linear(autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
+            return forge_linear_op(autocast_input(x), weight, bias, states, handle, index, self._forge_marker)
+        return forge_linear(autocast_input(x), weight, bias, opt, self._forge_name, fp8)
 
 
 def updater_of(module: nn.Module) -> CompiledUpdater | None:
@@ -323,7 +338,17 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     """Under torch.autocast, x in the autocast dtype, as autocast's own linear casts it: the forward
     saves that copy, so the backward hands the fused kernel bf16 operands (tensor cores, fp32
     accumulation) and keeps half the activation bytes; the weight stays the fp32 Parameter."""
+    if not _any_autocast_enabled():
+        return x
     device_type = x.device.type
     if not x.is_floating_point() or not torch.is_autocast_enabled(device_type):
         return x
     return x.to(torch.get_autocast_dtype(device_type))
+
+
+def _any_autocast_enabled() -> bool:
+    """Whether autocast is on for any device type (one call, where there is one: torch 2.4 on)."""
+    return _ANY_AUTOCAST is None or _ANY_AUTOCAST()
+
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
