@@ -73,7 +73,7 @@ import torch
 
 from forge import muon
 from forge.distributed import is_dtensor, local, local_grad
-from forge.rules import NUM_COEFFICIENTS, Rule
+from forge.rules import NUM_COEFFICIENTS
 from forge.states import Slots
 from forge.steps import for_row_block, step_row_words, step_rows
 
@@ -207,12 +207,10 @@ def fp8_cast(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, transpos
 
 
 class KeptLaunch(NamedTuple):
-    """A fused weight's launch, kept from step to step (`Launcher.kept_launch`): valid while its
-    rule's `flags` and the weight's storage (`address`) are those it was built for."""
+    """A fused weight's launch, kept from step to step (`Launcher.kept_launch`): valid while the
+    weight's storage is at `address` (and its rule's flags as they were: `Launcher.check_flags`)."""
 
     launch: Callable  # (dy, x, coefficients, seed, step_row, grad_scale): a `WgradUpdate`
-    rule: Rule
-    flags: dict
     address: int
 
 
@@ -252,9 +250,10 @@ class Launcher:
         self.table, self.storage, self.steps, self.weights = table, storage, steps, weights
         self.check = check
         self.slot_cache: dict[torch.Tensor, Slots] = {}
-        self.kept: dict[
-            torch.Tensor, KeptLaunch | None
-        ] = {}  # each fused weight's launch, kept (`kept_launch`)
+        self.kept: dict[torch.Tensor, KeptLaunch | None] = {}  # fused weights' launches (`kept_launch`)
+        self.kinds: dict[torch.Tensor, tuple] = {}  # vectors' options, slots and kind (`vector_kind`)
+        self.group_flags: dict[int, dict] = {}  # each group's rule's flags when its launches were kept
+        self.flags_task = -1  # the backward whose first update checked them (`check_flags`)
 
     def add(self, p: torch.Tensor, group: dict) -> None:
         """A new parameter p of `group`: its step count (`forge.steps`) and its state tensors, now."""
@@ -290,16 +289,32 @@ class Launcher:
     def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, step row) of p's next update, its step counted (`forge.steps`),
         once this backward has passed its checks."""
-        return self.steps.begin(p, self.check.once())
+        task = self.check.once()
+        if task != self.flags_task or task < 0:
+            self.check_flags(task)
+        return self.steps.begin(p, task)
+
+    def check_flags(self, task: int) -> None:
+        """At the first update of backward `task` (and at every update outside one): what is kept
+        for the parameters of a group whose rule's flags changed since it was built (launches,
+        vector kinds) is dropped, and built again with the flags as they are."""
+        for group in self.table.param_groups:
+            flags = self.table.rule_of_group(group).flags(group)
+            if self.group_flags.get(id(group)) != flags:
+                self.group_flags[id(group)] = flags
+                for p in group["params"]:
+                    self.kept.pop(p, None)
+                    self.kinds.pop(p, None)
+        self.flags_task = task
 
     def kept_launch(self, weight: torch.Tensor) -> KeptLaunch | None:
         """The fused kernel's launch for `weight` with its tensors and options bound
-        (`forge.kernels.wgrad_update.WgradUpdate`), built at its first step and kept while its rule's
-        flags and its storage stay as they were; None where a step is not one launch on the weight
-        itself (a whole-matrix rule, a DTensor shard)."""
+        (`forge.kernels.wgrad_update.WgradUpdate`), built at its first step and kept while its storage
+        stays where it was and its rule's flags as they were (`check_flags`); None where a step is not
+        one launch on the weight itself (a whole-matrix rule, a DTensor shard)."""
         kept = self.kept.get(weight)
         if kept is not None:
-            if kept.flags == kept.rule.flags(self.table.groups[weight]) and kept.address == weight.data_ptr():
+            if kept.address == weight.data_ptr():
                 return kept
         elif weight in self.kept:
             return None
@@ -309,7 +324,7 @@ class Launcher:
             return None
         options = self.options_of(weight)
         launch = fused_wgrad_launch(weight, self.slots_of(weight), options)
-        kept = self.kept[weight] = KeptLaunch(launch, rule, options.flags, weight.data_ptr())
+        kept = self.kept[weight] = KeptLaunch(launch, weight.data_ptr())
         return kept
 
     # ------------------------------------------------------------------ the launches
@@ -368,20 +383,33 @@ class Launcher:
         batches: dict[tuple, list] = {}
         for p, grad in updates:
             coefficients, seed, _ = self.begin(p)
-            if p.numel() == 0:
+            if p.numel() == 0:  # an FSDP2 shard with no elements on this rank: its step still counts
                 continue
-            options, slots = self.options_of(p), self.slots_of(p)
-            kind = (
-                options.rule, tuple(options.flags.items()), options.state_dtype, options.stochastic_rounding,
-                p.dtype, grad.dtype, p.device, tuple(s is None for s in slots.states), slots.signed,
-                slots.residual is None,
-            )  # fmt: skip
-            batches.setdefault(kind, [options, [], [], [], [], []])
-            batch = batches[kind]
-            for column, value in zip(batch[1:], (p, grad, slots, coefficients, seed)):
-                column.append(value)
+            options, slots, kind = self.vector_kind(p)
+            batch = batches.get((kind, grad.dtype))
+            if batch is None:
+                batch = batches[kind, grad.dtype] = [options, [], [], [], [], []]
+            batch[1].append(p)
+            batch[2].append(grad)
+            batch[3].append(slots)
+            batch[4].append(coefficients)
+            batch[5].append(seed)
         for options, params, grads, slots, coefficients, seeds in batches.values():
             vector_update(params, grads, slots, step_rows(coefficients, seeds, step_row_words()), options)
+
+    def vector_kind(self, p: torch.Tensor) -> tuple[UpdateOptions, Slots, tuple]:
+        """(options, slots, kind) of a vector's update, kept while its rule's flags stay as they
+        were (`check_flags`): the vectors of one kind (and gradient dtype) share a launch."""
+        kept = self.kinds.get(p)
+        if kept is not None:
+            return kept
+        options, slots = self.options_of(p), self.slots_of(p)
+        kind = (
+            options.rule, tuple(options.flags.items()), options.state_dtype, options.stochastic_rounding,
+            p.dtype, p.device, tuple(s is None for s in slots.states), slots.signed, slots.residual is None,
+        )  # fmt: skip
+        kept = self.kinds[p] = (options, slots, kind)
+        return kept
 
     def row_blocks(self, weight: torch.Tensor, fork: Callable | None = None) -> RowBlockUpdate:
         """Counts one step of `weight` now and returns `update(block, start, dy, x)`, which applies

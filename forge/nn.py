@@ -6,10 +6,19 @@ Backward of `y = x W^T + b` for x (T, K), W (N, K), dy (T, N), in this order:
      fp32 registers and is consumed there by the optimizer update; W and the states are written
      back; dW is never stored and the weight's `.grad` stays None;
   3. the bias gradient dy.sum(0) is returned as usual: a post-accumulate-grad hook on the bias
-     updates it with the element-wise kernel (see `forge.wiring`).
+     hands it to the optimizer, which updates it with the backward's other vectors when the
+     backward ends (`forge.wiring`, `forge.vectors`).
 
 The layer knows its optimizer only as a `forge.interface.FusedUpdater`: the backward asks it for
 the weight's update count (`version`) and hands it dy and x (`update_linear`).
+
+Host cost. Eagerly this module runs at every layer of every step, on the host's critical path
+where a layer's GPU work is short, so it does little: `ForgeLinear.forward` reads its parameters
+from `_parameters` (not through nn.Module's `__getattr__`) and asks for autocast once, `forge_linear`
+calls autograd's own apply (torch's Python wrapper only hands the arguments on, in eager mode
+without functorch transforms), a 2-D layer takes no reshape, and the backward hands dy and x to
+the optimizer, whose launch for this weight is kept from step to step (`forge.functional`).
+`tests/forge/test_launch_counts.py` counts what a layer calls.
 
 Mixed precision. Under torch.autocast the input is cast to the autocast dtype before the
 Function (as autocast's linear does), the forward's F.linear casts the weight, and the backward
@@ -60,6 +69,8 @@ from forge import guards
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 from forge.interface import CompiledUpdater, FusedUpdater
 
+_PLAIN = (torch.Tensor, nn.Parameter)  # the types of a weight that is no DTensor, told apart without a call
+
 # torch.compile traces the custom ops from torch 2.11 on (2.11 with the weight left out of the
 # backward op's declared mutations, `forge.ops.WEIGHT_LISTED`); before, this Function runs between
 # compiled regions instead, behind a graph break per linear.
@@ -92,7 +103,8 @@ class ForgeLinearFunction(torch.autograd.Function):
         # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
         ctx.weight, ctx.updater, ctx.name, ctx.fp8 = weight, updater, name, fp8
         ctx.version = updater.version(weight)
-        ctx.sharded = sharded = is_dtensor(weight)  # a tensor-parallel shard: its local rows or columns
+        # a tensor-parallel shard: its local rows or columns (a plain tensor's type says it is none)
+        ctx.sharded = sharded = type(weight) not in _PLAIN and is_dtensor(weight)
         if not torch.compiler.is_compiling():
             guards.record_use(ctx)  # checked at the backward's first update (`forge.guards`)
         if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
@@ -158,12 +170,9 @@ class _SavedInput(torch.autograd.Function):
         return dx
 
 
+# The saved-tensor hooks in force here (activation checkpointing, offloading), or None where there
+# are none; None itself on a torch that cannot say.
 _TOP_SAVED_TENSOR_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-
-
-def _saved_tensor_hooks_active() -> bool:
-    """Whether saved tensors go through hooks here (activation checkpointing, offloading)."""
-    return _TOP_SAVED_TENSOR_HOOKS is not None and _TOP_SAVED_TENSOR_HOOKS(False) is not None
 
 
 def forge_linear(
@@ -176,7 +185,9 @@ def forge_linear(
 ):
     """y = x W^T + b through ForgeLinearFunction, with x saved ahead of the GEMM under saved-tensor
     hooks (x must require grad for `_SavedInput` to keep a node); `fp8`: its GEMMs in FP8."""
-    saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
+    saved_ahead = (
+        x.requires_grad and _TOP_SAVED_TENSOR_HOOKS is not None and _TOP_SAVED_TENSOR_HOOKS(False) is not None
+    )
     if saved_ahead:
         x = _SavedInput.apply(x)
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
@@ -276,15 +287,19 @@ class ForgeLinear(nn.Linear):
         weight, bias = params["weight"], params["bias"]
         if opt is None or not torch.is_grad_enabled():
             return F.linear(x, weight, bias)
-        if is_dtensor(weight):  # sharded by a tensor-parallel plan (forge.distributed)
+        if type(weight) not in _PLAIN and is_dtensor(weight):  # sharded by a tensor-parallel plan
             return tp_linear_forward(x, weight, bias, opt, self._forge_name)
         fp8 = self._forge_fp8
-        if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
-            from forge.ops import forge_linear_op
+        if torch.compiler.is_compiling():
+            x = autocast_input(x)
+            if COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
+                from forge.ops import forge_linear_op
 
-            states, handle, index = self._forge_states, self._forge_handle, self._forge_index
-            return forge_linear_op(autocast_input(x), weight, bias, states, handle, index, self._forge_marker)
-        return forge_linear(autocast_input(x), weight, bias, opt, self._forge_name, fp8)
+                states, handle, index = self._forge_states, self._forge_handle, self._forge_index
+                return forge_linear_op(x, weight, bias, states, handle, index, self._forge_marker)
+        elif torch._C._is_any_autocast_enabled():  # eager: one call says there is no autocast to follow
+            x = autocast_input(x)
+        return forge_linear(x, weight, bias, opt, self._forge_name, fp8)
 
 
 def updater_of(module: nn.Module) -> CompiledUpdater | None:
@@ -338,17 +353,7 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     """Under torch.autocast, x in the autocast dtype, as autocast's own linear casts it: the forward
     saves that copy, so the backward hands the fused kernel bf16 operands (tensor cores, fp32
     accumulation) and keeps half the activation bytes; the weight stays the fp32 Parameter."""
-    if not _any_autocast_enabled():
-        return x
     device_type = x.device.type
     if not x.is_floating_point() or not torch.is_autocast_enabled(device_type):
         return x
     return x.to(torch.get_autocast_dtype(device_type))
-
-
-def _any_autocast_enabled() -> bool:
-    """Whether autocast is on for any device type (one call, where there is one: torch 2.4 on)."""
-    return _ANY_AUTOCAST is None or _ANY_AUTOCAST()
-
-
-_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)

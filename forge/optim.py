@@ -2,7 +2,8 @@
 
 With FORGE the update happens during `loss.backward()`: each nn.Linear weight inside its fused
 weight-gradient kernel (`forge.nn`), every other parameter from a post-accumulate-grad hook that
-runs the element-wise kernel and drops the gradient at once (`forge.wiring`). This class owns what
+runs the element-wise kernel and drops the gradient at once (`forge.wiring`), the vectors among them
+(norm weights, biases) in one launch when the backward ends (`forge.vectors`). This class owns what
 an optimizer owns, param groups with their hyperparameters and per-parameter state, and hands
 every update to the objects that do one job each:
 
@@ -13,7 +14,8 @@ every update to the objects that do one job each:
     forge.functional   one update's launch: coefficients, slots and options, and the kernel
     forge.param_table  each parameter's group, rule and state, the lookup the parts above share
     forge.updates      when each update runs: now, on the update stream (`forge.streams`), after
-                       the clip norm (`forge.clip`) or the data-parallel reduction (`forge.data_parallel`)
+                       the clip norm (`forge.clip`) or the data-parallel reduction (`forge.data_parallel`),
+                       or with the backward's other vectors (`forge.vectors`)
     forge.guards       what the first update of each backward checks
     forge.wiring       which parameters are fused and which hooked
     forge.state_dict   loading a state dict, checked whole before anything changes

@@ -216,8 +216,9 @@ def step_rows(coefficient_rows: list, seeds, words: int) -> np.ndarray:
     reads its step from memory reads (`forge.kernels.update_tile.load_step_values`)."""
     n = NUM_COEFFICIENTS
     values = np.zeros((len(seeds), words), np.int32)
-    values[:, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
-    values[:, n] = np.asarray(seeds).astype(np.int32)
+    if len(values):
+        values[:, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
+        values[:, n] = np.asarray(seeds).astype(np.int32)
     return values
 
 

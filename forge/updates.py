@@ -106,10 +106,13 @@ class Updates:
         else:
             self.launcher.fused(weight, dy, x, config, grad_scale, into=into)
 
-    @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (see the module). `into`: as
-        for `update_linear`."""
+        for `update_linear`. Under no_grad: a hook inside backward is there already, so only a
+        direct call with grad mode on enters it (the context manager costs every hook's host time)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.update_elementwise(p, grad, into=into)
         if self.reducer is None:
             self.apply_gradient(p, grad, into=into)
             return
