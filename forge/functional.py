@@ -343,7 +343,9 @@ class Launcher:
         rule's: its tile half into a scratch, then its whole-matrix half, `forge.muon`)."""
         coefficients, seed, row = self.begin(weight)
         if into is None and config is None and row is None:  # an eager step (a capturable one is a warm-up)
-            kept = self.kept_launch(weight)
+            kept = self.kept.get(weight)  # `kept_launch`'s first lines, without its frame
+            if kept is None or kept.address != weight.data_ptr():
+                kept = self.kept_launch(weight)
             if kept is not None:
                 kept.launch(dy, x, coefficients, seed, None, grad_scale)
                 return

@@ -327,7 +327,8 @@ def _breakdown(
             host_us, wall_us = _per_call_us(step, stack_calls, sync, repeats, clock)
             results[name] = dict(host_us=host_us / layers, wall_us=wall_us / layers)
             print(f"{name:44s} {host_us / layers:9.1f} {wall_us / layers:9.1f}", flush=True)
-    ratios = _ratios(results, layers)
+    pairs = _host_pairs(results, layers)
+    ratios = {name: forge_us / plain_us for name, (forge_us, plain_us) in pairs.items()}
     for name, ratio in ratios.items():
         print(f"ForgeLinear / nn.Linear, {name:31s} {ratio:9.2f}x")
     profile = _profile(on_this_thread(forge_step), calls, sync)
@@ -346,24 +347,26 @@ def _breakdown(
         norms=norms,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         rows=results,
+        host_pairs=pairs,
         ratios=ratios,
         profile=profile,
         torch_profile=torch_profile,
     )
 
 
-def _ratios(rows: dict, layers: int) -> dict[str, float]:
-    """ForgeLinear's host time over nn.Linear's: one layer and a layer of the stack, each on the
-    device thread and on this one (the issue of eager FORGE's host cost in one number each)."""
+def _host_pairs(rows: dict, layers: int) -> dict[str, list[float]]:
+    """[ForgeLinear's host us, nn.Linear's]: one layer and a layer of the stack, each with the
+    backward on the device thread and on this one (eager FORGE's host cost against torch's, four
+    ways; the docs' host-launches block reads them)."""
     out = {}
     for what, row in (
         ("one layer", "{} fwd+bwd"),
         (f"a layer of {layers}", f"{{}} stack of {layers}, per layer"),
     ):
         for where, suffix in (("", ""), (", this thread", ", backward on this thread")):
-            forge_us = rows[row.format("ForgeLinear") + suffix]["host_us"]
-            plain_us = rows[row.format("nn.Linear") + suffix]["host_us"]
-            out[what + where] = forge_us / plain_us
+            out[what + where] = [
+                rows[row.format(kind) + suffix]["host_us"] for kind in ("ForgeLinear", "nn.Linear")
+            ]
     return out
 
 

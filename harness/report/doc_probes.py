@@ -372,11 +372,11 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 
 def _newest_breakdown(root: Path) -> tuple[str, dict] | None:
     """(path, record) of the newest GPU run of `launch_breakdown` (by its time) that times the host
-    paths side by side (its record has `ratios`), or None."""
+    paths side by side (its record has `host_pairs`), or None."""
     found = []
     for path in sorted(root.glob(LAUNCH_BREAKDOWNS)):
         record = json.loads(path.read_text())
-        if "ratios" in record and not record.get("host_only"):
+        if "host_pairs" in record and not record.get("host_only"):
             found.append((record["time"], path.relative_to(root).as_posix(), record))
     return max(found)[1:] if found else None
 
@@ -394,23 +394,12 @@ def host_launches(root: Path) -> str:
             " `--host-only` times the host's Python alone, the kernels' launches taken out."
         )
     path, record = found
-    rows_of, layers, norms = record["rows"], record["layers"], record["norms"]
+    rows_of, norms = record["rows"], record["norms"]
     rows = []
-    for what, row in (
-        ("one layer", "{} fwd+bwd"),
-        (f"a layer of {layers}", f"{{}} stack of {layers}, per layer"),
-    ):
-        for where, suffix in (("device thread", ""), ("this thread", ", backward on this thread")):
-            forge_us = rows_of[row.format("ForgeLinear") + suffix]["host_us"]
-            plain_us = rows_of[row.format("nn.Linear") + suffix]["host_us"]
-            rows.append(
-                [
-                    f"{what}, backward on the {where}",
-                    f"{forge_us:.1f}",
-                    f"{plain_us:.1f}",
-                    _x(forge_us / plain_us),
-                ]
-            )
+    for what, (forge_us, plain_us) in record["host_pairs"].items():  # one layer and a layer of the stack
+        thread = "this thread" if what.endswith("this thread") else "the device thread"
+        label = what.removesuffix(", this thread") + f", backward on {thread}"
+        rows.append([label, f"{forge_us:.1f}", f"{plain_us:.1f}", _x(forge_us / plain_us)])
     each = rows_of[f"elementwise_update, {norms} norms"]["host_us"]
     once = rows_of[f"vector_update, {norms} norms"]["host_us"]
     rows.append(
