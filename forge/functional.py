@@ -10,9 +10,13 @@ takes what one step needs and nothing of the optimizer:
     fused_wgrad_update(weight, dy, x, slots, coefficients, seed, options)   an nn.Linear weight's
         step inside its dW GEMM: dW = dy^T x accumulated tile by tile in fp32 registers and
         consumed there by the rule; dW is never stored
+    fused_wgrad_launch(weight, slots, options)   the same launch with the weight's side bound once,
+        called with dy, x and the step's scalars at every step (what an optimizer keeps per weight)
     elementwise_update(param, grad, slots, coefficients, seed, options)     any parameter's step
         from its materialized gradient (embeddings, norms, biases; every parameter under data
         parallelism, from the reduced gradient)
+    vector_update(params, grads, slots, step_rows, options)     the steps of many vectors (norm
+        weights, biases) in one launch, each with its own coefficients and seed (`forge.vectors`)
     wgrad_norm_power_sum(dy, x, norm_type)     sum |dy^T x|^p without storing dy^T x (clipping)
     quantize(values, signed, group), dequantize(codes, scales, signed, group)   int8 states
     fp8_cast(t, dtype, rows, transposed)       the FP8 copies of a GEMM operand (two launches)
@@ -64,13 +68,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from forge import muon
-from forge.distributed import local, local_grad
+from forge.distributed import is_dtensor, local, local_grad
 from forge.rules import NUM_COEFFICIENTS
 from forge.states import Slots
-from forge.steps import for_row_block
+from forge.steps import for_row_block, step_row_words, step_rows
 
 if TYPE_CHECKING:
     from forge.guards import BackwardCheck
@@ -116,6 +121,20 @@ def fused_wgrad_update(
     )  # fmt: skip
 
 
+def fused_wgrad_launch(weight: torch.Tensor, slots: Slots, options: UpdateOptions) -> Callable:
+    """`fused_wgrad_update` of `weight` with its slots and options bound, and what the launch takes
+    of them worked out once (`forge.kernels.wgrad_update.WgradUpdate`): call it as
+    `launch(dy, x, coefficients, seed, step_row, grad_scale)` at each step. The tensors must keep
+    their storage (an optimizer's states do: it updates them in place)."""
+    from forge.kernels.wgrad_update import WgradUpdate
+
+    return WgradUpdate(
+        weight, slots.states, slots.scales, slots.signed, rule=options.rule, flags=options.flags,
+        state_dtype=options.state_dtype, stochastic_rounding=options.stochastic_rounding,
+        int8_group=options.int8_group, residual=slots.residual,
+    )  # fmt: skip
+
+
 def elementwise_update(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -135,6 +154,25 @@ def elementwise_update(
         rule=options.rule, flags=options.flags, state_dtype=options.state_dtype,
         stochastic_rounding=options.stochastic_rounding, int8_group=options.int8_group,
         step_values=step_row, grad_scale=grad_scale, residual=slots.residual,
+    )  # fmt: skip
+
+
+def vector_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    slots: list[Slots],
+    step_rows: np.ndarray,
+    options: UpdateOptions,
+) -> None:
+    """One step of each vector in `params` (1-D, contiguous, one dtype and device) from its gradient
+    in `grads` (contiguous, one dtype), in one launch; `slots`: each one's (one layout for all),
+    `step_rows`: each one's coefficients and seed (`forge.steps.step_rows`)."""
+    from forge.kernels.vector_update import update_vectors
+
+    update_vectors(
+        params, grads, [s.states for s in slots], [s.residual for s in slots], step_rows, slots[0].signed,
+        rule=options.rule, flags=options.flags, state_dtype=options.state_dtype,
+        stochastic_rounding=options.stochastic_rounding,
     )  # fmt: skip
 
 
@@ -166,6 +204,14 @@ def fp8_cast(t: torch.Tensor, dtype: torch.dtype, *, rows: bool = True, transpos
     from forge.kernels import fp8_cast as kernel
 
     return kernel.cast(t, dtype, rows=rows, transposed=transposed)
+
+
+class KeptLaunch(NamedTuple):
+    """A fused weight's launch, kept from step to step (`Launcher.kept_launch`): valid while the
+    weight's storage is at `address` (and its rule's flags as they were: `Launcher.check_flags`)."""
+
+    launch: Callable  # (dy, x, coefficients, seed, step_row, grad_scale): a `WgradUpdate`
+    address: int
 
 
 # A block of a weight's rows updated by its own launch (`Launcher.row_blocks`): (block, first row, dy, x).
@@ -204,6 +250,10 @@ class Launcher:
         self.table, self.storage, self.steps, self.weights = table, storage, steps, weights
         self.check = check
         self.slot_cache: dict[torch.Tensor, Slots] = {}
+        self.kept: dict[torch.Tensor, KeptLaunch | None] = {}  # fused weights' launches (`kept_launch`)
+        self.kinds: dict[torch.Tensor, tuple] = {}  # vectors' options, slots and kind (`vector_kind`)
+        self.group_flags: dict[int, dict] = {}  # each group's rule's flags when its launches were kept
+        self.flags_task = -1  # the backward whose first update checked them (`check_flags`)
 
     def add(self, p: torch.Tensor, group: dict) -> None:
         """A new parameter p of `group`: its step count (`forge.steps`) and its state tensors, now."""
@@ -239,8 +289,43 @@ class Launcher:
     def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, step row) of p's next update, its step counted (`forge.steps`),
         once this backward has passed its checks."""
-        self.check.once()
-        return self.steps.begin(p)
+        task = self.check.once()
+        if task != self.flags_task or task < 0:
+            self.check_flags(task)
+        return self.steps.begin(p, task)
+
+    def check_flags(self, task: int) -> None:
+        """At the first update of backward `task` (and at every update outside one): what is kept
+        for the parameters of a group whose rule's flags changed since it was built (launches,
+        vector kinds) is dropped, and built again with the flags as they are."""
+        for group in self.table.param_groups:
+            flags = self.table.rule_of_group(group).flags(group)
+            if self.group_flags.get(id(group)) != flags:
+                self.group_flags[id(group)] = flags
+                for p in group["params"]:
+                    self.kept.pop(p, None)
+                    self.kinds.pop(p, None)
+        self.flags_task = task
+
+    def kept_launch(self, weight: torch.Tensor) -> KeptLaunch | None:
+        """The fused kernel's launch for `weight` with its tensors and options bound
+        (`forge.kernels.wgrad_update.WgradUpdate`), built at its first step and kept while its storage
+        stays where it was and its rule's flags as they were (`check_flags`); None where a step is not
+        one launch on the weight itself (a whole-matrix rule, a DTensor shard)."""
+        kept = self.kept.get(weight)
+        if kept is not None:
+            if kept.address == weight.data_ptr():
+                return kept
+        elif weight in self.kept:
+            return None
+        rule = self.table.rule_of(weight)
+        if rule.whole_matrix or is_dtensor(weight):
+            self.kept[weight] = None
+            return None
+        options = self.options_of(weight)
+        launch = fused_wgrad_launch(weight, self.slots_of(weight), options)
+        kept = self.kept[weight] = KeptLaunch(launch, weight.data_ptr())
+        return kept
 
     # ------------------------------------------------------------------ the launches
 
@@ -257,6 +342,13 @@ class Launcher:
         """The fused kernel's launch for `weight`'s next step from dW = dy^T x, now (a whole-matrix
         rule's: its tile half into a scratch, then its whole-matrix half, `forge.muon`)."""
         coefficients, seed, row = self.begin(weight)
+        if into is None and config is None and row is None:  # an eager step (a capturable one is a warm-up)
+            kept = self.kept.get(weight)  # `kept_launch`'s first lines, without its frame
+            if kept is None or kept.address != weight.data_ptr():
+                kept = self.kept_launch(weight)
+            if kept is not None:
+                kept.launch(dy, x, coefficients, seed, None, grad_scale)
+                return
         target, slots = (local(weight), self.slots_of(weight)) if into is None else into
         tiles = scratch_for(target) if self.table.rule_of(weight).whole_matrix else target
         fused_wgrad_update(
@@ -286,6 +378,40 @@ class Launcher:
         )
         if tiles is not target:
             muon.finish(target, tiles, self.table.group_of(p), *whole_matrix_scalars(coefficients, row))
+
+    def vectors(self, updates: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The steps of vectors from their gradients ((p, grad) pairs, `forge.vectors`), each counted
+        now, in one launch per kind of update (rule and flags, dtypes, state layout)."""
+        batches: dict[tuple, list] = {}
+        for p, grad in updates:
+            coefficients, seed, _ = self.begin(p)
+            if p.numel() == 0:  # an FSDP2 shard with no elements on this rank: its step still counts
+                continue
+            options, slots, kind = self.vector_kind(p)
+            batch = batches.get((kind, grad.dtype))
+            if batch is None:
+                batch = batches[kind, grad.dtype] = [options, [], [], [], [], []]
+            batch[1].append(p)
+            batch[2].append(grad)
+            batch[3].append(slots)
+            batch[4].append(coefficients)
+            batch[5].append(seed)
+        for options, params, grads, slots, coefficients, seeds in batches.values():
+            vector_update(params, grads, slots, step_rows(coefficients, seeds, step_row_words()), options)
+
+    def vector_kind(self, p: torch.Tensor) -> tuple[UpdateOptions, Slots, tuple]:
+        """(options, slots, kind) of a vector's update, kept while its rule's flags stay as they
+        were (`check_flags`): the vectors of one kind (and gradient dtype) share a launch."""
+        kept = self.kinds.get(p)
+        if kept is not None:
+            return kept
+        options, slots = self.options_of(p), self.slots_of(p)
+        kind = (
+            options.rule, tuple(options.flags.items()), options.state_dtype, options.stochastic_rounding,
+            p.dtype, p.device, tuple(s is None for s in slots.states), slots.signed, slots.residual is None,
+        )  # fmt: skip
+        kept = self.kinds[p] = (options, slots, kind)
+        return kept
 
     def row_blocks(self, weight: torch.Tensor, fork: Callable | None = None) -> RowBlockUpdate:
         """Counts one step of `weight` now and returns `update(block, start, dy, x)`, which applies

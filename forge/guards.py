@@ -51,13 +51,13 @@ def record_use(node) -> None:
 
 def release_use(node) -> None:
     """A ForgeLinear backward, after its update: the node cannot run again, unless its graph is kept."""
-    if not _keep_graph():
+    if _KEEP_GRAPH is not None and not _KEEP_GRAPH():
         _USES.discard(node)
 
 
-def _keep_graph() -> bool:
-    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return True if keep is None else bool(keep())
+# Whether the backward running now keeps its graph (retain_graph); None: a torch that cannot say,
+# where every use stays recorded until its node is freed.
+_KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
 
 
 def check_uses(task: int) -> None:
@@ -109,14 +109,15 @@ class BackwardCheck:
         self.table = table
         self.checked_task = -1  # the last backward whose groups were checked
 
-    def once(self) -> None:
+    def once(self) -> int:
         """The checks, at this backward's first update only (a direct call, outside any backward,
-        checks nothing: there is no graph to refuse)."""
-        task = backward_task()
+        checks nothing: there is no graph to refuse). Returns the backward's task (-1: none)."""
+        task = torch._C._current_graph_task_id()  # `backward_task()`, at every update
         if task == self.checked_task:
-            return
+            return task
         if task >= 0:
             for group in self.table.param_groups:
                 check_hparams(self.table.rule_of_group(group).name, group)
             check_uses(task)
         self.checked_task = task  # only once passed: a refused backward is refused at every update
+        return task

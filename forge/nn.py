@@ -6,10 +6,19 @@ Backward of `y = x W^T + b` for x (T, K), W (N, K), dy (T, N), in this order:
      fp32 registers and is consumed there by the optimizer update; W and the states are written
      back; dW is never stored and the weight's `.grad` stays None;
   3. the bias gradient dy.sum(0) is returned as usual: a post-accumulate-grad hook on the bias
-     updates it with the element-wise kernel (see `forge.wiring`).
+     hands it to the optimizer, which updates it with the backward's other vectors when the
+     backward ends (`forge.wiring`, `forge.vectors`).
 
 The layer knows its optimizer only as a `forge.interface.FusedUpdater`: the backward asks it for
 the weight's update count (`version`) and hands it dy and x (`update_linear`).
+
+Host cost. Eagerly this module runs at every layer of every step, on the host's critical path
+where a layer's GPU work is short, so it does little: `ForgeLinear.forward` reads its parameters
+from `_parameters` (not through nn.Module's `__getattr__`) and asks for autocast once, `forge_linear`
+calls autograd's own apply (torch's Python wrapper only hands the arguments on, in eager mode
+without functorch transforms), a 2-D layer takes no reshape, and the backward hands dy and x to
+the optimizer, whose launch for this weight is kept from step to step (`forge.functional`).
+`tests/forge/test_launch_counts.py` counts what a layer calls.
 
 Mixed precision. Under torch.autocast the input is cast to the autocast dtype before the
 Function (as autocast's linear does), the forward's F.linear casts the weight, and the backward
@@ -60,6 +69,8 @@ from forge import guards
 from forge.distributed import COLWISE, is_dtensor, linear_layout, local
 from forge.interface import CompiledUpdater, FusedUpdater
 
+_PLAIN = (torch.Tensor, nn.Parameter)  # the types of a weight that is no DTensor, told apart without a call
+
 # torch.compile traces the custom ops from torch 2.11 on (2.11 with the weight left out of the
 # backward op's declared mutations, `forge.ops.WEIGHT_LISTED`); before, this Function runs between
 # compiled regions instead, behind a graph break per linear.
@@ -82,17 +93,18 @@ class ForgeLinearFunction(torch.autograd.Function):
     ):
         # saved_ahead: x is the output of `_SavedInput`, whose node holds x for the backward
         # fp8: the three GEMMs on FP8 tensor cores (`forge.fp8`)
-        ctx.input_node = x.grad_fn if saved_ahead else None
-        if not saved_ahead and not fp8:
-            ctx.save_for_backward(x)
+        if saved_ahead:
+            ctx.input_node = x.grad_fn
+        else:
+            ctx.input_node = None
+            if not fp8:
+                ctx.save_for_backward(x)
         # The Parameter itself, not a saved tensor: under activation checkpointing saved tensors come
         # back as recomputed aliases, and the optimizer keys its state by the Parameter object.
-        ctx.weight = weight
-        ctx.updater = updater
-        ctx.name = name
+        ctx.weight, ctx.updater, ctx.name, ctx.fp8 = weight, updater, name, fp8
         ctx.version = updater.version(weight)
-        ctx.has_bias = bias is not None
-        ctx.fp8 = fp8
+        # a tensor-parallel shard: its local rows or columns (a plain tensor's type says it is none)
+        ctx.sharded = sharded = type(weight) not in _PLAIN and is_dtensor(weight)
         if not torch.compiler.is_compiling():
             guards.record_use(ctx)  # checked at the backward's first update (`forge.guards`)
         if fp8:  # saves x's FP8 copy (1 byte an element) instead of x, unless x is saved ahead
@@ -101,11 +113,12 @@ class ForgeLinearFunction(torch.autograd.Function):
                 ctx.save_for_backward(*x8)
             ctx.input_shape = x.shape
             return y if bias is None else y + bias.to(y.dtype)
-        return F.linear(x, local(weight), bias)  # a tensor-parallel shard: its local rows or columns
+        return F.linear(x, weight.to_local() if sharded else weight, bias)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        saved = ctx.input_node.saved_tensors if ctx.input_node is not None else ctx.saved_tensors
+        # The host's path between autograd and the kernel launch: every line here runs for each
+        # fused layer of every step, on the autograd engine's thread, under the GIL.
         weight, updater = ctx.weight, ctx.updater
         if updater.version(weight) != ctx.version:
             raise RuntimeError(
@@ -115,27 +128,31 @@ class ForgeLinearFunction(torch.autograd.Function):
                 "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary "
                 "gradient."
             )
-        dy = dy.reshape(-1, dy.shape[-1])  # (T, N)
+        input_node, needs = ctx.input_node, ctx.needs_input_grad
+        saved = ctx.saved_tensors if input_node is None else input_node.saved_tensors
+        dy2 = dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1])  # (T, N)
         dx = db = grad_scale = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum(0)
+        if needs[2]:  # a bias that requires grad
+            db = dy2.sum(0)
         if ctx.fp8:  # dx in FP8; dy and x as T-major FP8 copies for the fused kernel, with their scale
-            if ctx.input_node is not None:  # x itself, saved ahead: cast again
+            if input_node is not None:  # x itself, saved ahead: cast again
                 saved = saved[0].reshape(-1, ctx.input_shape[-1])
-            dx, dy, x2, grad_scale = forge_fp8.backward(dy, saved, weight, ctx.needs_input_grad[0])
+            dx, dy2, x2, grad_scale = forge_fp8.backward(dy2, saved, weight, needs[0])
             dx = None if dx is None else dx.reshape(ctx.input_shape)
         else:
             (x,) = saved
-            x2 = x.reshape(-1, x.shape[-1])
-            if ctx.needs_input_grad[0]:
-                w = local(weight)  # the old W, before the update; cast only under autocast
-                dx = (dy @ (w if w.dtype == dy.dtype else w.to(dy.dtype))).reshape(x.shape)
+            x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (T, K)
+            if needs[0]:
+                w = weight.to_local() if ctx.sharded else weight  # the old W, before the update
+                # dy of any rank against W (cast only under autocast): matmul folds the leading dims
+                # into the GEMM's rows, the same mm as on (T, N), without a reshape from Python
+                dx = dy @ (w if w.dtype == dy.dtype else w.to(dy.dtype))
                 if dx.dtype != x.dtype:
                     dx = dx.to(x.dtype)
         if torch.compiler.is_compiling():
-            _fused_step_outside_graph(updater, weight, dy, x2, grad_scale)
+            _fused_step_outside_graph(updater, weight, dy2, x2, grad_scale)
         else:  # eager: no disable wrapper (4% of a profiled ForgeLinear step on the GPU)
-            updater.update_linear(weight, dy, x2, grad_scale=grad_scale)
+            updater.update_linear(weight, dy2, x2, grad_scale=grad_scale)
         guards.release_use(ctx)
         return dx, None, db, None, None, None, None
 
@@ -153,10 +170,9 @@ class _SavedInput(torch.autograd.Function):
         return dx
 
 
-def _saved_tensor_hooks_active() -> bool:
-    """Whether saved tensors go through hooks here (activation checkpointing, offloading)."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is not None and top(False) is not None
+# The saved-tensor hooks in force here (activation checkpointing, offloading), or None where there
+# are none; None itself on a torch that cannot say.
+_TOP_SAVED_TENSOR_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
 def forge_linear(
@@ -169,10 +185,20 @@ def forge_linear(
 ):
     """y = x W^T + b through ForgeLinearFunction, with x saved ahead of the GEMM under saved-tensor
     hooks (x must require grad for `_SavedInput` to keep a node); `fp8`: its GEMMs in FP8."""
-    saved_ahead = x.requires_grad and _saved_tensor_hooks_active()
+    saved_ahead = (
+        x.requires_grad and _TOP_SAVED_TENSOR_HOOKS is not None and _TOP_SAVED_TENSOR_HOOKS(False) is not None
+    )
     if saved_ahead:
         x = _SavedInput.apply(x)
-    return ForgeLinearFunction.apply(x, weight, bias, updater, name, saved_ahead, fp8)
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return ForgeLinearFunction.apply(x, weight, bias, updater, name, saved_ahead, fp8)
+    return _APPLY(x, weight, bias, updater, name, saved_ahead, fp8)
+
+
+# `ForgeLinearFunction.apply` past torch's Python wrapper, which in eager mode without functorch
+# transforms only hands its arguments on to this, autograd's own apply (Dynamo and functorch see
+# the wrapper: `forge_linear` calls it for them).
+_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, ForgeLinearFunction)
 
 
 def _fused_step_outside_graph(
@@ -257,19 +283,23 @@ class ForgeLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opt = self._forge_optimizer
+        params = self._parameters  # what `self.weight` finds after nn.Module's __getattr__, directly
+        weight, bias = params["weight"], params["bias"]
         if opt is None or not torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        if is_dtensor(self.weight):  # sharded by a tensor-parallel plan (forge.distributed)
-            return tp_linear_forward(x, self.weight, self.bias, opt, self._forge_name)
+            return F.linear(x, weight, bias)
+        if type(weight) not in _PLAIN and is_dtensor(weight):  # sharded by a tensor-parallel plan
+            return tp_linear_forward(x, weight, bias, opt, self._forge_name)
         fp8 = self._forge_fp8
-        if torch.compiler.is_compiling() and COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
-            from forge.ops import forge_linear_op
+        if torch.compiler.is_compiling():
+            x = autocast_input(x)
+            if COMPILE_OPS and not fp8:  # traced: the custom ops of `forge.ops`
+                from forge.ops import forge_linear_op
 
-            states, handle, index = self._forge_states, self._forge_handle, self._forge_index
-            return forge_linear_op(
-                autocast_input(x), self.weight, self.bias, states, handle, index, self._forge_marker
-            )
-        return forge_linear(autocast_input(x), self.weight, self.bias, opt, self._forge_name, fp8)
+                states, handle, index = self._forge_states, self._forge_handle, self._forge_index
+                return forge_linear_op(x, weight, bias, states, handle, index, self._forge_marker)
+        elif torch._C._is_any_autocast_enabled():  # eager: one call says there is no autocast to follow
+            x = autocast_input(x)
+        return forge_linear(x, weight, bias, opt, self._forge_name, fp8)
 
 
 def updater_of(module: nn.Module) -> CompiledUpdater | None:

@@ -2,7 +2,8 @@
 
 With FORGE the update happens during `loss.backward()`: each nn.Linear weight inside its fused
 weight-gradient kernel (`forge.nn`), every other parameter from a post-accumulate-grad hook that
-runs the element-wise kernel and drops the gradient at once (`forge.wiring`). This class owns what
+runs the element-wise kernel and drops the gradient at once (`forge.wiring`), the vectors among them
+(norm weights, biases) in one launch when the backward ends (`forge.vectors`). This class owns what
 an optimizer owns, param groups with their hyperparameters and per-parameter state, and hands
 every update to the objects that do one job each:
 
@@ -13,7 +14,8 @@ every update to the objects that do one job each:
     forge.functional   one update's launch: coefficients, slots and options, and the kernel
     forge.param_table  each parameter's group, rule and state, the lookup the parts above share
     forge.updates      when each update runs: now, on the update stream (`forge.streams`), after
-                       the clip norm (`forge.clip`) or the data-parallel reduction (`forge.data_parallel`)
+                       the clip norm (`forge.clip`) or the data-parallel reduction (`forge.data_parallel`),
+                       or with the backward's other vectors (`forge.vectors`)
     forge.guards       what the first update of each backward checks
     forge.wiring       which parameters are fused and which hooked
     forge.state_dict   loading a state dict, checked whole before anything changes
@@ -66,7 +68,7 @@ construction and again at the first update of each backward (before anything is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -131,6 +133,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         check = BackwardCheck(table)
         self.launcher = Launcher(table, self.storage, self.steps, self.weights, check)
         self.updates = Updates(self.launcher, check, max_grad_norm, norm_type, update_stream)
+        self.update_linear = self.updates.update_linear
         self.wiring = wiring if wiring is not None else HookWiring()
         self._wired = False  # until construction ends: then each new group is wired as it comes
         self.handle = handles.register(self)  # what torch.compile's ops name this optimizer by (forge.ops)
@@ -212,12 +215,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ the updates (called in backward)
 
-    update_linear = property(
-        lambda self: self.updates.update_linear,
-        doc="`update_linear(weight, dy, x, *, config=None, into=None, grad_scale=None)`: one step of "
-        "`weight` (N, K) from dy^T x (dy: (T, N), x: (T, K)), what a ForgeLinear's backward runs: "
-        "`forge.updates.Updates.update_linear` itself, which says when it runs and what the options do.",
-    )
+    # `update_linear(weight, dy, x, *, config=None, into=None, grad_scale=None)`: one step of `weight`
+    # (N, K) from dy^T x (dy: (T, N), x: (T, K)), what a ForgeLinear's backward runs: an attribute set
+    # in __init__ to `forge.updates.Updates.update_linear` itself, bound (no frame of its own on the
+    # path of every layer), which says when it runs and what the options do.
+    update_linear: Callable[..., None]
 
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (`forge.updates` decides when)."""

@@ -9,7 +9,8 @@ by the optimizer that owns the groups and the state:
     table.add(p, group)       p joins `group` (the optimizer's `add_param_group`)
     table.group_of(p)         its param group
     table.rule_of(p)          its group's rule (`forge.rules.rule_of_group`: the group's own, else
-                              the optimizer's)
+                              the optimizer's), fixed when p joins the group: its states are that
+                              rule's
     table.state_of(p)         its state dict, the optimizer's `state[p]`
     table.param_groups        every group, as the optimizer holds them now
 
@@ -31,15 +32,17 @@ class ParamTable:
         self.optimizer = optimizer
         self.rule = rule
         self.groups: dict[torch.Tensor, dict] = {}
+        self.rules: dict[torch.Tensor, Rule] = {}  # p's group's rule, as it was when p joined it
 
     def add(self, p: torch.Tensor, group: dict) -> None:
         self.groups[p] = group
+        self.rules[p] = rule_of_group(group, self.rule)
 
     def group_of(self, p: torch.Tensor) -> dict:
         return self.groups[p]
 
     def rule_of(self, p: torch.Tensor) -> Rule:
-        return rule_of_group(self.groups[p], self.rule)
+        return self.rules[p]
 
     def rule_of_group(self, group: dict) -> Rule:
         return rule_of_group(group, self.rule)

@@ -34,6 +34,7 @@ This module imports no Triton: the registry, validation and references load with
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,7 +259,7 @@ class Rule:
         """p's host values at its first step: the rule's own and those it takes from p."""
         return {**self.host_state, **(self.host_state_of(p) if self.host_state_of else {})}
 
-    @property
+    @functools.cached_property  # asked at every update (`forge.steps`): a fact of the rule, kept
     def per_parameter(self) -> bool:
         """Whether two parameters of one group can have different coefficients at one step."""
         return bool(self.host_state) or self.host_state_of is not None

@@ -1,10 +1,14 @@
 """Each parameter's step count, and the scalars its next launch reads: the rule's coefficients for
 that step and the stochastic-rounding seed.
 
-`begin(p)` counts one more step of p and returns what its kernel needs: `(coefficients, seed,
-row)`. The coefficients are the rule's nine fp32 scalars at that step (`Rule.coefficients`: the
-learning rate, powers of the betas, bias corrections, weight decay...) from p's param group as it
-is now, so an LR scheduler's change applies at the next backward. The seed derives from (the
+`begin(p, task)` counts one more step of p and returns what its kernel needs: `(coefficients,
+seed, row)`. The coefficients are the rule's nine fp32 scalars at that step (`Rule.coefficients`:
+the learning rate, powers of the betas, bias corrections, weight decay...) from p's param group, so
+an LR scheduler's change applies at the next backward. Inside a backward (`task`, the autograd
+graph task, >= 0) a rule without per-parameter host state gives every parameter of one group at
+one step the same coefficients: they are computed at the backward's first update of the group at
+that step and reused by its other parameters (the host arithmetic the update would repeat, on the
+same values, so the same floats). The seed derives from (the
 optimizer's seed, p's index, the step), so a run's random bits need no RNG state of their own: a
 checkpoint that restores the step counts and the seed restores them (`forge.checkpoint`). FSDP2
 shards mix their place on the mesh in, so that two shards of one weight draw independent bits.
@@ -55,6 +59,8 @@ class Steps:
         self.version: dict[torch.Tensor, int] = {}  # updates p has received (the double-backward guard)
         self.rows: torch.Tensor | None = None  # capturable: one step row per parameter, on the device
         self.captured: dict[torch.Tensor, None] = {}  # updated inside a capture, in order (an ordered set)
+        self.shared: dict[tuple[int, int], tuple] = {}  # (group id, step) -> coefficients, in `shared_task`
+        self.shared_task = -1  # the backward whose coefficients `shared` holds
 
     def add(self, p: torch.Tensor, state: dict) -> None:
         """Count the steps of a new parameter p, whose state is `state`: step 0, and its rule's host
@@ -65,23 +71,42 @@ class Steps:
         state["step"] = 0
         state.update(self.table.rule_of(p).initial_host_state(p))
 
-    def begin(self, p: torch.Tensor) -> tuple[tuple, int, torch.Tensor | None]:
-        """(coefficients, seed, row) of p's next update, its step counted. The row is None unless
-        capturable; inside a CUDA-graph capture nothing is counted (the replays will be)."""
-        if not self.capturable:
-            return (*self._advance(p), None)
+    def begin(self, p: torch.Tensor, task: int = -1) -> tuple[tuple, int, torch.Tensor | None]:
+        """(coefficients, seed, row) of p's next update, its step counted; `task`: the backward it
+        runs in (-1: none, nothing shared). The row is None unless capturable; inside a CUDA-graph
+        capture nothing is counted (the replays will be)."""
+        if not self.capturable:  # `_advance` written out: this runs at every update of every step
+            state = self.table.state_of(p)
+            state["step"] = step = state["step"] + 1
+            self.version[p] += 1
+            return self._coefficients(p, step, state, task), self.seed_for(p, step), None
         row = self._row(p)
         if _capturing(p):
             self.captured[p] = None
             return self._no_coefficients(), 0, row
-        coefficients, seed = self._advance(p)
+        coefficients, seed = self._advance(p, task)
         row.copy_(_step_values([coefficients], [seed], (1, row.shape[0]), [0])[0], non_blocking=True)
         return coefficients, seed, row
 
-    def _advance(self, p: torch.Tensor) -> tuple[tuple, int]:
+    def _advance(self, p: torch.Tensor, task: int = -1) -> tuple[tuple, int]:
         state = self.table.state_of(p)
         step = self._count(p, state)
-        return self.table.rule_of(p).coefficients(self.table.group_of(p), step, state), self.seed_for(p, step)
+        return self._coefficients(p, step, state, task), self.seed_for(p, step)
+
+    def _coefficients(self, p: torch.Tensor, step: int, state: dict, task: int) -> tuple:
+        """p's rule's coefficients at `step`, computed once per group and step in backward `task`
+        where every parameter of the group shares them (see the module)."""
+        group, rule = self.table.groups[p], self.table.rules[p]  # `group_of`, `rule_of`, without their frames
+        if task < 0 or rule.per_parameter:
+            return rule.coefficients(group, step, state)
+        if task != self.shared_task:
+            self.shared.clear()
+            self.shared_task = task
+        key = (id(group), step)
+        coefficients = self.shared.get(key)
+        if coefficients is None:
+            coefficients = self.shared[key] = rule.coefficients(group, step, state)
+        return coefficients
 
     def _count(self, p: torch.Tensor, state: dict) -> int:
         """Count one more step of p; its new step."""
@@ -177,15 +202,24 @@ def _capturing(p: torch.Tensor) -> bool:
 
 def _step_values(coefficient_rows: list, seeds, shape: tuple, at) -> torch.Tensor:
     """Step rows of `shape` (rows, words) int32 in host memory, pinned where CUDA exists; rows `at`
-    hold the coefficients as fp32 bits first (words 0-8, rounded from Python's floats as a launch
-    argument is), then the seed, the others zeros. A fresh tensor each call: the pinned-memory
-    allocator keeps it until the non-blocking copy that reads it has run."""
-    n = NUM_COEFFICIENTS
+    hold `step_rows(coefficient_rows, seeds)`, the others zeros. A fresh tensor each call: the
+    pinned-memory allocator keeps it until the non-blocking copy that reads it has run."""
     values = np.zeros(shape, np.int32)
-    values[at, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
-    values[at, n] = np.asarray(seeds).astype(np.int32)
+    values[at] = step_rows(coefficient_rows, seeds, shape[1])
     values = torch.from_numpy(values)
     return values.pin_memory() if torch.cuda.is_available() else values
+
+
+def step_rows(coefficient_rows: list, seeds, words: int) -> np.ndarray:
+    """(len(seeds), words) int32: each row the coefficients as fp32 bits first (words 0-8, rounded
+    from Python's floats as a launch argument is), then the seed, then zeros: what a launch that
+    reads its step from memory reads (`forge.kernels.update_tile.load_step_values`)."""
+    n = NUM_COEFFICIENTS
+    values = np.zeros((len(seeds), words), np.int32)
+    if len(values):
+        values[:, :n] = np.asarray(coefficient_rows, np.float32).view(np.int32)
+        values[:, n] = np.asarray(seeds).astype(np.int32)
+    return values
 
 
 def for_row_block(seed: int, row: torch.Tensor | None, block: int) -> tuple[int, torch.Tensor | None]:

@@ -15,7 +15,9 @@ in this order of precedence:
 2. global-norm clipping (`forge.clip.GlobalNormClip`): the norm now, the step when the backward
    ends, scaled by the clip coefficient;
 3. the update stream (`forge.streams.UpdateStream`): a fused step on a second CUDA stream;
-4. otherwise the launch at once (`forge.functional.Launcher`).
+4. a vector (a norm weight, a bias: `forge.vectors.VectorBatch`): gathered, and launched with the
+   backward's other vectors when it ends;
+5. otherwise the launch at once (`forge.functional.Launcher`).
 
 `row_block_updater` serves `forge.head`, whose lm_head gradient comes a block of rows at a time;
 it refuses what cannot be done that way (`check_row_blocks`) before any step is counted.
@@ -33,6 +35,7 @@ from forge.distributed import is_dtensor, local
 from forge.functional import Launcher, RowBlockUpdate
 from forge.guards import BackwardCheck
 from forge.streams import UpdateStream
+from forge.vectors import VectorBatch
 
 
 class Updates:
@@ -56,6 +59,7 @@ class Updates:
             self.clip = GlobalNormClip(launcher, *check_clip_options(max_grad_norm, norm_type))
         self.stream = UpdateStream() if update_stream else None
         self.reducer: GradientReducer | None = None
+        self.vectors = VectorBatch(launcher)
 
     def reduce_over(self, parallel: DataParallel, params: list[torch.Tensor]) -> None:
         """Average every gradient of `params` over the replicas' group before its step."""
@@ -102,10 +106,13 @@ class Updates:
         else:
             self.launcher.fused(weight, dy, x, config, grad_scale, into=into)
 
-    @torch.no_grad()
     def update_elementwise(self, p: torch.Tensor, grad: torch.Tensor, *, into: tuple | None = None) -> None:
         """One step of any parameter from its materialized gradient (see the module). `into`: as
-        for `update_linear`."""
+        for `update_linear`. Under no_grad: a hook inside backward is there already, so only a
+        direct call with grad mode on enters it (the context manager costs every hook's host time)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.update_elementwise(p, grad, into=into)
         if self.reducer is None:
             self.apply_gradient(p, grad, into=into)
             return
@@ -123,7 +130,7 @@ class Updates:
         if self.clip is not None:
             self.check.once()
             self.clip.add_elementwise(p, grad)
-        else:
+        elif into is not None or self.reducer is not None or not self.vectors.add(p, grad):
             self.launcher.elementwise(p, grad, into=into)
 
     # ------------------------------------------------------------------ a block of rows at a time

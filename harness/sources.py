@@ -33,6 +33,8 @@ STREAM = RESULTS + "llama8b_update_stream_h200.jsonl"
 KAHAN = RESULTS + "kahan_h200.jsonl"
 MUON = RESULTS + "muon_h200.jsonl"
 REFERENCE = RESULTS + "reference_h100.jsonl"  # the paper's code beside ours (+exp=reference_h200)
+EAGER_HOST = RESULTS + "eager_host.jsonl"  # eager and graphed steps where the host sets the pace
+COMPILE = RESULTS + "compile_h200.jsonl"  # torch.compile beside eager on Llama-3.1-8B
 
 # Archived runs a doc cites (int8 states in groups of 64 and of 128).
 INT8_GROUPS = ARCHIVE + "llama8b_graphs_h200-20261130-5acc636.jsonl"
@@ -49,6 +51,7 @@ OVERLAP_RUNS = DEVICE_LOGS + "overlap-*.jsonl"
 NCU = DEVICE_LOGS + "ncu-ws-split-gate-t1024-20261204-926cb1d.csv"
 PROFILES_B1 = DEVICE_LOGS + "profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
 LAUNCHES = DEVICE_LOGS + "launch-breakdown-1024x2048x1024-20261204-9616b23.json"
+LAUNCH_BREAKDOWNS = DEVICE_LOGS + "launch-breakdown-*.json"  # every run of the probe; the newest is read
 MASKED = DEVICE_LOGS + "graphed-vs-eager-b8-20261203-{}.jsonl"
 GRAPH_PEAK = DEVICE_LOGS + "graph-peak-no_optimizer-b4-20261203-b75d62b.json"
 GPU_TESTS = DEVICE_LOGS + "gpu-tests-and-sweep-llama8b_graphs_h200-20261130-d6b0cab.log"

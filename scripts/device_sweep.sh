@@ -132,12 +132,12 @@ for step in "$@"; do
       ;;
     launch)
       for shape in "1024 1024 4096" "1024 2048 1024"; do  # Llama-3.1-8B's k_proj, Qwen3-0.6B's q_proj
+        # its record: $OUT/launch-breakdown-<T>x<N>x<K>-<date>-<commit>.json
         # shellcheck disable=SC2086  # three words: T N K
         OUT="$out" timeout -k 10 "$left" python3 -m harness.kernels.launch_breakdown --shape $shape \
           >>"$log" 2>&1 || rc=$?
-        mv "$out/launch_breakdown.json" "$out/launch_breakdown_${shape// /x}.json" 2>/dev/null
       done
-      tail -n +"$start" "$log" | grep -E '^(T=|path|mm|wgrad|update|nn\.|Forge|elementwise)' | head -n 30
+      tail -n +"$start" "$log" | grep -E '^(T=|path|mm|wgrad|update|nn\.|Forge|elementwise|vector)' | head -n 44
       continue
       ;;
     elementwise)

@@ -9,6 +9,8 @@
 - `wgrad_norm`: the same tiles reduced to a norm instead of applied (global-norm clipping).
 - `configs`: `KernelConfig`, the launch configs measured offline, and the plan of a launch.
 - `elementwise_update`: the same update for any other parameter, from its gradient.
+- `vector_update`: the same update for many vectors (norm weights, biases) in one launch, each
+  with its own step's scalars (`forge.vectors`).
 - `update_tile`: the tile update every update kernel ends in, and the arguments the launchers
   build for it (`epilogue_constexprs`, `slot_arguments`, `step_arguments`); `rules` (the eight
   rules on fp32 tiles, whose host half and PyTorch references are `forge.rules`), `quant` (int8

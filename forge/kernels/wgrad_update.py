@@ -29,6 +29,8 @@ the warp-specialized Gluon twin on Hopper (`forge.kernels.wgrad_update_ws`) inst
 
 Host cost: a launch's plan is cached under a key of every fact it depends on, and on a GPU the
 launch itself skips Triton's per-call dispatch once the key has been seen (`forge.kernels.launch`).
+`WgradUpdate` keeps one weight's part of that key and of the argument list from step to step (an
+optimizer holds one per fused weight), so a step works out only what dy and x bring.
 """
 
 import torch
@@ -175,27 +177,63 @@ def wgrad_update(
     weights, the (N, K) bf16 tensor of what the weight's rounding to bf16 lost, read and written
     with it (the weight rounds to nearest then), or None.
 
-    The key below holds every fact the launch depends on (shapes, strides, dtypes, alignments,
-    device, options): a problem seen before skips the planning and, on a GPU, Triton's dispatch.
+    One launch of `WgradUpdate`, which a caller that updates the same tensors every step keeps.
     """
-    T, N = dy.shape
-    K = x.shape[1]
-    slots = slot_arguments(weight, states, scales, residual)
-    key = (
-        T, N, K, dy.stride(), x.stride(), weight.stride(), dy.get_device(), tensor_facts(weight, *slots, dy, x), config,
-        epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, step_values,
-                       grad_scale, residual),
-    )
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) >= DirectLauncher.max_entries:
-            _plans.clear()
-        plan = _plans[key] = configs.plan(weight, states, signed, dy, x, rule=rule, flags=flags,
-                                          state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                                          int8_group=int8_group, config=config,
-                                          steps_in_memory=step_values is not None,
-                                          grad_scale=grad_scale is not None, kahan=residual is not None)
-    step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
+    WgradUpdate(
+        weight, states, scales, signed, rule=rule, flags=flags, state_dtype=state_dtype,
+        stochastic_rounding=stochastic_rounding, int8_group=int8_group, config=config, residual=residual,
+    )(dy, x, coefficients, seed, step_values, grad_scale)  # fmt: skip
+
+
+class WgradUpdate:
+    """`wgrad_update` of one weight and its states (the arguments `wgrad_update` takes before dy),
+    with what they contribute to a launch worked out once: their pointers in argument order and
+    their part of the launch key. Each call is then one launch from dy, x and the step's scalars.
+
+    The key holds every fact the launch depends on (shapes, strides, dtypes, alignments, device,
+    options): a problem seen before skips the planning and, on a GPU, Triton's dispatch. The
+    weight's and the states' facts are taken when this is built, so the tensors must keep their
+    storage (the optimizer's do: it updates them in place)."""
+
+    __slots__ = ("weight", "states", "signed", "slots", "facts", "options")
+
+    def __init__(
+        self, weight: torch.Tensor, states: tuple, scales: tuple, signed: tuple,
+        *, rule: str, flags: dict, state_dtype: str, stochastic_rounding: bool, int8_group: int = 64,
+        config: KernelConfig | None = None, residual: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        self.weight, self.states, self.signed = weight, states, signed
+        self.slots = tuple(slot_arguments(weight, states, scales, residual))
+        self.facts = (
+            weight.stride(), tensor_facts(weight, *self.slots), config,
+            epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, None, None,
+                           residual),
+        )  # fmt: skip
+        self.options = dict(rule=rule, flags=flags, state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                            int8_group=int8_group, config=config, kahan=residual is not None)  # fmt: skip
+
+    def __call__(
+        self, dy: torch.Tensor, x: torch.Tensor, coefficients: tuple, seed: int,
+        step_values: torch.Tensor | None = None, grad_scale: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        """One step from dy^T x (the arguments as `wgrad_update` takes them)."""
+        T, N = dy.shape
+        K = x.shape[1]
+        key = (T, N, K, dy.stride(), x.stride(), dy.get_device(), dy.dtype, dy.data_ptr() % 16 == 0, x.dtype,
+               x.data_ptr() % 16 == 0, step_values is None, grad_scale is None, self.facts)  # `tensor_facts`, inline
+        plan = _plans.get(key)
+        if plan is None:
+            if len(_plans) >= DirectLauncher.max_entries:
+                _plans.clear()
+            plan = _plans[key] = configs.plan(self.weight, self.states, self.signed, dy, x, **self.options,
+                                              steps_in_memory=step_values is not None,
+                                              grad_scale=grad_scale is not None)  # fmt: skip
+        step = step_arguments(self.weight, coefficients, seed, step_values, grad_scale)
+        _launch_plan(key, plan, self.weight, self.slots, dy, x, step)
+
+
+def _launch_plan(key, plan, weight, slots, dy, x, step: tuple) -> None:
+    """Launch `plan` on its kernel: this module's, or a Gluon one's `launch` (same arguments)."""
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)
         return
@@ -205,6 +243,8 @@ def wgrad_update(
     if plan.kernel == "pingpong_fed":
         wgrad_update_pingpong_fed.launch(key, plan, weight, slots, dy, x, step)
         return
+    T, N = dy.shape
+    K = x.shape[1]
     dy_src, x_src = dy, x
     if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor

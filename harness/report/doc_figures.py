@@ -29,6 +29,7 @@ from harness.run.methods.no_optimizer import NoOptimizer
 from harness.sources import (
     ARCHIVE,
     CLIP,
+    COMPILE,
     GPU_TESTS,
     GRAPH_PEAK,
     HEADLINE,
@@ -139,6 +140,24 @@ def _capture_pays(root: Path) -> list[str]:
     steps = [q.step("forge_bf16", small), q.step("forge_bf16_graph", small), t.step("forge_bf16", llama)]
     steps += [t.step("forge_bf16_graph", llama), h.step("forge_bf16"), h.step("forge_bf16_graph")]
     return [f"{ms:.1f}" for ms in steps]
+
+
+def _eager_small_model(root: Path) -> list[str]:
+    """FORGE bf16 on Qwen3-0.6B at 1,024 tokens, eager and graphed, in the token sweep."""
+    small, run = Where(model="qwen3-0.6b"), tokens_run(root, "qwen3-0.6b")
+    return [f"{run.step(label, small):.1f}" for label in ("forge_bf16", "forge_bf16_graph")]
+
+
+def _compiled(root: Path) -> list[str]:
+    """Llama-3.1-8B at batch 1: FORGE bf16 and fused AdamW compiled, then both eager, in one run."""
+    labels = ["forge_bf16_compile", BASE + "_compile", "forge_bf16", BASE]
+    run = one_run(root, COMPILE, needs(labels))
+    return [f"{run.step(label):.1f}" for label in labels]
+
+
+def _graphed_headline(root: Path) -> list[str]:
+    run = headline_run(root)
+    return [f"{run.step(label):.1f}" for label in ("forge_bf16_graph", BASE + "_graph")]
 
 
 def _kahan(root: Path) -> list[str]:
@@ -301,6 +320,19 @@ FIGURES: tuple[Figure, ...] = (
         _muon,
     ),
     Figure(README, "batch 1, seq 1024, {} steps of which {} are warm-up", HEADLINE, _headline_steps),
+    Figure(
+        README,
+        "Qwen3-0.6B at 1,024 tokens took {} ms a step eager and {} graphed",
+        TOKENS,
+        _eager_small_model,
+    ),
+    Figure(
+        README,
+        "compiled FORGE bf16 took {} ms against compiled fused AdamW's {}, where eager they took {} and {}",
+        COMPILE,
+        _compiled,
+    ),
+    Figure(README, "{} against {} ms in the table below", HEADLINE, _graphed_headline),
     Figure(
         PERF,
         "eager Llama-3.1-8B step at batch 1 took {} to {} ms over the runs of it in results/",

@@ -21,6 +21,10 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
 - `kernel_counters`: Nsight Compute's counters of the shipped and the split kernel (gate, T = 1024).
 - `step_profiles`: `python -m harness.kernels.profile` over graphed steps (its JSON per point),
   summarised as `python -m harness.kernels.compare_profiles` prints them.
+- `host_launches`: `python -m harness.kernels.launch_breakdown`'s newest GPU run: a ForgeLinear's
+  host time against nn.Linear's, alone and inside a stack, on either autograd thread, and a step's
+  norm weights one launch each against one launch of the vector kernel, or what to run where none
+  has.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from pathlib import Path
 from harness import results
 from harness.kernels.compare_profiles import kernel_differences, summary
 from harness.report.markup import Table, to_markdown
-from harness.sources import DEVICE_LOGS, NCU, OVERLAP, OVERLAP_RUNS, OVERLAP_T39, PROFILES_B1
+from harness.sources import (
+    DEVICE_LOGS,
+    LAUNCH_BREAKDOWNS,
+    NCU,
+    OVERLAP,
+    OVERLAP_RUNS,
+    OVERLAP_T39,
+    PROFILES_B1,
+)
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> str:
@@ -499,7 +511,62 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
     return build
 
 
+def _newest_breakdown(root: Path) -> tuple[str, dict] | None:
+    """(path, record) of the newest GPU run of `launch_breakdown` (by its time) that times the host
+    paths side by side (its record has `host_pairs`), or None."""
+    found = []
+    for path in sorted(root.glob(LAUNCH_BREAKDOWNS)):
+        record = json.loads(path.read_text())
+        if "host_pairs" in record and not record.get("host_only"):
+            found.append((record["time"], path.relative_to(root).as_posix(), record))
+    return max(found)[1:] if found else None
+
+
+def host_launches(root: Path) -> str:
+    """One ForgeLinear's forward and backward against nn.Linear's in host time, alone and inside a
+    stack, on the autograd engine's device thread and on the calling one, and a step's norm weights
+    one launch each against one launch of the vector kernel (`python -m harness.kernels.launch_breakdown`)."""
+    found = _newest_breakdown(root)
+    if found is None:
+        return (
+            "Not measured yet. `python -m harness.kernels.launch_breakdown --shape 1024 2048 1024` on the GPU"
+            " machine writes its record (`launch-breakdown-<shape>-<date>-<commit>.json`); kept under"
+            " results/device-logs/, `python -m harness report` writes it here. On any machine,"
+            " `--host-only` times the host's Python alone, the kernels' launches taken out."
+        )
+    path, record = found
+    rows_of, norms = record["rows"], record["norms"]
+    rows = []
+    for what, (forge_us, plain_us) in record["host_pairs"].items():  # one layer and a layer of the stack
+        thread = "this thread" if what.endswith("this thread") else "the device thread"
+        label = what.removesuffix(", this thread") + f", backward on {thread}"
+        rows.append([label, f"{forge_us:.1f}", f"{plain_us:.1f}", _x(forge_us / plain_us)])
+    each = rows_of[f"elementwise_update, {norms} norms"]["host_us"]
+    once = rows_of[f"vector_update, {norms} norms"]["host_us"]
+    rows.append(
+        [
+            f"{norms} norm weights: one launch ({norms} launches)",
+            f"{once:.1f}",
+            f"{each:.1f}",
+            _x(once / each),
+        ]
+    )
+    env, shape = record["env"], record["shape"]
+    header = ["host time of", "FORGE us", "torch / one each us", "ratio"]
+    return "\n\n".join(
+        [
+            _table(header, rows, "lrrr"),
+            f"T = {shape['T']}, N = {shape['N']}, K = {shape['K']}, bf16, the least of {record['repeats']}"
+            f" loops of {record['calls']} calls. Data: `{path}` ({record['device']}; host CPU"
+            f" {env.get('cpu_model')}, {env.get('cpu_count')} cores; torch {env['torch']}, commit"
+            f" {str(env.get('git_commit'))[:7]}, {record['time'][:10]}), from `python -m"
+            f" harness.kernels.launch_breakdown --shape {shape['T']} {shape['N']} {shape['K']}`.",
+        ]
+    )
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "host-launches": host_launches,
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
     "kernel-fed": kernel_fed,

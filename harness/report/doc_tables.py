@@ -22,6 +22,7 @@ from harness.report.runs import LLAMA, Run, Where, needs, one_run
 from harness.sources import (
     CHECKPOINTING,
     CLIP,
+    EAGER_HOST,
     HEADLINE,
     INT8_GROUPS,
     KERNEL_TABLES,
@@ -627,6 +628,54 @@ def floor_estimate(root: Path) -> str:
     )
 
 
+EAGER_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", LLAMA)
+EAGER_METHODS = (FLOOR, BASE, "forge_bf16")
+
+
+def eager_host(root: Path) -> str:
+    """Where the host sets the pace: eager and graphed steps of the floor, fused AdamW and FORGE
+    bf16 on four models at batch 1, seq 1024, in one run, and FORGE's host time beyond the floor's
+    ((eager - graphed) FORGE less (eager - graphed) floor), or what to run where none has."""
+    labels = [label + suffix for label in EAGER_METHODS for suffix in ("", "_graph")]
+    try:
+        run = one_run(root, EAGER_HOST, needs(labels, *(Where(model=m) for m in EAGER_MODELS)))
+    except (LookupError, FileNotFoundError):  # no clean run of all 24 points, or no run at all
+        return (
+            "Not measured yet. `python -m harness sweep +exp=eager_host` on one H100 or H200 (with"
+            " `gpu=h100_80gb` on an H100) steps the floor, fused AdamW and FORGE bf16 eager and graphed on"
+            " these four models; `python -m harness report` then writes them here."
+        )
+    rows = []
+    for model in EAGER_MODELS:
+        at = Where(model=model)
+        step = {label: run.step(label, at) for label in labels}
+        host = (step["forge_bf16"] - step["forge_bf16_graph"]) - (step[FLOOR] - step[FLOOR + "_graph"])
+        rows.append(
+            [
+                model,
+                *(fmt_ms(step[label]) for label in EAGER_METHODS),
+                fmt_ratio(step["forge_bf16"] / step[BASE]),
+                *(fmt_ms(step[label + "_graph"]) for label in EAGER_METHODS),
+                f"{host:.1f}",
+            ]
+        )
+    header = ["model", "eager floor ms", "eager fused AdamW", "eager FORGE bf16", "vs fused AdamW"]
+    header += [
+        "graphed floor",
+        "graphed fused AdamW",
+        "graphed FORGE bf16",
+        "FORGE's host ms beyond the floor's",
+    ]
+    cpu = f"{run.env('cpu_model')} ({run.env('cpu_count')} cores)"
+    return "\n\n".join(
+        [
+            _table(header, rows, "l" + "r" * (len(header) - 1)),
+            f"Batch 1, seq 1024, median ms. Data: {run.source()}; {run.hardware()}; host CPU {cpu}; from"
+            " `python -m harness sweep +exp=eager_host`.",
+        ]
+    )
+
+
 PERFORMANCE_BLOCKS: dict[str, Callable[[Path], str]] = {
     "floor-estimate": floor_estimate,
     "tokens-detail": tokens_detail,
@@ -634,4 +683,5 @@ PERFORMANCE_BLOCKS: dict[str, Callable[[Path], str]] = {
     "clipping": clipping,
     "kernel-summary": kernel_summary,
     "goals": goals,
+    "eager-host": eager_host,
 }

@@ -1,8 +1,10 @@
-"""What reproduces a record: GPU, driver, CUDA and library versions, git commit.
+"""What reproduces a record: GPU, driver, host CPU, CUDA and library versions, git commit.
 
 GPU facts come from NVML, so the sweep's parent process can stamp them without creating a CUDA
-context. The git commit is read once by the parent at the start of a sweep, before any result is
-written (the results file is tracked, so reading it later would always say "dirty").
+context. The host's CPU model and core count go beside them: an eager step whose GPU work is short
+runs at the pace of the host's Python, so its time says which host set it. The git commit is read
+once by the parent at the start of a sweep, before any result is written (the results file is
+tracked, so reading it later would always say "dirty").
 """
 
 from __future__ import annotations
@@ -81,6 +83,28 @@ def gpu_info() -> dict[str, Any]:
         return {"gpu_name": None, "gpu_count": 0, "driver": None}
 
 
+def host_info() -> dict[str, Any]:
+    """The host's CPU: its model (`cpu_model`, as /proc/cpuinfo names it, else the platform's
+    processor string, None where neither says), its logical cores (`cpu_count`) and those this
+    process may run on (`cpu_usable`: a container or taskset may hold fewer)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "cpu_usable": usable}
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Processor", "cpu model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def machine() -> dict[str, Any]:
     """What this machine can run a point on, read without creating a CUDA context: the first
     NVIDIA GPU's name and memory and their count (NVML, as `gpu_info`), and the host's RAM.
@@ -131,5 +155,5 @@ def versions() -> dict[str, str | None]:
 
 
 def collect(git: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `env` field of a record: GPU, driver, versions, git (pass the sweep's git info)."""
-    return {**gpu_info(), **versions(), **(git if git is not None else git_info())}
+    """The `env` field of a record: GPU, driver, host CPU, versions, git (pass the sweep's git info)."""
+    return {**gpu_info(), **host_info(), **versions(), **(git if git is not None else git_info())}

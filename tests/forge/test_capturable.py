@@ -116,7 +116,8 @@ def test_a_replay_writes_the_rows_an_eager_step_would(monkeypatch, rule):
     twin.version = dict(opt.steps.version)
     states = {p: {k: v for k, v in opt.state[p].items() if not isinstance(v, torch.Tensor)} for p in params}
     twin.table = ParamTable(SimpleNamespace(state=states, param_groups=opt.param_groups), opt.rule)
-    twin.table.groups = opt.steps.table.groups  # the same groups, the twin's own host states
+    twin.table.groups = opt.steps.table.groups  # the same groups and rules, the twin's own host states
+    twin.table.rules = opt.steps.table.rules
     for _ in range(3):
         opt.prepare_replay()
         rows = opt.steps.rows

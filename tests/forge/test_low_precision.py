@@ -93,13 +93,23 @@ def test_mixed_precision_tracks_fp32_as_closely_as_torch_amp(monkeypatch):
     from forge import functional
 
     operands = set()
-    fused = functional.fused_wgrad_update
+    fused, kept = functional.fused_wgrad_update, functional.fused_wgrad_launch
 
-    def spy(weight, dy, x, *args, **kwargs):  # the one door to the fused kernel
+    def spy(weight, dy, x, *args, **kwargs):  # the doors to the fused kernel: a launch,
         operands.add((weight.dtype, dy.dtype, x.dtype))
         return fused(weight, dy, x, *args, **kwargs)
 
+    def spy_kept(weight, *bound):  # and a launch an optimizer keeps for its weight
+        launch = kept(weight, *bound)
+
+        def run(dy, x, *args):
+            operands.add((weight.dtype, dy.dtype, x.dtype))
+            return launch(dy, x, *args)
+
+        return run
+
     monkeypatch.setattr(functional, "fused_wgrad_update", spy)
+    monkeypatch.setattr(functional, "fused_wgrad_launch", spy_kept)
     base, teacher = _regression_model(), _regression_model()
     batches = [(x, teacher(x).detach()) for x in (torch.randn(32, 64) for _ in range(12))]
     hp = dict(lr=1e-3, weight_decay=0.01)

@@ -27,7 +27,7 @@ def test_eager_backward_calls_the_optimizer_directly(monkeypatch):
     opt, model, _, _ = _two_copies()
     direct = []
     update = opt.update_linear  # `forge.updates.Updates.update_linear`, bound: what the layers call
-    monkeypatch.setattr(opt.updates, "update_linear", lambda *a, **k: direct.append(1) or update(*a, **k))
+    monkeypatch.setattr(opt, "update_linear", lambda *a, **k: direct.append(1) or update(*a, **k))
     regression_step(model, regression_batches(1)[0])
     assert (len(direct), len(outside)) == (2, 0)
 

@@ -21,10 +21,18 @@ def _run(module: str, *args: str, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_launch_breakdown_dry_run(tmp_path):
-    done = _run("launch_breakdown", "--tiny", out=tmp_path)
+def _launch_breakdown(tmp_path, *args: str) -> dict:
+    done = _run("launch_breakdown", *args, out=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((tmp_path / "launch_breakdown.json").read_text())
+    (path,) = tmp_path.glob("launch-breakdown-*.json")  # named what-date-commit, as device-logs/ keeps it
+    record = json.loads(path.read_text())
+    assert record["env"]["cpu_model"] is not None and record["env"]["cpu_count"] >= 1  # the host it timed
+    assert all(row["host_us"] > 0 and row["wall_us"] >= row["host_us"] for row in record["rows"].values())
+    return record
+
+
+def test_launch_breakdown_dry_run(tmp_path):
+    record = _launch_breakdown(tmp_path, "--tiny")
     assert set(record["rows"]) >= {
         "mm",
         "wgrad_update",
@@ -33,12 +41,25 @@ def test_launch_breakdown_dry_run(tmp_path):
         "ForgeLinear fwd+bwd",
         "ForgeLinear fwd+bwd, backward on this thread",
         "elementwise_update, norm",
+        "elementwise_update, 4 norms",
+        "vector_update, 4 norms",
         "ForgeLinear stack of 2, per layer",
         "ForgeLinear stack of 2, per layer, backward on this thread",
         "nn.Linear stack of 2, per layer",
     }
+    assert set(record["ratios"]) == {
+        "one layer", "one layer, this thread", "a layer of 2", "a layer of 2, this thread"
+    }  # fmt: skip
     assert "ForgeLinearFunctionBackward" in record["torch_profile"]
-    assert all(row["host_us"] > 0 and row["wall_us"] >= row["host_us"] for row in record["rows"].values())
+
+
+def test_launch_breakdown_times_the_host_alone_on_a_cpu(tmp_path):
+    """`--host-only`: FORGE's launches return at once (counted), so on a CPU the rows time the
+    host's Python, with this thread's CPU time; the file says so in its name."""
+    record = _launch_breakdown(tmp_path, "--host-only", "--calls", "20", "--layers", "3", "--norms", "5")
+    assert record["host_only"] and record["clock"] == "thread" and record["shape"] == dict(T=16, N=16, K=16)
+    assert record["launches_stubbed"] > 0
+    assert next(tmp_path.glob("launch-breakdown-16x16x16-host-only-*.json"))
 
 
 @pytest.mark.parametrize("module", ["launch_breakdown", "elementwise"])

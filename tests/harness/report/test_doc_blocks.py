@@ -164,3 +164,76 @@ def test_the_pingpong_kernels_block_reads_the_newest_run_that_timed_it(tmp_path)
     )
     assert row in block, block
     assert "`results/device-logs/overlap-20270105-1234567.jsonl` (NVIDIA H200, torch 2.11.0" in block
+
+
+def _breakdown_record(time: str, **fields) -> dict:
+    """`python -m harness.kernels.launch_breakdown`'s record, the fields the host block reads."""
+    env = dict(
+        torch="2.11.0", git_commit="abcdef0123", cpu_model="Intel(R) Xeon(R) Platinum 8480+", cpu_count=224
+    )
+    rows = {"elementwise_update, 65 norms": {"host_us": 1300.0}, "vector_update, 65 norms": {"host_us": 90.0}}
+    pairs = {
+        "one layer": [180.0, 160.0],
+        "one layer, this thread": [110.0, 100.0],
+        "a layer of 28": [125.0, 115.0],
+        "a layer of 28, this thread": [121.0, 117.0],
+    }
+    record = dict(env=env, time=time, device="NVIDIA H100 80GB HBM3", shape=dict(T=1024, N=2048, K=1024))
+    return {**record, "rows": rows, "host_pairs": pairs, "norms": 65, "repeats": 3, "calls": 2000, **fields}
+
+
+def test_the_host_block_reads_the_newest_gpu_run_of_the_launch_probe(tmp_path):
+    """`host-launches`: what to run while no launch-breakdown record has its host pairs (the older
+    format, a `--host-only` run on a CPU); then the newest GPU run's layer rows, ForgeLinear against
+    nn.Linear, and the norms' one launch against one launch each, naming the GPU and the host CPU."""
+    from harness.report.doc_probes import host_launches
+
+    logs = tmp_path / "results" / "device-logs"
+    logs.mkdir(parents=True)
+    (logs / "launch-breakdown-1024x2048x1024-20261204-9616b23.json").write_text(json.dumps({"rows": {}}))
+    host_only = _breakdown_record("2027-01-06T10:00:00", host_only=True)
+    (logs / "launch-breakdown-16x16x16-host-only-20270106-1234567.json").write_text(json.dumps(host_only))
+    assert host_launches(tmp_path).startswith("Not measured yet. `python -m harness.kernels.launch_breakdown")
+    name = "launch-breakdown-1024x2048x1024-20270105-1234567.json"
+    (logs / name).write_text(json.dumps(_breakdown_record("2027-01-05T10:00:00", host_only=False)))
+    block = host_launches(tmp_path)
+    assert "| one layer, backward on the device thread | 180.0 | 160.0 | 1.12x |" in block, block
+    assert "| a layer of 28, backward on this thread | 121.0 | 117.0 | 1.03x |" in block
+    assert "| 65 norm weights: one launch (65 launches) | 90.0 | 1300.0 | 0.07x |" in block
+    assert f"`results/device-logs/{name}` (NVIDIA H100 80GB HBM3; host CPU Intel(R) Xeon(R)" in block
+
+
+def test_the_eager_host_block_waits_for_a_whole_run(tmp_path):
+    """`eager-host` says what to run while results/eager_host.jsonl lacks a clean run of its 24 points."""
+    from harness.report.doc_tables import eager_host
+
+    assert eager_host(tmp_path).startswith("Not measured yet. `python -m harness sweep +exp=eager_host`")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "eager_host.jsonl").write_text("")
+    assert eager_host(tmp_path).startswith("Not measured yet.")
+
+
+def test_the_eager_host_block_gives_the_host_time_beyond_the_floor(tmp_path):
+    """From one clean run: each model's eager steps, FORGE's against fused AdamW's, the graphed
+    steps, and FORGE's host time beyond the floor's, (eager - graphed) FORGE less the floor's; the
+    line names the run, the GPU and the host CPU."""
+    from harness.report.doc_tables import EAGER_MODELS, eager_host
+
+    env = dict(git_commit="abcdef0123", git_dirty=False, driver="580", cuda="13.0", torch="2.11.0")
+    env.update(triton="3.6.0", transformers="5.17.0", cpu_model="AMD EPYC 9654", cpu_count=192)
+    steps = {"no_optimizer": 125.0, "fused_adamw": 130.0, "forge_bf16": 127.0}
+    records = []
+    for model in EAGER_MODELS:
+        for label, eager in steps.items():
+            for suffix, ms in (("", eager), ("_graph", eager / 4 + (3.0 if label == "forge_bf16" else 0.0))):
+                point = dict(
+                    model=model, batch_size=1, seq_len=1024, method_label=label + suffix, status="ok"
+                )
+                point.update(sweep="eager_host", env=env, gpu_name="NVIDIA H100 80GB HBM3", time="2027-01-05")
+                records.append({**point, "step_time_ms_median": ms})
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "eager_host.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    block = eager_host(tmp_path)
+    # FORGE: 127 - 34.75 = 92.25; the floor: 125 - 31.25 = 93.75; beyond it: -1.5
+    assert "| qwen3-0.6b | 125.0 | 130.0 | 127.0 | 0.98x | 31.2 | 32.5 | 34.8 | -1.5 |" in block, block
+    assert "host CPU AMD EPYC 9654 (192 cores)" in block and "NVIDIA H100 80GB HBM3" in block
