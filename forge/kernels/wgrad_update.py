@@ -195,7 +195,7 @@ class WgradUpdate:
     weight's and the states' facts are taken when this is built, so the tensors must keep their
     storage (the optimizer's do: it updates them in place)."""
 
-    __slots__ = ("weight", "states", "signed", "slots", "facts", "options")
+    __slots__ = ("weight", "states", "signed", "slots", "facts", "update")
 
     def __init__(
         self, weight: torch.Tensor, states: tuple, scales: tuple, signed: tuple,
@@ -209,8 +209,7 @@ class WgradUpdate:
             epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, None, None,
                            residual),
         )  # fmt: skip
-        self.options = dict(rule=rule, flags=flags, state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                            int8_group=int8_group, config=config, kahan=residual is not None)  # fmt: skip
+        self.update = (rule, flags, state_dtype, stochastic_rounding, int8_group, config, residual is not None)
 
     def __call__(
         self, dy: torch.Tensor, x: torch.Tensor, coefficients: tuple, seed: int,
@@ -225,9 +224,12 @@ class WgradUpdate:
         if plan is None:
             if len(_plans) >= DirectLauncher.max_entries:
                 _plans.clear()
-            plan = _plans[key] = configs.plan(self.weight, self.states, self.signed, dy, x, **self.options,
+            rule, flags, state_dtype, stochastic_rounding, int8_group, config, kahan = self.update
+            plan = _plans[key] = configs.plan(self.weight, self.states, self.signed, dy, x, rule=rule, flags=flags,
+                                              state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                                              int8_group=int8_group, config=config,
                                               steps_in_memory=step_values is not None,
-                                              grad_scale=grad_scale is not None)  # fmt: skip
+                                              grad_scale=grad_scale is not None, kahan=kahan)  # fmt: skip
         step = step_arguments(self.weight, coefficients, seed, step_values, grad_scale)
         _launch_plan(key, plan, self.weight, self.slots, dy, x, step)
 
