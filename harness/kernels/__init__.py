@@ -32,7 +32,8 @@ change to one of them is a change the lab follows.
 FORGE_MODULES = (
     "forge",  # attach, ForgeOptimizer, RULES, STATE_DTYPES, state_bytes, fp8, functional
     "forge.rules",  # get_rule, resolve_hparams: a rule's kernel coefficients (launch_breakdown)
-    "forge.functional",  # the fused and element-wise launches, the dW norm (clip_norms)
+    "forge.functional",  # the fused, element-wise and vector launches, the dW norm (clip_norms)
+    "forge.steps",  # step_rows, step_row_words: the vector kernel's step rows (launch_breakdown)
     "forge.clip",  # GlobalNormClip, gram, norm_method: the ways of taking a dW norm (clip_norms)
     "forge.distributed",  # local, save_optimizer, load_optimizer (tp_exactness)
     "forge.kernels",  # the kernels, KernelConfig, pick_config, configs, the epilogue's arguments

@@ -42,6 +42,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tokens-llama": doc_tables.tokens_llama,
     "tokens-peaks": doc_tables.tokens_peaks,
     **doc_tables.PERFORMANCE_BLOCKS,
+    "eager-host": doc_tables.eager_host,
     **doc_probes.BLOCKS,
 }
 

@@ -1,4 +1,4 @@
-"""The measured tables of README.md and docs/performance.md, built from one run each (`runs`).
+"""The measured tables of README.md and docs/, built from one run each (`runs`).
 
 Each function takes the repository root and returns the Markdown of one generated block
 (`doc_blocks` writes it between the block's markers): its table, and the line that names the run
@@ -683,5 +683,4 @@ PERFORMANCE_BLOCKS: dict[str, Callable[[Path], str]] = {
     "clipping": clipping,
     "kernel-summary": kernel_summary,
     "goals": goals,
-    "eager-host": eager_host,
 }
