@@ -55,12 +55,29 @@ def _best_split(r: dict) -> tuple[int, float]:
     return min(splits, key=lambda s: s[1])
 
 
+ENV_NAMES = ("gpu_name", "torch", "triton", "git_commit")  # what a table says of the run behind it
+
+
 def _source(path: str, records: list[dict]) -> str:
+    """`path` and what measured it, as a table's data line: its GPU, versions, commit and date. A
+    table cites only records that say what measured them, all of one commit: a record without its
+    `env` is refused, and records measured on a tree with uncommitted changes are cited as such
+    ("uncommitted changes on 522087f"), never as the commit they started from."""
+    lacking = [r for r in records if not all((r.get("env") or {}).get(name) for name in ENV_NAMES)]
+    if lacking or not records:
+        raise ValueError(
+            f"{path}: {len(lacking)} of {len(records)} records do not say what measured them (their env: "
+            f"{', '.join(ENV_NAMES)}); a table cannot cite them. Give them the env of their run where "
+            "another record of it holds one, or measure again"
+        )
+    commits = sorted({r["env"]["git_commit"][:7] for r in records})
+    if len(commits) > 1:
+        raise ValueError(f"{path}: records of {len(commits)} commits ({', '.join(commits)}): cite one run")
     env = records[0]["env"]
-    return (
-        f"`{path}` ({env['gpu_name']}, torch {env['torch']}, triton {env['triton']}, commit"
-        f" {env['git_commit'][:7]}, {records[0]['time'][:10]})"
-    )
+    dirty = any(r["env"].get("git_dirty") for r in records)
+    at = f"uncommitted changes on {commits[0]}" if dirty else f"commit {commits[0]}"
+    versions = f"torch {env['torch']}, triton {env['triton']}"
+    return f"`{path}` ({env['gpu_name']}, {versions}, {at}, {records[0]['time'][:10]})"
 
 
 def kernel_overlap(root: Path) -> str:
