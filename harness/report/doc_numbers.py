@@ -13,7 +13,9 @@ A figure in the docs is one of three things:
 `check` names every figure that is none of these (with its line), and every pin whose figure is
 gone from its document, so that a figure typed over (47.3 GiB -> 47.8 GiB) fails twice: the new
 figure unaccounted for, the old one missing. Code (fenced or inline), links, dates and versions
-are not figures.
+are not figures. It also names every results file the prose cites (`results/...`, in backticks,
+`{a,b}` for several) that is not in the tree: a figure whose records left the tree is a figure
+nobody can check (restore the file from git history, or measure again).
 
     python -m harness.report.doc_numbers           # the check: what is unaccounted for
     python -m harness.report.doc_numbers --pin     # pin every figure the docs hold now (review the diff)
@@ -32,7 +34,11 @@ from harness.report import doc_blocks, doc_figures
 
 PINS = Path(__file__).with_name("doc_numbers.json")
 _NUMBER = r"(?<![\w.,/])(?<![A-Za-z]-)[-+]?\d+(?:,\d{3})*(?:\.\d+)?"
-_UNITS = "ms|us|µs|ns|s|GiB|MiB|KiB|GB|MB|TB/s|GB/s|TFLOP/s|nats|min|minutes|seconds|hours|bytes"
+_UNITS = (
+    "ms|us|µs|ns|s|milliseconds|microseconds|nanoseconds|seconds|min|minutes|hours"  # time
+    "|GiB|MiB|KiB|GB|MB|bytes|TB/s|GB/s|TFLOP/s|TFLOPS"  # memory, bandwidth, rate
+    "|tokens/s|tok/s|samples/s|nats|times"  # throughput, loss, "3 times faster"
+)
 _WORD_UNIT = rf"\s?(?:{_UNITS})(?![\w/])"
 FIGURE = re.compile(
     rf"{_NUMBER}(?:[x%](?![\w])|{_WORD_UNIT})"  # 1.01x, 46%, 121.5 ms, 38.1 GiB
@@ -45,6 +51,43 @@ _HIDDEN = (
     re.compile(r"\]\([^)]*\)"),
     re.compile(r"<!--.*?-->", re.S),
 )
+
+
+_CITED = re.compile(r"`(results/[^`\s<>]+\.(?:jsonl|json|log|csv|txt))`")
+_FENCE = re.compile(r"```.*?```", re.S)
+
+
+def cited_files(text: str) -> list[tuple[int, str]]:
+    """(line, path) of every results file a document's prose cites, `{a,b}` spelled out (fenced
+    code, which shows where a command writes, is not a citation)."""
+    text = _FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in _CITED.finditer(line):
+            found += [(number, path) for path in _spelled_out(match.group(1))]
+    return found
+
+
+def _spelled_out(path: str) -> list[str]:
+    """`a-{b,c}.jsonl` as `a-b.jsonl`, `a-c.jsonl` (the first brace group, then the rest)."""
+    found = re.search(r"\{([^{}]*)\}", path)
+    if found is None:
+        return [path]
+    head, tail = path[: found.start()], path[found.end() :]
+    return [p for part in found.group(1).split(",") for p in _spelled_out(head + part + tail)]
+
+
+def missing_files(root: Path) -> list[str]:
+    """One line per results file a document cites that the tree does not hold."""
+    problems = []
+    for doc in docs(root):
+        for line, path in cited_files((root / doc).read_text()):
+            if not (any(root.glob(path)) if "*" in path else (root / path).exists()):
+                problems.append(
+                    f"{doc}:{line}: {path} is cited but not in the tree: restore it from git history"
+                    " (git log --all -- PATH) or measure again"
+                )
+    return problems
 
 
 def prose(text: str) -> str:
@@ -102,7 +145,7 @@ def check(root: Path, pinned: dict[str, Counter[str]] | None = None) -> list[str
                 )
         for figure, count in sorted((pinned.get(doc, Counter()) - free).items()):
             problems.append(f"{doc}: {figure} is pinned ({count} more) but not in the text: edited by hand?")
-    return problems
+    return problems + missing_files(root)
 
 
 def pin(root: Path, path: Path = PINS) -> None:

@@ -11,13 +11,17 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
   AdamW, median ms; the same under Triton 3.9 for gate.
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
-  overlap run that timed it, or what to run where none has.
+  overlap run that timed it, or what to run where none has; `pingpong_tiles`: the same run's times
+  a tile, one consumer's update solved from them (the formula beside the table).
 - `newton_schulz`: `python -m harness.kernels.newton_schulz`'s newest run: each Newton-Schulz
   variant's time and distances per hidden matrix shape, and the pick `forge.newton_schulz.AUTO`
   holds (docs/training-recipes.md).
 - `kernel_counters`: Nsight Compute's counters of the shipped and the split kernel (gate, T = 1024).
 - `step_profiles`: `python -m harness.kernels.profile` over graphed steps (its JSON per point),
   summarised as `python -m harness.kernels.compare_profiles` prints them.
+
+A table cites its records' GPU, versions, commit and date (`_source`): records that do not say what
+measured them are refused, and a run on a tree with uncommitted changes is cited as such.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ def kernel_overlap(root: Path) -> str:
     )
 
 
-def _newest_run(root: Path, prefix: str) -> tuple[str, list[dict]] | None:
+def newest_run(root: Path, prefix: str) -> tuple[str, list[dict]] | None:
     """(path, records) of the newest overlap run (by its records' time) that timed the candidates
     whose probe names start with `prefix`, or None."""
     runs = []
@@ -147,7 +151,7 @@ def kernel_pingpong(root: Path) -> str:
     """The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) at its faster ring depth per
     point, against cuBLAS's GEMM, the shipped kernel and the roofline, beside the shipped kernel's
     halves timed in the same run, and whether its step equals the shipped kernel's to the bit."""
-    found = _newest_run(root, PINGPONG)
+    found = newest_run(root, PINGPONG)
     if found is None:
         return (
             "Not measured yet. `python -m harness.kernels.overlap --designs pingpong --update-programs"
@@ -158,9 +162,7 @@ def kernel_pingpong(root: Path) -> str:
     path, records = found
     rows = []
     for r in records:
-        names = sorted(
-            {k[: -len("_differs")] for k in r if k.startswith(PINGPONG) and k.endswith("_differs")}
-        )
+        names = _pingpong_names(r)
         timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
         differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
         point = f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}"
@@ -211,6 +213,85 @@ def kernel_pingpong(root: Path) -> str:
             " differ: W and both states after one step of every candidate against the warp-specialized"
             f" kernel's (0: equal to the bit). Data: {_source(path, records)}, from"
             " `python -m harness.kernels.overlap`.",
+        ]
+    )
+
+
+def _pingpong_names(record: dict) -> list[str]:
+    """The ping-pong candidates a record of the overlap probe timed (`pingpong_s6`, ...)."""
+    return sorted(
+        {k[: -len("_differs")] for k in record if k.startswith(PINGPONG) and k.endswith("_differs")}
+    )
+
+
+# What turns the kernel's times into times a tile: its tiles and the multiprocessors that share them
+PINGPONG_TILE = (128, 128)  # the ping-pong kernel's tile (`harness.kernels.overlap.pingpong_configs`)
+MULTIPROCESSORS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132}  # the cards' specifications
+# A ping-pong tile within this factor of the main loop's runs at the main loop's pace: the update is
+# hidden there and the formula solves for nothing (the measured points at T = 16384 lie within 3%)
+MAIN_LOOP_PACE = 1.05
+
+
+def pingpong_tile_times(records: Sequence[dict]) -> list[dict]:
+    """Per point of an overlap run that timed the ping-pong kernel, its times a tile, in us: each
+    multiprocessor's program runs `tiles` = N K / (128 x 128) / multiprocessors tiles; the main loop
+    a tile is the MMA half's time over them, the 8 update warps' update a tile the update half's; the
+    ping-pong kernel (its fastest candidate) takes max(main loop, (main loop + update) / 2) a tile
+    (two consumers in turn), so where its tile outlasts the main loop (by more than `MAIN_LOOP_PACE`)
+    one consumer's update of a tile is 2 x its time a tile - the main loop's (else None: hidden)."""
+    found = []
+    for r in records:
+        timed = [r[f"{n}_ms"] for n in _pingpong_names(r) if r.get(f"{n}_ms")]
+        if not timed:
+            continue
+        sms = MULTIPROCESSORS[r["env"]["gpu_name"]]
+        tiles = r["N"] * r["K"] / (PINGPONG_TILE[0] * PINGPONG_TILE[1]) / sms
+        main, tile = 1e3 * r["ws_mma_only_ms"] / tiles, 1e3 * min(timed) / tiles
+        update = 2 * tile - main if tile > MAIN_LOOP_PACE * main else None
+        found.append(
+            {
+                "shape_name": r["shape_name"], "N": r["N"], "K": r["K"], "T": r["T"], "tiles": tiles,
+                "main_us": main, "pingpong_us": tile, "update_us": update,
+                "warps_us": 1e3 * r["ws_epilogue_only_ms"] / tiles,
+            }
+        )  # fmt: skip
+    return found
+
+
+def pingpong_tiles(root: Path) -> str:
+    """The ping-pong kernel's times a tile (`pingpong_tile_times`): what one consumer's update of a
+    tile costs against the warp-specialized kernel's 8 update warps."""
+    found = newest_run(root, PINGPONG)
+    if found is None:
+        return "Not measured yet: the kernel-pingpong block above says what to run."
+    path, records = found
+    rows = []
+    for t in pingpong_tile_times(records):
+        update = t["update_us"]
+        rows.append(
+            [
+                f"{t['shape_name']} {t['N']}x{t['K']}, T = {t['T']}",
+                f"{t['tiles']:.1f}",
+                f"{t['main_us']:.1f}",
+                f"{t['pingpong_us']:.1f}",
+                "hidden: at the main loop's pace" if update is None else f"{update:.1f}",
+                f"{t['warps_us']:.1f}",
+                "-" if update is None else _x(update / t["warps_us"]),
+            ]
+        )
+    header = ["point", "tiles a multiprocessor", "main loop us a tile", "ping-pong us a tile"]
+    header += ["one consumer's update us a tile", "8 update warps' us a tile", "consumer over warps"]
+    sms = sorted({MULTIPROCESSORS[r["env"]["gpu_name"]] for r in records})
+    return "\n\n".join(
+        [
+            _table(header, rows, "l" + "r" * 3 + "rrr"),
+            f"Tiles a multiprocessor: N K / (128 x 128) over the card's {', '.join(map(str, sms))}"
+            " multiprocessors. Main loop: the warp-specialized kernel's MMA half over them; 8 update warps:"
+            " its update half over them; ping-pong: its fastest candidate over them. Two consumers take"
+            " turns, so a tile costs max(main loop, (main loop + update) / 2), and where the ping-pong tile"
+            f" outlasts the main loop (by more than {MAIN_LOOP_PACE:g}x) one consumer's update is 2 x"
+            " ping-pong - main loop; within that, the kernel runs at its main loop's pace, the update hidden."
+            f" Data: {_source(path, records)}, the run of the table above.",
         ]
     )
 
@@ -378,6 +459,7 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
+    "pingpong-tiles": pingpong_tiles,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(

@@ -66,3 +66,19 @@ def test_every_committed_device_log_says_what_measured_it():
         lacking = [r for r in records if not all((r.get("env") or {}).get(n) for n in doc_probes.ENV_NAMES)]
         assert not lacking, f"{path.name}: {len(lacking)} records without their env"
         assert path.stem.rsplit("-", 1)[1] == records[0]["env"]["git_commit"][:7], path.name
+
+
+def test_the_ping_pong_times_a_tile_follow_their_formula():
+    """Tiles a multiprocessor are N K / (128 x 128) / 132; one consumer's update is twice the
+    kernel's time a tile less the main loop's, only where the kernel is slower than its main loop's
+    pace; the tile is the ping-pong kernel's own."""
+    from harness.kernels.overlap import pingpong_configs
+
+    config = next(iter(pingpong_configs().values()))
+    assert (config.block_n, config.block_k) == doc_probes.PINGPONG_TILE
+    times = doc_probes.pingpong_tile_times(results.read(REPO / DEVICE_LOGS / PINGPONG_RUN))
+    gate = next(t for t in times if t["shape_name"] == "gate" and t["T"] == 1024)
+    assert gate["tiles"] == pytest.approx(14336 * 4096 / 128**2 / 132)
+    assert gate["update_us"] == pytest.approx(2 * gate["pingpong_us"] - gate["main_us"])
+    assert all(t["update_us"] is None for t in times if t["T"] == 16384)
+    assert all(t["update_us"] > t["warps_us"] for t in times if t["T"] < 16384)
