@@ -19,7 +19,7 @@ step times sit above the matrix floor by attention, element-wise work and launch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from harness.points import graphed, options_dict, options_key
 from harness.records import Record, on_cpu
@@ -77,10 +77,14 @@ def _models(records: Sequence[Record], known: dict[str, float] | None = None) ->
 
 
 def bytes_table(
-    records: Sequence[Record], cap_gib: float | None = None, known: dict[str, float] | None = None
+    records: Sequence[Record],
+    cap_gib: float | None = None,
+    known: dict[str, float] | None = None,
+    name: Callable[[Record], str] = display_name,
 ) -> Table | None:
-    """Bytes per parameter per method, and the static GiB at each model's size (`known`: sizes
-    counted elsewhere, for models whose every record here failed before counting)."""
+    """Bytes per parameter per method (each row named by `name`), and the static GiB at each
+    model's size (`known`: sizes counted elsewhere, for models whose every record here failed
+    before counting)."""
     from harness.report import token_model as tm
 
     models = _models(records, known)
@@ -95,7 +99,7 @@ def bytes_table(
         fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
         if fp is None:
             continue
-        cells = [display_name(record)]
+        cells = [name(record)]
         figures = lambda f: (f.weights, f.grads, f.states, f.total, f.update_traffic)  # noqa: E731
         if fp.rest is None:
             cells += [fmt_float(v, 3) for v in figures(fp)]

@@ -136,7 +136,7 @@ def _cpu_sections(records: Sequence[Record], out: Path) -> list[Section]:
     training.preamble = cpu_tables.FIDELITY_TEXT
     training.provenance = False
     memory = Section("memory", "Memory a parameter", hint, preamble=cpu_tables.MEMORY_TEXT, provenance=False)
-    table = preambles.bytes_table(records)
+    table = preambles.bytes_table(records, name=cpu_tables.cpu_name)
     if table is not None:
         title = "Bytes a parameter each method holds and moves"
         memory.selections = [
@@ -150,12 +150,12 @@ def _cpu_sections(records: Sequence[Record], out: Path) -> list[Section]:
         records, lambda r: (str(r.get("model")), r.get("batch_size"), r.get("seq_len"))
     ).items():
         stem = f"cpu_{slug(model)}_b{int(batch or 0)}_s{int(seq or 0)}"
-        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}, CPU"
+        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}"
         folder = out / "plots"
         if any(r.get("losses") for r in members):
             loss_png = folder / f"{stem}_loss.png"
             training.plots.append(
-                plots.loss_per_step(members, f"Training loss: {where}", loss_png, cpu_tables.cpu_name)
+                plots.loss_per_step(members, f"Training loss on a CPU: {where}", loss_png, cpu_tables.cpu_name)
             )
         if any(r.get("step_time_ms_median") is not None for r in members):
             title = f"Step time on this CPU (nothing about a GPU's): {where}"
