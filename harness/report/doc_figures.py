@@ -144,10 +144,7 @@ def _copy_engine(root: Path) -> dict[str, list[float]]:
 
 def _copy_engine_stages(root: Path) -> list[str]:
     c = _copy_engine(root)
-    return [
-        *_span(c["update_ms_s3_gd"], 3), *_span(c["update_s3_gd"]), *_span(c["update_s3_q"]),
-        *_span(c["kernel_s3_gd"]), *_span(c["kernel_s3_q"]),
-    ]  # fmt: skip
+    return [*_span(c["update_ms_s3_gd"], 3), *_span(c["update_s3_gd"])]
 
 
 def _copy_engine_tried(root: Path) -> list[str]:
@@ -160,7 +157,7 @@ def _copy_engine_tried(root: Path) -> list[str]:
 
 def _copy_engine_next(root: Path) -> list[str]:
     c = _copy_engine(root)
-    return [*_span(c["update_s3_gd"]), *_span(c["update_s3_q"])]
+    return _span(c["update_s3_gd"])
 
 
 def _pingpong_tiles(root: Path) -> list[str]:
@@ -200,8 +197,7 @@ def _fp8_compiled(root: Path) -> list[str]:
     """torchao's FP8 compiled (the archived run, with the full attention mask) at batch 1, seq 1024,
     and FORGE FP8 graphed (bf16 and int8 states, the current run) over its median step and peak."""
     compiled = _point(root, FP8_COMPILED, "fused_adamw_fp8_compile")
-    env = compiled["env"]
-    figures = [env["git_commit"][:7], compiled["time"][:10], f"{step_median(compiled):.1f}"]
+    figures = [compiled["time"][:10], f"{step_median(compiled):.1f}"]
     figures += [f"{compiled['step_time_ms_min']:.1f}", f"{compiled['step_time_ms_p90']:.1f}"]
     figures.append(f"{compiled['peak_alloc_gib']:.2f}")
     for label in ("forge_fp8_graph", "forge_fp8_int8_graph"):
@@ -407,7 +403,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(README, "batch 1, seq 1024, {} steps of which {} are warm-up", HEADLINE, _headline_steps),
     Figure(
         RECIPES,
-        "one run at {} on {}, with the full attention mask, `"
+        "one run on {}, with the full attention mask, `"
         + FP8_COMPILED
         + "`): {} ms ({}-{}), peak {} GiB. FORGE FP8 graphed is {} its median at {} its peak; with int8"
         " states {}, at {}.",
@@ -424,15 +420,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure(PERF, "Operand reads through L2 cost {}-{}% of the kernel at T >= 1024", OVERLAP, _operand_reads),
     Figure(
         PERF,
-        "the update warps move them at {}-{} TB/s (the update's bytes over the update half's time, the T ="
-        " 1024 rows)",
+        "the update warps move them at {}-{} TB/s (bytes over the update half's time, T = 1024 rows)",
         OVERLAP,
         _update_rate,
     ),
     Figure(
         PERF,
-        "on gate and down its update half took {}-{} ms ({}-{}x the shipped one's; on q {}-{}x) beside 3"
-        " operand stages, which starve the GEMM (the kernel {}-{}x the shipped one; q {}-{}x)",
+        "on gate and down its update half took {}-{} ms ({}-{}x the shipped one's; q below) beside 3 operand"
+        " stages",
         COPY_ENGINE,
         _copy_engine_stages,
     ),
@@ -446,8 +441,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         PERF,
-        "the copy-engine update took {}-{}x the update warps' time on gate and down (q {}-{}x) once its ring"
-        " was deep",
+        "the copy-engine update took {}-{}x the update warps' time on gate and down once its ring was deep",
         COPY_ENGINE,
         _copy_engine_next,
     ),

@@ -53,43 +53,6 @@ _HIDDEN = (
 )
 
 
-_CITED = re.compile(r"`(results/[^`\s<>]+\.(?:jsonl|json|log|csv|txt))`")
-_FENCE = re.compile(r"```.*?```", re.S)
-
-
-def cited_files(text: str) -> list[tuple[int, str]]:
-    """(line, path) of every results file a document's prose cites, `{a,b}` spelled out (fenced
-    code, which shows where a command writes, is not a citation)."""
-    text = _FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        for match in _CITED.finditer(line):
-            found += [(number, path) for path in _spelled_out(match.group(1))]
-    return found
-
-
-def _spelled_out(path: str) -> list[str]:
-    """`a-{b,c}.jsonl` as `a-b.jsonl`, `a-c.jsonl` (the first brace group, then the rest)."""
-    found = re.search(r"\{([^{}]*)\}", path)
-    if found is None:
-        return [path]
-    head, tail = path[: found.start()], path[found.end() :]
-    return [p for part in found.group(1).split(",") for p in _spelled_out(head + part + tail)]
-
-
-def missing_files(root: Path) -> list[str]:
-    """One line per results file a document cites that the tree does not hold."""
-    problems = []
-    for doc in docs(root):
-        for line, path in cited_files((root / doc).read_text()):
-            if not (any(root.glob(path)) if "*" in path else (root / path).exists()):
-                problems.append(
-                    f"{doc}:{line}: {path} is cited but not in the tree: restore it from git history"
-                    " (git log --all -- PATH) or measure again"
-                )
-    return problems
-
-
 def prose(text: str) -> str:
     """`text` with what holds no hand-written figure blanked (blocks, code, links, comments), its
     lines where they were."""
@@ -145,7 +108,7 @@ def check(root: Path, pinned: dict[str, Counter[str]] | None = None) -> list[str
                 )
         for figure, count in sorted((pinned.get(doc, Counter()) - free).items()):
             problems.append(f"{doc}: {figure} is pinned ({count} more) but not in the text: edited by hand?")
-    return problems + missing_files(root)
+    return problems
 
 
 def pin(root: Path, path: Path = PINS) -> None:

@@ -11,8 +11,8 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
   AdamW, median ms; the same under Triton 3.9 for gate.
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
-  overlap run that timed it, or what to run where none has; `pingpong_tiles`: the same run's times
-  a tile, one consumer's update solved from them (the formula beside the table).
+  overlap run that timed it, or what to run where none has, with its times a tile
+  (`pingpong_tile_times`: one consumer's update solved from them, the formula beside the table).
 - `newton_schulz`: `python -m harness.kernels.newton_schulz`'s newest run: each Newton-Schulz
   variant's time and distances per hidden matrix shape, and the pick `forge.newton_schulz.AUTO`
   holds (docs/training-recipes.md).
@@ -160,6 +160,8 @@ def kernel_pingpong(root: Path) -> str:
             " `python -m harness report` then writes its records here."
         )
     path, records = found
+    source = _source(path, records)  # first: records that do not say what measured them are refused
+    tiles = {(t["shape_name"], t["T"]): t for t in pingpong_tile_times(records)}
     rows = []
     for r in records:
         names = _pingpong_names(r)
@@ -175,7 +177,7 @@ def kernel_pingpong(root: Path) -> str:
         ws_ms = r.get("warp_specialized_ms") or r["shipped_ms"]
         head = [point, _ms(roof), _ms(r["cublas_gemm_ms"]), _ms(ws_ms)]
         if not timed:
-            rows.append([*head, "failed", "-", "-", *halves, str(differing)])
+            rows.append([*head, "failed", "-", "-", *halves, "-", str(differing)])
             continue
         ms, best = min(timed)
         rows.append(
@@ -185,6 +187,7 @@ def kernel_pingpong(root: Path) -> str:
                 _x(ms / ws_ms),
                 _x(ms / roof),
                 *halves,
+                _tile_cell(tiles[(r["shape_name"], r["T"])]),
                 str(differing),
             ]
         )
@@ -201,20 +204,31 @@ def kernel_pingpong(root: Path) -> str:
         "its MMA half / roofline",
         "its update half / roofline",
     ]
-    header += ["elements that differ"]
+    header += ["us a tile: main loop / one consumer's update / 8 update warps", "elements that differ"]
     return "\n\n".join(
         [
-            _table(header, rows, "l" + "r" * 9),
+            _table(header, rows, "l" + "r" * 10),
             "Ping-pong: two MMA warpgroups taking turns at the tensor cores, each updating its tile from"
             " its own registers; candidates s<S>[_c64]: S stages of dy and x, pieces of 32 (64) columns"
             " (`harness.kernels.overlap.pingpong_configs`); AdamW with bf16 states, median ms. The"
             " warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`; the shipped launch where the run"
             " timed no other) and its halves as in the table above, from the same run; elements that"
             " differ: W and both states after one step of every candidate against the warp-specialized"
-            f" kernel's (0: equal to the bit). Data: {_source(path, records)}, from"
-            " `python -m harness.kernels.overlap`.",
+            " kernel's (0: equal to the bit). Times a tile: each of the card's"
+            f" {'/'.join(str(n) for n in sorted({MULTIPROCESSORS[r['env']['gpu_name']] for r in records}))}"
+            " multiprocessors runs N K / (128 x 128) / multiprocessors tiles; main loop and 8 update warps:"
+            " the warp-specialized kernel's MMA and update halves over them; two consumers take turns, so a"
+            " ping-pong tile costs max(main loop, (main loop + update) / 2), and where it outlasts the main"
+            f" loop by more than {MAIN_LOOP_PACE:g}x one consumer's update is 2 x (ping-pong time a tile) -"
+            " main loop (else hidden: the kernel runs at its main loop's pace)."
+            f" Data: {source}, from `python -m harness.kernels.overlap`.",
         ]
     )
+
+
+def _tile_cell(t: dict) -> str:
+    update = "hidden" if t["update_us"] is None else f"{t['update_us']:.1f}"
+    return f"{t['main_us']:.1f} / {update} / {t['warps_us']:.1f}"
 
 
 def _pingpong_names(record: dict) -> list[str]:
@@ -256,44 +270,6 @@ def pingpong_tile_times(records: Sequence[dict]) -> list[dict]:
             }
         )  # fmt: skip
     return found
-
-
-def pingpong_tiles(root: Path) -> str:
-    """The ping-pong kernel's times a tile (`pingpong_tile_times`): what one consumer's update of a
-    tile costs against the warp-specialized kernel's 8 update warps."""
-    found = newest_run(root, PINGPONG)
-    if found is None:
-        return "Not measured yet: the kernel-pingpong block above says what to run."
-    path, records = found
-    rows = []
-    for t in pingpong_tile_times(records):
-        update = t["update_us"]
-        rows.append(
-            [
-                f"{t['shape_name']} {t['N']}x{t['K']}, T = {t['T']}",
-                f"{t['tiles']:.1f}",
-                f"{t['main_us']:.1f}",
-                f"{t['pingpong_us']:.1f}",
-                "hidden: at the main loop's pace" if update is None else f"{update:.1f}",
-                f"{t['warps_us']:.1f}",
-                "-" if update is None else _x(update / t["warps_us"]),
-            ]
-        )
-    header = ["point", "tiles a multiprocessor", "main loop us a tile", "ping-pong us a tile"]
-    header += ["one consumer's update us a tile", "8 update warps' us a tile", "consumer over warps"]
-    sms = sorted({MULTIPROCESSORS[r["env"]["gpu_name"]] for r in records})
-    return "\n\n".join(
-        [
-            _table(header, rows, "l" + "r" * 3 + "rrr"),
-            f"Tiles a multiprocessor: N K / (128 x 128) over the card's {', '.join(map(str, sms))}"
-            " multiprocessors. Main loop: the warp-specialized kernel's MMA half over them; 8 update warps:"
-            " its update half over them; ping-pong: its fastest candidate over them. Two consumers take"
-            " turns, so a tile costs max(main loop, (main loop + update) / 2), and where the ping-pong tile"
-            f" outlasts the main loop (by more than {MAIN_LOOP_PACE:g}x) one consumer's update is 2 x"
-            " ping-pong - main loop; within that, the kernel runs at its main loop's pace, the update hidden."
-            f" Data: {_source(path, records)}, the run of the table above.",
-        ]
-    )
 
 
 def newest_newton_schulz_run(root: Path) -> tuple[str, list[dict]] | None:
@@ -459,7 +435,6 @@ def step_profiles(pattern: str, methods: Sequence[str], title: str) -> Callable[
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
-    "pingpong-tiles": pingpong_tiles,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(

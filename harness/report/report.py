@@ -154,9 +154,8 @@ def _cpu_sections(records: Sequence[Record], out: Path) -> list[Section]:
         folder = out / "plots"
         if any(r.get("losses") for r in members):
             loss_png = folder / f"{stem}_loss.png"
-            training.plots.append(
-                plots.loss_per_step(members, f"Training loss on a CPU: {where}", loss_png, cpu_tables.cpu_name)
-            )
+            title = f"Training loss on a CPU: {where}"
+            training.plots.append(plots.loss_per_step(members, title, loss_png, cpu_tables.cpu_name))
         if any(r.get("step_time_ms_median") is not None for r in members):
             title = f"Step time on this CPU (nothing about a GPU's): {where}"
             step_png = folder / f"{stem}_step_time.png"

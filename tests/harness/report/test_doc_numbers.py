@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import doc_numbers
+from harness.report import doc_figures, doc_numbers
 from harness.report.doc_numbers import check, figures
 
 REPO = Path(__file__).resolve().parents[3]
@@ -80,33 +80,20 @@ def test_a_pin_whose_figure_left_its_document_is_named(tmp_path):
 
 def test_a_quoted_figure_whose_results_file_left_the_tree_fails(tmp_path):
     """The compiled torchao FP8 figures of docs/training-recipes.md come from an archived run: with
-    that file gone from results/, the sentence's figures are unaccounted for and the citation is
-    named, with how to restore it."""
+    that file gone from results/, their sentence cannot be computed (named with the file) and its
+    figures are unaccounted for (tests/test_repository.py names the citation too)."""
     gone = "results/archive/fp8_h200-masked-20261202-31a33a4.jsonl"
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
     shutil.copytree(REPO / "docs", tmp_path / "docs")
-    shutil.copytree(REPO / "results", tmp_path / "results", ignore=shutil.ignore_patterns("*.png"))
-    assert check(tmp_path) == []
+    shutil.copytree(REPO / "results", tmp_path / "results")
+    assert check(tmp_path) == [] and doc_figures.check(tmp_path) == []
     (tmp_path / gone).unlink()
+    assert any(
+        p.startswith(f"docs/training-recipes.md: cannot compute from {gone}")
+        for p in doc_figures.check(tmp_path)
+    )
     problems = check(tmp_path)
     assert any(
         p.startswith("docs/training-recipes.md:") and ": 144.5 ms: a figure that is not" in p
         for p in problems
     )
-    assert any(
-        p.startswith("docs/training-recipes.md:") and f"{gone} is cited but not in the tree" in p
-        for p in problems
-    )
-
-
-def test_cited_files_are_read_from_the_prose_with_braces_spelled_out():
-    text = (
-        "Data: `results/device-logs/profile-{a,b}-20261130-05ac13b.json`, `results/x.jsonl`.\n"
-        "```bash\npython -m harness sweep  # writes `results/adhoc/out.jsonl`\n```\n"
-        "Per sweep: `results/<sweep>.jsonl`.\n"
-    )
-    assert doc_numbers.cited_files(text) == [
-        (1, "results/device-logs/profile-a-20261130-05ac13b.json"),
-        (1, "results/device-logs/profile-b-20261130-05ac13b.json"),
-        (1, "results/x.jsonl"),
-    ]
