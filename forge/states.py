@@ -62,6 +62,20 @@ def quantize(values: torch.Tensor, signed: bool, group: int) -> tuple[torch.Tens
     return quantize_codes(values, signed, group)
 
 
+def stored(values: torch.Tensor, state_dtype: str, signed: bool, group: int = 64) -> torch.Tensor:
+    """`values` (fp32) as a state of `state_dtype` holds them, read back in fp32: fp32 as they are,
+    bf16 rounded to nearest, int8 through the kernels' codes and scales (`quantize`), as the
+    kernels round them. A vector's int8 state is kept in bf16 (see the module)."""
+    if state_dtype == "fp32":
+        return values.float()
+    if state_dtype == "int8" and values.dim() > 1:
+        from forge.kernels.quant import dequantize
+
+        codes, scales = quantize(values.float(), signed, group)
+        return dequantize(codes, scales, signed, group)
+    return values.to(torch.bfloat16).float()
+
+
 def state_bytes(state_dtype: str, int8_group: int = 64) -> float:
     """Bytes a state tensor takes per element of its parameter: 4, 2, or an int8 code and its share
     of a bf16 scale (a memory model's figure; vectors keep bf16 states under int8, `dtype_of`)."""

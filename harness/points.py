@@ -14,7 +14,9 @@ How a table names and orders a record's method (its `Method`'s title and order) 
 A method's ratios compare it with fused AdamW of the same sweep and configuration whose step runs
 the same way (`step_mode`: under autocast or not, captured in a CUDA graph or not, compiled or not,
 with the chunked loss or not, clipped or not), so a graphed FORGE row is a ratio of the graphed
-fused AdamW, never of the eager one, and a clipped one of fused AdamW after clip_grad_norm_.
+fused AdamW, never of the eager one, and a clipped one of fused AdamW after clip_grad_norm_. A
+method that replaces another torch method (FORGE Muon: torch Muon) is compared with that one
+instead (`BASELINES`, `baseline_of`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ CONFIG_FIELDS = (
 )
 
 REFERENCE_METHOD = "fused_adamw"
+# The torch method a method replaces, where that is not fused AdamW: its ratios divide by that one.
+BASELINES = {"forge_muon": "muon"}
 
 # Options a method gained after some of its records were written, with the value every older
 # record ran at (FORGE's int8 scales came in groups of 64 before `int8_group` existed, and its
@@ -186,17 +190,38 @@ def reference_key(record: Mapping[str, Any]) -> tuple:
 def reference_index(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
     """Fused AdamW per `reference_key`: the fewest options first (then their canonical string), then
     the latest record."""
+    return {key: r for (method, key), r in baseline_index(records).items() if method == REFERENCE_METHOD}
+
+
+def baseline_method(record: Mapping[str, Any]) -> str:
+    """The method a record's ratios divide by: the torch method it replaces (`BASELINES`), else
+    fused AdamW."""
+    return BASELINES.get(str(record.get("method")), REFERENCE_METHOD)
+
+
+def baseline_index(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
+    """Every baseline record (fused AdamW, and the methods of `BASELINES`) by (method,
+    `reference_key`): the fewest options first (then their canonical string), then the latest."""
+    baselines = {REFERENCE_METHOD, *BASELINES.values()}
     best: dict[tuple, tuple[tuple, Mapping[str, Any]]] = {}
     for index, record in enumerate(records):
-        if record.get("method") != REFERENCE_METHOD:
+        if record.get("method") not in baselines:
             continue
         stamp = "" if missing(record.get("time")) else str(record.get("time"))
         options = record.get("method_options")
         rank = (len(options_dict(options)), options_key(options), _negate(stamp), -index)
-        key = reference_key(record)
+        key = (record.get("method"), reference_key(record))
         if key not in best or rank < best[key][0]:
             best[key] = (rank, record)
     return {key: value[1] for key, value in best.items()}
+
+
+def baseline_of(
+    record: Mapping[str, Any], index: Mapping[tuple, Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The record `record`'s ratios divide by, from `baseline_index`: its `baseline_method` measured
+    in the same sweep and configuration, its step run the same way; None where there is none."""
+    return index.get((baseline_method(record), reference_key(record)))
 
 
 def _negate(text: str) -> tuple[int, ...]:

@@ -180,6 +180,8 @@ OPTIONAL_FIELDS = {
     "branch_steps": "steps a branch runs",
     "reference_losses": "the reference trajectory's losses",
     "reference": "the folder of the reference trajectory",
+    # a step-time point with measure.fidelity (harness.run.fidelity)
+    "fidelity": "its torch.optim reference trained beside it in fp32: losses, distances, bounds' terms",
     # a point of several processes (torchrun: harness.run.launch)
     "rank": "the process's rank (a rank's own record)",
     "world_size": "processes the point ran in",

@@ -39,8 +39,12 @@ EAGER_HOST = RESULTS + "eager_host.jsonl"  # eager and graphed steps where the h
 # Runs a generated block names before they exist: until one is measured, its block says what to run.
 NOT_MEASURED_YET = (EAGER_HOST,)
 
-# Archived runs a doc cites (int8 states in groups of 64 and of 128).
+FP8 = RESULTS + "fp8_h200.jsonl"
+
+# Archived runs a doc cites (int8 states in groups of 64 and of 128; torchao's FP8 compiled, with
+# the full attention mask).
 INT8_GROUPS = ARCHIVE + "llama8b_graphs_h200-20261130-5acc636.jsonl"
+FP8_COMPILED = ARCHIVE + "fp8_h200-masked-20261202-31a33a4.jsonl"
 
 # The kernel tables (`python -m harness kernels`), one file per model.
 KERNELS_LLAMA = KERNELS + "kernels-llama3.1-8b.jsonl"
@@ -51,6 +55,7 @@ KERNEL_TABLES = (KERNELS_LLAMA, KERNELS_QWEN)
 OVERLAP = DEVICE_LOGS + "overlap-20261204-f71303c.jsonl"
 OVERLAP_T39 = DEVICE_LOGS + "overlap-triton3.9-20261204-0a52bdd.jsonl"
 OVERLAP_RUNS = DEVICE_LOGS + "overlap-*.jsonl"
+COPY_ENGINE = DEVICE_LOGS + "overlap-20261205-841c142.jsonl"  # the update fed by bulk copies (prefetch_*)
 NCU = DEVICE_LOGS + "ncu-ws-split-gate-t1024-20261204-926cb1d.csv"
 PROFILES_B1 = DEVICE_LOGS + "profile-{}-llama3.1-8b-b1-s1024-h200-20261130-05ac13b.json"
 LAUNCHES = DEVICE_LOGS + "launch-breakdown-1024x2048x1024-20261204-9616b23.json"

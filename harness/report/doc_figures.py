@@ -30,6 +30,9 @@ from harness.sources import (
     ARCHIVE,
     CLIP,
     COMPILE,
+    COPY_ENGINE,
+    FP8,
+    FP8_COMPILED,
     GPU_TESTS,
     GRAPH_PEAK,
     HEADLINE,
@@ -40,6 +43,7 @@ from harness.sources import (
     MASKED,
     MUON,
     OVERLAP,
+    OVERLAP_RUNS,
     REFERENCE,
     REFERENCE_EXACTNESS,
     RESULTS,
@@ -106,6 +110,92 @@ def _operand_reads(root: Path) -> list[str]:
     """What operand reads cost the kernel at T >= 1024: 1 - (no operand reads) / full."""
     costs = [1 - r["ws_first_lap_ms"] / r["ws_ms"] for r in results.read(root / OVERLAP) if r["T"] >= 1024]
     return [f"{100 * min(costs):.0f}", f"{100 * max(costs):.0f}"]
+
+
+def _span(values: Sequence[float], digits: int = 2) -> list[str]:
+    """The least and the largest of `values`, formatted: a range that covers every row it names."""
+    return [f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"]
+
+
+def _update_rate(root: Path) -> list[str]:
+    """The update warps' rate at T = 1024: the update's bytes over the update half's time, TB/s."""
+    rates = [
+        r["update_bytes"] / r["ws_epilogue_only_ms"] / 1e9
+        for r in results.read(root / OVERLAP)
+        if r["T"] == 1024
+    ]
+    return _span(rates)
+
+
+def _copy_engine(root: Path) -> dict[str, list[float]]:
+    """The update fed by bulk copies (`prefetch_*` candidates), per quantity and row set: its update
+    half in ms and over the shipped kernel's update half, and its kernel over the shipped kernel,
+    with 3 operand stages (`_s3`) and 4 (`_s4`), on gate and down (`gd`) and on q."""
+    found: dict[str, list[float]] = {}
+    for r in results.read(root / COPY_ENGINE):
+        rows = "q" if r["shape_name"] == "q" else "gd"
+        for stages in ("s3", "s4"):
+            for name in (k[: -len("_update_only_ms")] for k in r if k.endswith(f"_{stages}_update_only_ms")):
+                update = r[f"{name}_update_only_ms"]
+                found.setdefault(f"update_ms_{stages}_{rows}", []).append(update)
+                found.setdefault(f"update_{stages}_{rows}", []).append(update / r["ws_epilogue_only_ms"])
+                found.setdefault(f"kernel_{stages}_{rows}", []).append(r[f"{name}_ms"] / r["shipped_ms"])
+    return found
+
+
+def _copy_engine_tried(root: Path) -> list[str]:
+    c = _copy_engine(root)
+    return [
+        *_span(c["update_s3_gd"]), *_span(c["update_s3_q"]), *_span(c["kernel_s3_gd"]),
+        *_span(c["kernel_s3_q"]), *_span(c["update_s4_gd"]), *_span(c["update_s4_q"]),
+    ]  # fmt: skip
+
+
+def _pingpong_tiles(root: Path) -> list[str]:
+    """One consumer's update a tile at 1,024 and 4,096 tokens, its least ratio to the 8 update
+    warps', theirs, and the main loop a tile at 16,384 (`doc_probes.pingpong_tile_times`)."""
+    from harness.report.doc_probes import FED, PINGPONG, newest_run, pingpong_tile_times
+
+    found = newest_run(root, PINGPONG, without=FED)
+    if found is None:
+        raise LookupError(f"no overlap run under {OVERLAP_RUNS} timed the ping-pong kernel")
+    tiles = pingpong_tile_times(found[1])
+    at = lambda T, key: [t[key] for t in tiles if t["T"] == T and t[key] is not None]  # noqa: E731
+    ratios = [t["update_us"] / t["warps_us"] for t in tiles if t["update_us"] is not None]
+    return [
+        *_span(at(1024, "update_us"), 0), *_span(at(4096, "update_us"), 0), f"{min(ratios):.1f}",
+        *_span([t["warps_us"] for t in tiles], 1), *_span(at(16384, "main_us"), 0),
+    ]  # fmt: skip
+
+
+def _point(root: Path, path: str, label: str, batch: int = 1, seq: int = 1024) -> dict:
+    """The one ok record of `label` at (batch, seq) in a results file; a clear error for none or several."""
+    found = [
+        r
+        for r in load_records([root / path])
+        if r.get("status") == "ok"
+        and r.get("method_label") == label
+        and (int(r["batch_size"]), int(r["seq_len"])) == (batch, seq)
+    ]
+    if len(found) != 1:
+        raise LookupError(
+            f"{len(found)} ok records of {label} at batch {batch}, seq {seq} in {path}: cite one"
+        )
+    return found[0]
+
+
+def _fp8_compiled(root: Path) -> list[str]:
+    """torchao's FP8 compiled (the archived run, with the full attention mask) at batch 1, seq 1024,
+    and FORGE FP8 graphed (bf16 and int8 states, the current run) over its median step and peak."""
+    compiled = _point(root, FP8_COMPILED, "fused_adamw_fp8_compile")
+    figures = [compiled["time"][:10], f"{step_median(compiled):.1f}"]
+    figures += [f"{compiled['step_time_ms_min']:.1f}", f"{compiled['step_time_ms_p90']:.1f}"]
+    figures.append(f"{compiled['peak_alloc_gib']:.2f}")
+    for label in ("forge_fp8_graph", "forge_fp8_int8_graph"):
+        point = _point(root, FP8, label)
+        figures.append(fmt_ratio(step_median(point) / step_median(compiled)))
+        figures.append(fmt_ratio(point["peak_alloc_gib"] / compiled["peak_alloc_gib"]))
+    return figures
 
 
 def _host_per_layer(root: Path) -> list[str]:
@@ -334,6 +424,15 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(README, "{} against {} ms in the table below", HEADLINE, _graphed_headline),
     Figure(
+        RECIPES,
+        "one run on {}, with the full attention mask, `"
+        + FP8_COMPILED
+        + "`): {} ms ({}-{}), peak {} GiB. FORGE FP8 graphed is {} its median at {} its peak; with int8"
+        " states {}, at {}.",
+        f"{FP8_COMPILED}, {FP8}",
+        _fp8_compiled,
+    ),
+    Figure(
         PERF,
         "eager Llama-3.1-8B step at batch 1 took {} to {} ms over the runs of it in results/",
         f"{RESULTS}*.jsonl, {ARCHIVE}",
@@ -341,6 +440,27 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(PERF, "none without checkpointing from {} tokens on", TOKENS, _no_saving_from),
     Figure(PERF, "Operand reads through L2 cost {}-{}% of the kernel at T >= 1024", OVERLAP, _operand_reads),
+    Figure(
+        PERF,
+        "the update warps move them at {}-{} TB/s (bytes over the update half's time, T = 1024 rows)",
+        OVERLAP,
+        _update_rate,
+    ),
+    Figure(
+        PERF,
+        "on gate and down the update half {}-{}x the shipped one's with 3 operand stages (q {}-{}x), but the"
+        " kernel {}-{}x (q {}-{}x); with 4 stages the ring is too shallow to gain (the update half {}-{}x on"
+        " gate and down, q {}-{}x)",
+        COPY_ENGINE,
+        _copy_engine_tried,
+    ),
+    Figure(
+        PERF,
+        "One consumer updates a tile in {}-{} us at T = 1024 and {}-{} us at 4096, {}x and more the 8 update"
+        " warps' {}-{} us; only at 16384 does a main loop ({}-{} us a tile) outlast it",
+        OVERLAP_RUNS,
+        _pingpong_tiles,
+    ),
     Figure(
         PERF,
         "A ForgeLinear's forward and backward cost the host {} us a layer where nn.Linear's cost {}, in a"

@@ -13,7 +13,9 @@ A figure in the docs is one of three things:
 `check` names every figure that is none of these (with its line), and every pin whose figure is
 gone from its document, so that a figure typed over (47.3 GiB -> 47.8 GiB) fails twice: the new
 figure unaccounted for, the old one missing. Code (fenced or inline), links, dates and versions
-are not figures.
+are not figures. It also names every results file the prose cites (`results/...`, in backticks,
+`{a,b}` for several) that is not in the tree: a figure whose records left the tree is a figure
+nobody can check (restore the file from git history, or measure again).
 
     python -m harness.report.doc_numbers           # the check: what is unaccounted for
     python -m harness.report.doc_numbers --pin     # pin every figure the docs hold now (review the diff)
@@ -32,7 +34,11 @@ from harness.report import doc_blocks, doc_figures
 
 PINS = Path(__file__).with_name("doc_numbers.json")
 _NUMBER = r"(?<![\w.,/])(?<![A-Za-z]-)[-+]?\d+(?:,\d{3})*(?:\.\d+)?"
-_UNITS = "ms|us|µs|ns|s|GiB|MiB|KiB|GB|MB|TB/s|GB/s|TFLOP/s|nats|min|minutes|seconds|hours|bytes"
+_UNITS = (
+    "ms|us|µs|ns|s|milliseconds|microseconds|nanoseconds|seconds|min|minutes|hours"  # time
+    "|GiB|MiB|KiB|GB|MB|bytes|TB/s|GB/s|TFLOP/s|TFLOPS"  # memory, bandwidth, rate
+    "|tokens/s|tok/s|samples/s|nats|times"  # throughput, loss, "3 times faster"
+)
 _WORD_UNIT = rf"\s?(?:{_UNITS})(?![\w/])"
 FIGURE = re.compile(
     rf"{_NUMBER}(?:[x%](?![\w])|{_WORD_UNIT})"  # 1.01x, 46%, 121.5 ms, 38.1 GiB

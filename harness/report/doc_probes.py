@@ -11,7 +11,8 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
   AdamW, median ms; the same under Triton 3.9 for gate.
 - `kernel_pingpong`: the same probe's timings of the ping-pong kernel
   (`forge.kernels.wgrad_update_pingpong`) beside cuBLAS and the shipped kernel, from the newest
-  overlap run that timed it, or what to run where none has.
+  overlap run that timed it, or what to run where none has, with its times a tile
+  (`pingpong_tile_times`: one consumer's update solved from them, the formula beside the table).
 - `kernel_fed`: the same probe's timings of the ping-pong kernel fed by bulk copies
   (`forge.kernels.wgrad_update_pingpong_fed`), with its halves apart, from the newest overlap run
   that timed it, or what to run where none has.
@@ -25,6 +26,9 @@ the repository root and returns the Markdown of one generated block (`doc_blocks
   host time against nn.Linear's, alone and inside a stack, on either autograd thread, and a step's
   norm weights one launch each against one launch of the vector kernel, or what to run where none
   has.
+
+A table cites its records' GPU, versions, commit and date (`_source`): records that do not say what
+measured them are refused, and a run on a tree with uncommitted changes is cited as such.
 """
 
 from __future__ import annotations
@@ -70,12 +74,29 @@ def _best_split(r: dict) -> tuple[int, float]:
     return min(splits, key=lambda s: s[1])
 
 
+ENV_NAMES = ("gpu_name", "torch", "triton", "git_commit")  # what a table says of the run behind it
+
+
 def _source(path: str, records: list[dict]) -> str:
+    """`path` and what measured it, as a table's data line: its GPU, versions, commit and date. A
+    table cites only records that say what measured them, all of one commit: a record without its
+    `env` is refused, and records measured on a tree with uncommitted changes are cited as such
+    ("uncommitted changes on 522087f"), never as the commit they started from."""
+    lacking = [r for r in records if not all((r.get("env") or {}).get(name) for name in ENV_NAMES)]
+    if lacking or not records:
+        raise ValueError(
+            f"{path}: {len(lacking)} of {len(records)} records do not say what measured them (their env: "
+            f"{', '.join(ENV_NAMES)}); a table cannot cite them. Give them the env of their run where "
+            "another record of it holds one, or measure again"
+        )
+    commits = sorted({r["env"]["git_commit"][:7] for r in records})
+    if len(commits) > 1:
+        raise ValueError(f"{path}: records of {len(commits)} commits ({', '.join(commits)}): cite one run")
     env = records[0]["env"]
-    return (
-        f"`{path}` ({env['gpu_name']}, torch {env['torch']}, triton {env['triton']}, commit"
-        f" {env['git_commit'][:7]}, {records[0]['time'][:10]})"
-    )
+    dirty = any(r["env"].get("git_dirty") for r in records)
+    at = f"uncommitted changes on {commits[0]}" if dirty else f"commit {commits[0]}"
+    versions = f"torch {env['torch']}, triton {env['triton']}"
+    return f"`{path}` ({env['gpu_name']}, {versions}, {at}, {records[0]['time'][:10]})"
 
 
 def kernel_overlap(root: Path) -> str:
@@ -127,7 +148,7 @@ def kernel_overlap(root: Path) -> str:
     )
 
 
-def _newest_run(root: Path, prefix: str, without: str = "") -> tuple[str, list[dict]] | None:
+def newest_run(root: Path, prefix: str, without: str = "") -> tuple[str, list[dict]] | None:
     """(path, records) of the newest overlap run (by its records' time) that timed the candidates
     whose probe names start with `prefix` (and none starting with `without`, if given), or None."""
     runs = []
@@ -149,7 +170,7 @@ def kernel_pingpong(root: Path) -> str:
     """The ping-pong kernel (`forge.kernels.wgrad_update_pingpong`) at its faster ring depth per
     point, against cuBLAS's GEMM, the shipped kernel and the roofline, beside the shipped kernel's
     halves timed in the same run, and whether its step equals the shipped kernel's to the bit."""
-    found = _newest_run(root, PINGPONG, without=FED)  # the fed kernel's runs time it beside that one
+    found = newest_run(root, PINGPONG, without=FED)  # the fed kernel's runs time it beside that one
     if found is None:
         return (
             "Not measured yet. `python -m harness.kernels.overlap --designs pingpong --update-programs"
@@ -158,11 +179,11 @@ def kernel_pingpong(root: Path) -> str:
             " `python -m harness report` then writes its records here."
         )
     path, records = found
+    source = _source(path, records)  # first: records that do not say what measured them are refused
+    tiles = {(t["shape_name"], t["T"]): t for t in pingpong_tile_times(records)}
     rows = []
     for r in records:
-        names = sorted(
-            {k[: -len("_differs")] for k in r if k.startswith(PINGPONG) and k.endswith("_differs")}
-        )
+        names = _pingpong_names(r)
         timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
         differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
         point = f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}"
@@ -175,7 +196,7 @@ def kernel_pingpong(root: Path) -> str:
         ws_ms = r.get("warp_specialized_ms") or r["shipped_ms"]
         head = [point, _ms(roof), _ms(r["cublas_gemm_ms"]), _ms(ws_ms)]
         if not timed:
-            rows.append([*head, "failed", "-", "-", *halves, str(differing)])
+            rows.append([*head, "failed", "-", "-", *halves, "-", str(differing)])
             continue
         ms, best = min(timed)
         rows.append(
@@ -185,6 +206,7 @@ def kernel_pingpong(root: Path) -> str:
                 _x(ms / ws_ms),
                 _x(ms / roof),
                 *halves,
+                _tile_cell(tiles[(r["shape_name"], r["T"])]),
                 str(differing),
             ]
         )
@@ -201,93 +223,24 @@ def kernel_pingpong(root: Path) -> str:
         "its MMA half / roofline",
         "its update half / roofline",
     ]
-    header += ["elements that differ"]
+    header += ["us a tile: main loop / one consumer's update / 8 update warps", "elements that differ"]
     return "\n\n".join(
         [
-            _table(header, rows, "l" + "r" * 9),
+            _table(header, rows, "l" + "r" * 10),
             "Ping-pong: two MMA warpgroups taking turns at the tensor cores, each updating its tile from"
             " its own registers; candidates s<S>[_c64]: S stages of dy and x, pieces of 32 (64) columns"
             " (`harness.kernels.overlap.pingpong_configs`); AdamW with bf16 states, median ms. The"
             " warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`; the shipped launch where the run"
             " timed no other) and its halves as in the table above, from the same run; elements that"
             " differ: W and both states after one step of every candidate against the warp-specialized"
-            f" kernel's (0: equal to the bit). Data: {_source(path, records)}, from"
-            " `python -m harness.kernels.overlap`.",
-        ]
-    )
-
-
-def kernel_fed(root: Path) -> str:
-    """The ping-pong kernel with its update fed by bulk copies (`forge.kernels.wgrad_update_pingpong_fed`)
-    at its fastest candidate per point, against the warp-specialized and ping-pong kernels, cuBLAS
-    and the roofline, with that candidate's own halves timed apart in the same run, and whether its
-    step equals the warp-specialized kernel's to the bit."""
-    found = _newest_run(root, FED)
-    if found is None:
-        return (
-            "Not measured yet. `python -m harness.kernels.overlap --build-first --designs pingpong fed"
-            " --probe-modes ws_mma_only ws_epilogue_only` on an H100 or H200 times it beside the"
-            " warp-specialized and ping-pong kernels and cuBLAS's GEMM, with its halves apart, and checks"
-            " its step against the warp-specialized kernel's to the bit; `python -m harness report` then"
-            " writes its records here."
-        )
-    path, records = found
-    rows = []
-    for r in records:
-        names = sorted(
-            {k[: -len("_differs")] for k in r if k.startswith(FED) and k.endswith("_differs")}
-        )
-        timed = [(r[f"{n}_ms"], n) for n in names if r.get(f"{n}_ms")]
-        differing = sum(d["w"] + sum(d["states"]) for d in (r[f"{n}_differs"] for n in names))
-        roof = r["roofline_ms"]
-        ws_ms = r.get("warp_specialized_ms") or r["shipped_ms"]
-        pingpong = [r[k] for k in r if k.startswith(PINGPONG) and k.endswith("_ms") and r[k]]
-        head = [f"{r['shape_name']} {r['N']}x{r['K']}, T = {r['T']}", _ms(roof), _ms(ws_ms)]
-        head.append(_ms(min(pingpong)) if pingpong else "-")
-        if not timed:
-            rows.append([*head, "failed", "-", "-", "-", "-", "-", str(differing)])
-            continue
-        ms, best = min(timed)
-        halves = [
-            _x(r[f"{best}{part}_ms"] / roof) if r.get(f"{best}{part}_ms") else "-" for part in FED_PARTS
-        ]
-        rows.append(
-            [
-                *head,
-                f"{_ms(ms)} ({best[len(FED) :]})",
-                _x(ms / ws_ms),
-                _x(ms / min(pingpong)) if pingpong else "-",
-                _x(ms / roof),
-                *halves,
-                str(differing),
-            ]
-        )
-    header = [
-        "point",
-        "roofline ms",
-        "warp-specialized ms",
-        "ping-pong ms",
-        "fed, best ms (candidate)",
-        "over warp-specialized",
-        "over ping-pong",
-        "over roofline",
-        "its MMA half / roofline",
-        "its update half / roofline",
-        "elements that differ",
-    ]
-    return "\n\n".join(
-        [
-            _table(header, rows, "l" + "r" * 10),
-            "Fed: the ping-pong kernel whose consumers update from 64-row pieces of W and the states that "
-            "each consumer's piece loader brought into shared memory by bulk copies; candidates "
-            "s<S>_u<U>_c<C>: S stages of dy and x, U slots a consumer's piece ring, pieces of C columns "
-            "(`harness.kernels.overlap.fed_configs`); AdamW with bf16 states, median ms. Its halves, of the "
-            "fastest candidate: its consumers' main loops in turn with no update, and their update of a "
-            "synthetic gradient from the piece rings with no operand reads. The warp-specialized kernel "
-            "(`WARP_SPECIALIZED_DEFAULTS`) and the ping-pong kernel's faster candidate from the same run; "
-            "elements that differ: W and both states after one step of every candidate against the warp-"
-            "specialized kernel's (0: equal to the bit). Data:"
-            f" {_source(path, records)}, from `python -m harness.kernels.overlap`.",
+            " kernel's (0: equal to the bit). Times a tile: each of the card's"
+            f" {'/'.join(str(n) for n in sorted({MULTIPROCESSORS[r['env']['gpu_name']] for r in records}))}"
+            " multiprocessors runs N K / (128 x 128) / multiprocessors tiles; main loop and 8 update warps:"
+            " the warp-specialized kernel's MMA and update halves over them; two consumers take turns, so a"
+            " ping-pong tile costs max(main loop, (main loop + update) / 2), and where it outlasts the main"
+            f" loop by more than {MAIN_LOOP_PACE:g}x one consumer's update is 2 x (ping-pong time a tile) -"
+            " main loop (else hidden: the kernel runs at its main loop's pace)."
+            f" Data: {source}, from `python -m harness.kernels.overlap`.",
         ]
     )
 
@@ -298,13 +251,22 @@ def _span(values: list[float]) -> str:
     return low if low == high else f"{low[:-1]}-{high}"
 
 
-def kernel_fed_outcome(root: Path) -> str:
-    """The fed kernel's run summed up by token count: over every shape of the run at that T, the
-    range of its fastest candidate's time over the warp-specialized kernel, the ping-pong kernel and
-    the roofline, and of its halves' and the warp-specialized kernel's halves' over the roofline."""
-    found = _newest_run(root, FED)
+def kernel_fed(root: Path) -> str:
+    """The ping-pong kernel with its update fed by bulk copies (`forge.kernels.wgrad_update_pingpong_fed`)
+    from the newest overlap run that timed it, by token count: over every shape the run timed at that
+    T, the range of its fastest candidate's time over the warp-specialized kernel, the ping-pong
+    kernel and the roofline, of its halves' and the warp-specialized kernel's halves' over the
+    roofline, and the elements of every candidate's step that differ from the warp-specialized
+    kernel's; or what to run where no run has."""
+    found = newest_run(root, FED)
     if found is None:
-        return "Not measured yet (the block above says how)."
+        return (
+            "Not measured yet. `python -m harness.kernels.overlap --build-first --designs pingpong fed"
+            " --probe-modes ws_mma_only ws_epilogue_only` on an H100 or H200 times it beside the"
+            " warp-specialized and ping-pong kernels and cuBLAS's GEMM, with its halves apart, and checks"
+            " its step against the warp-specialized kernel's to the bit; `python -m harness report` then"
+            " writes its records here."
+        )
     path, records = found
     by_t: dict[int, list[dict]] = {}
     for r in records:
@@ -324,31 +286,88 @@ def kernel_fed_outcome(root: Path) -> str:
                 update=r[f"{best}_update_only_ms"] / roof,
                 ws_mma=r["ws_mma_only_ms"] / roof,
                 ws_update=r["ws_epilogue_only_ms"] / roof,
+                differ=sum(r[f"{n}_differs"]["w"] + sum(r[f"{n}_differs"]["states"]) for n in names),
+                best=best[len(FED) :],
             )
         )
     columns = ("ws", "pingpong", "roof", "mma", "update", "ws_mma", "ws_update")
     rows = [
-        [f"{T:,}", str(len(points))] + [_span([p[c] for p in points]) for c in columns]
+        [f"{T:,}", ", ".join(sorted({p["best"] for p in points}))]
+        + [_span([p[c] for p in points]) for c in columns]
+        + [str(sum(p["differ"] for p in points))]
         for T, points in sorted(by_t.items())
     ]
     header = [
         "T",
-        "shapes",
-        "fed over warp-specialized",
+        "fastest candidate",
+        "over warp-specialized",
         "over ping-pong",
         "over roofline",
         "its MMA half / roofline",
         "its update half / roofline",
         "warp-specialized MMA half / roofline",
         "warp-specialized update half / roofline",
+        "elements that differ",
     ]
     return "\n\n".join(
         [
-            _table(header, rows, "r" * 9),
-            "Ranges over the shapes of the table above at each T (the fastest candidate at each point)."
-            f" Data: {_source(path, records)}.",
+            _table(header, rows, "rl" + "r" * 8),
+            "Fed: candidates s<S>_u<U>_c<C>: S stages of dy and x, U slots a consumer's piece ring, pieces of"
+            " C columns (`harness.kernels.overlap.fed_configs`); AdamW with bf16 states, median ms; each"
+            " cell the range over gate, q and down. Its halves, of the fastest candidate: its consumers'"
+            " main loops in turn with no update, and their update of a synthetic gradient from the piece"
+            " rings with no operand reads; the warp-specialized kernel (`WARP_SPECIALIZED_DEFAULTS`), its"
+            " halves and the ping-pong kernel's faster candidate from the same run; elements that differ:"
+            " W and both states after one step of every candidate against the warp-specialized kernel's"
+            " (0: equal to the bit). Data:"
+            f" {_source(path, records)}, from `python -m harness.kernels.overlap`.",
         ]
     )
+
+def _tile_cell(t: dict) -> str:
+    update = "hidden" if t["update_us"] is None else f"{t['update_us']:.1f}"
+    return f"{t['main_us']:.1f} / {update} / {t['warps_us']:.1f}"
+
+
+def _pingpong_names(record: dict) -> list[str]:
+    """The ping-pong candidates a record of the overlap probe timed (`pingpong_s6`, ...)."""
+    return sorted(
+        {k[: -len("_differs")] for k in record if k.startswith(PINGPONG) and k.endswith("_differs")}
+    )
+
+
+# What turns the kernel's times into times a tile: its tiles and the multiprocessors that share them
+PINGPONG_TILE = (128, 128)  # the ping-pong kernel's tile (`harness.kernels.overlap.pingpong_configs`)
+MULTIPROCESSORS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132}  # the cards' specifications
+# A ping-pong tile within this factor of the main loop's runs at the main loop's pace: the update is
+# hidden there and the formula solves for nothing (the measured points at T = 16384 lie within 3%)
+MAIN_LOOP_PACE = 1.05
+
+
+def pingpong_tile_times(records: Sequence[dict]) -> list[dict]:
+    """Per point of an overlap run that timed the ping-pong kernel, its times a tile, in us: each
+    multiprocessor's program runs `tiles` = N K / (128 x 128) / multiprocessors tiles; the main loop
+    a tile is the MMA half's time over them, the 8 update warps' update a tile the update half's; the
+    ping-pong kernel (its fastest candidate) takes max(main loop, (main loop + update) / 2) a tile
+    (two consumers in turn), so where its tile outlasts the main loop (by more than `MAIN_LOOP_PACE`)
+    one consumer's update of a tile is 2 x its time a tile - the main loop's (else None: hidden)."""
+    found = []
+    for r in records:
+        timed = [r[f"{n}_ms"] for n in _pingpong_names(r) if r.get(f"{n}_ms")]
+        if not timed:
+            continue
+        sms = MULTIPROCESSORS[r["env"]["gpu_name"]]
+        tiles = r["N"] * r["K"] / (PINGPONG_TILE[0] * PINGPONG_TILE[1]) / sms
+        main, tile = 1e3 * r["ws_mma_only_ms"] / tiles, 1e3 * min(timed) / tiles
+        update = 2 * tile - main if tile > MAIN_LOOP_PACE * main else None
+        found.append(
+            {
+                "shape_name": r["shape_name"], "N": r["N"], "K": r["K"], "T": r["T"], "tiles": tiles,
+                "main_us": main, "pingpong_us": tile, "update_us": update,
+                "warps_us": 1e3 * r["ws_epilogue_only_ms"] / tiles,
+            }
+        )  # fmt: skip
+    return found
 
 
 def newest_newton_schulz_run(root: Path) -> tuple[str, list[dict]] | None:
@@ -570,7 +589,6 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "kernel-overlap": kernel_overlap,
     "kernel-pingpong": kernel_pingpong,
     "kernel-fed": kernel_fed,
-    "kernel-fed-outcome": kernel_fed_outcome,
     "kernel-counters": kernel_counters,
     "newton-schulz": newton_schulz,
     "profiles-b1": step_profiles(

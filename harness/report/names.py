@@ -8,6 +8,8 @@ the baseline first, the floor and FORGE last), so that tables and plots come out
 however the results files were written.
 
     display_name(record)   'forge_int8_graph', 'forge_bf16 (chunked loss)', 'FORGE (state_dtype=int8)'
+    ran_as(record)         what ran, where the device made it other than the title: 'AdamW (foreach;
+                           no CUDA)' for fused_adamw on a CPU; else display_name
     config_title(label)    how the docs' tables name a conf/method configuration: its `title:`
     method_rank(method)    a sort key: the declared order, unknown methods after, by name
     sort_key(config_key)   a total order over `harness.points.config_key` tuples
@@ -22,6 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.points import CONFIG_FIELDS, LOSS_NAMES, loss_mode, missing, options_dict
+from harness.records import on_cpu
 from harness.run import methods
 from harness.run.config import CONF_DIR
 
@@ -45,6 +48,15 @@ def display_name(record: Mapping[str, Any]) -> str:
         return method_label(str(record.get("method")), record.get("method_options"))
     loss = loss_mode(record)
     return f"{label} ({LOSS_NAMES[loss]})" if loss else str(label)
+
+
+def ran_as(record: Mapping[str, Any]) -> str:
+    """What the record's point ran, named for a reader: its method's `Method.ran_as` on the device
+    it ran on (fused_adamw on a CPU: 'AdamW (foreach; no CUDA)'), else `display_name`."""
+    known = methods.registry().get(str(record.get("method")))
+    device = "cpu" if on_cpu(record) else "cuda"
+    ran = known.ran_as(options_dict(record.get("method_options")), device) if known is not None else None
+    return ran or display_name(record)
 
 
 def _short(value: Any) -> str:

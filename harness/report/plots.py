@@ -53,6 +53,8 @@ PALETTE = (  # tab10, then tab20's lighter shades: twenty colours told apart
     "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
 )  # fmt: skip
 MARKERS = "osD^v<>ph"  # nine: coprime with the twenty colours
+LONG_LABEL = 45  # characters: a legend of longer labels takes one column
+LINESTYLES = ("-", "--", "-.", ":")  # a line plot's series take these in turn beside colour and marker
 BAR_ROW_IN = 0.24  # the height of one method's bar, in inches (24 px at 100 dpi: a line of 9 pt text)
 BARS_WIDTH_IN = 5.5  # the width of a bar plot's axes (and title), in inches
 LABEL_CHAR_IN = 0.07  # the width of a character of a 9 pt label, in inches
@@ -96,9 +98,9 @@ def _label(record: Record) -> str:
     return display_name(record)
 
 
-def _bar_labels(records: Sequence[Record]) -> list[str]:
+def _bar_labels(records: Sequence[Record], name: Callable[[Record], str] = _label) -> list[str]:
     """One label per bar; a method measured in several sweeps gets its sweep's name too."""
-    names = [_label(r) for r in records]
+    names = [name(r) for r in records]
     return [f"{n} ({r.get('sweep')})" if names.count(n) > 1 else n for n, r in zip(names, records)]
 
 
@@ -114,8 +116,8 @@ def _bars_figure(labels: Sequence[str], extra_height: float = 1.4):
     return fig, ax
 
 
-def _method_axis(ax: Any, records: Sequence[Record]) -> None:
-    ax.set_yticks(range(len(records)), _bar_labels(records))
+def _method_axis(ax: Any, records: Sequence[Record], name: Callable[[Record], str] = _label) -> None:
+    ax.set_yticks(range(len(records)), _bar_labels(records, name))
 
 
 def _ok(record: Record) -> bool:
@@ -194,11 +196,13 @@ def _pools(measured: bool) -> list[tuple[str, Callable[[Record], float]]]:
 
 
 @styled
-def step_time(records: Sequence[Record], title: str, path: Path) -> Path:
+def step_time(
+    records: Sequence[Record], title: str, path: Path, name: Callable[[Record], str] = _label
+) -> Path:
     """Median step time per method, one row each, with a min-p90 whisker and the median written
     beside it; hatched where Triton's CPU interpreter ran the method's kernels. Where the times
     span more than 30x (interpreted kernels beside compiled ones), the axis is logarithmic."""
-    fig, ax = _bars_figure(_bar_labels(records))
+    fig, ax = _bars_figure(_bar_labels(records, name))
     medians = []
     for i, record in enumerate(records):
         stats = step_stats(record) if _ok(record) else None
@@ -232,7 +236,7 @@ def step_time(records: Sequence[Record], title: str, path: Path) -> Path:
     if medians:
         ax.set_xlim(right=max(ax.get_xlim()[1], max(medians) * 1.15))  # room for the last label
     _mark_failures(ax, records)
-    _method_axis(ax, records)
+    _method_axis(ax, records, name)
     ax.set_xlabel("step time, ms (median; whisker: min to p90)")
     ax.set_title(title)
     fig.tight_layout()
@@ -244,26 +248,43 @@ def step_time(records: Sequence[Record], title: str, path: Path) -> Path:
 
 
 @styled
-def loss_per_step(records: Sequence[Record], title: str, path: Path) -> Path:
-    """The training loss at each step, one line per method; methods whose losses are the same at
-    every step share one line and one legend entry (the floor's stays flat: nothing trained)."""
-    curves: dict[tuple[float, ...], list[str]] = {}
+def loss_per_step(
+    records: Sequence[Record], title: str, path: Path, name: Callable[[Record], str] = _label
+) -> Path:
+    """The training loss at each step, one line per method, each its own colour, marker and line
+    style; methods whose losses are the same at every step share one line and one legend entry (the
+    floor's stays flat: nothing trained). Where points carry a fidelity measurement
+    (`harness.run.fidelity`), a second panel draws each one's loss less its fp32 torch reference's at
+    the same step: curves that lie on one another above come apart there."""
+    curves: dict[tuple[float, ...], list[Record]] = {}
     for record in records:
         losses = record.get("losses") if _ok(record) else None
         if losses:
-            curves.setdefault(tuple(round(float(v), 4) for v in losses), []).append(_label(record))
-    fig, axes = _figure(7.0, 3.8)
+            curves.setdefault(tuple(round(float(v), 4) for v in losses), []).append(record)
+    gaps = any((r.get("fidelity") or {}).get("reference_losses") for group in curves.values() for r in group)
+    fig, axes = _figure(7.0, 7.0 if gaps else 3.8, nrows=2 if gaps else 1)
     ax = axes[0][0]
-    for (losses, names), (color, marker) in zip(curves.items(), series_styles(len(curves))):
-        steps = range(1, len(losses) + 1)
-        ax.plot(steps, losses, color=color, marker=marker, label=" = ".join(names))
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("step (warm-up included)")
+    for i, ((losses, group), (color, marker)) in enumerate(zip(curves.items(), series_styles(len(curves)))):
+        style = dict(color=color, marker=marker, linestyle=LINESTYLES[i % len(LINESTYLES)])
+        ax.plot(range(1, len(losses) + 1), losses, label=" = ".join(map(name, group)), **style)
+        reference = (group[0].get("fidelity") or {}).get("reference_losses")
+        if gaps and reference:
+            gap = [float(a) - float(b) for a, b in zip(group[0]["losses"], reference)]
+            axes[1][0].plot(range(1, len(gap) + 1), gap, **style)
     ax.set_ylabel("training loss, nats")
     ax.set_title(title)
-    if curves:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if gaps:
+        below = axes[1][0]
+        below.axhline(0.0, color="black", linewidth=0.8)
+        below.set_ylabel("loss less its fp32 torch\nreference's at that step, nats")
+        below.set_title("Against the reference (points with a fidelity measurement)")
+    for row in axes:
+        row[0].xaxis.get_major_locator().set_params(integer=True)
+        row[0].set_xlabel("step (warm-up included)")
     fig.tight_layout()
+    if curves:
+        longest = max(len(text) for text in ax.get_legend_handles_labels()[1])
+        _figure_legend(fig, [ax], columns=1 if longest > LONG_LABEL else 2)
     return save(fig, path)
 
 
@@ -427,7 +448,7 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize=7)
 
 
-def _figure_legend(fig: Any, axes: Sequence[Any], extra: Sequence[Any] = ()) -> None:
+def _figure_legend(fig: Any, axes: Sequence[Any], extra: Sequence[Any] = (), columns: int = 3) -> None:
     """One legend under the panels for every method the `axes` draw (one colour per method in all
     panels), then `extra`: what each line style and marker means."""
     found: dict[str, Any] = {}
@@ -440,7 +461,7 @@ def _figure_legend(fig: Any, axes: Sequence[Any], extra: Sequence[Any] = ()) -> 
             handles=handles,
             loc="upper center",
             bbox_to_anchor=(0.5, 0.0),
-            ncol=min(3, len(handles)),
+            ncol=min(columns, len(handles)),
             fontsize=8,
         )
 

@@ -19,7 +19,7 @@ step times sit above the matrix floor by attention, element-wise work and launch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from harness.points import graphed, options_dict, options_key
 from harness.records import Record, on_cpu
@@ -77,10 +77,14 @@ def _models(records: Sequence[Record], known: dict[str, float] | None = None) ->
 
 
 def bytes_table(
-    records: Sequence[Record], cap_gib: float | None = None, known: dict[str, float] | None = None
+    records: Sequence[Record],
+    cap_gib: float | None = None,
+    known: dict[str, float] | None = None,
+    name: Callable[[Record], str] = display_name,
 ) -> Table | None:
-    """Bytes per parameter per method, and the static GiB at each model's size (`known`: sizes
-    counted elsewhere, for models whose every record here failed before counting)."""
+    """Bytes per parameter per method (each row named by `name`), and the static GiB at each
+    model's size (`known`: sizes counted elsewhere, for models whose every record here failed
+    before counting)."""
     from harness.report import token_model as tm
 
     models = _models(records, known)
@@ -89,14 +93,13 @@ def bytes_table(
         ex.footprint(r.get("method"), r.get("method_options"), r.get("master_weights")) for r in records
     ]
     most = max((fp.total for fp in prints if fp is not None), default=0.0)
-    tiny = [m for m, n in models if ex.static_gib_of(most, n) < TINY_GIB]
-    models = [(m, n) for m, n in models if m not in tiny]  # a column of zeros says nothing
+    tiny = {m for m, n in models if ex.static_gib_of(most, n) < TINY_GIB}  # in MiB: GiB would read 0.000
     rows, split = [], False
     for record in _variants(records):
         fp = ex.footprint(record.get("method"), record.get("method_options"), record.get("master_weights"))
         if fp is None:
             continue
-        cells = [display_name(record)]
+        cells = [name(record)]
         figures = lambda f: (f.weights, f.grads, f.states, f.total, f.update_traffic)  # noqa: E731
         if fp.rest is None:
             cells += [fmt_float(v, 3) for v in figures(fp)]
@@ -109,6 +112,9 @@ def bytes_table(
                 cells.append(NONE)  # the split of a model whose architecture no record gives
                 continue
             static = ex.static_gib(fp.mixed(arch.hidden_params() / n) if arch else fp, n)
+            if model in tiny:
+                cells.append(fmt_float(static * 1024, 2))
+                continue
             cells.append(
                 fmt_gib(static) if cap_gib is None else f"{fmt_gib(static)} ({fmt_gib(cap_gib - static)})"
             )
@@ -117,20 +123,17 @@ def bytes_table(
         return None
     suffix = " (headroom under the cap)" if cap_gib is not None else ""
     header = ["Method", "Weights B/param", "Gradient B/param", "States B/param", "Held B/param"]
-    header += ["Update traffic B/param"] + [f"Static GiB, {m}{suffix}" for m, _ in models]
+    header += ["Update traffic B/param"]
+    header += [f"Static MiB, {m}" if m in tiny else f"Static GiB, {m}{suffix}" for m, _ in models]
     notes = [SPLIT_NOTE] if split else []
-    if tiny:
-        notes.append(
-            f"No static GiB for {', '.join(tiny)}: under {TINY_GIB * 1024:.0f} MiB with any method's bytes."
-        )
     return Table("expected_bytes", "Expected bytes per parameter", header, rows, notes=notes)
 
 
-TINY_GIB = 0.01  # a model whose static bytes stay under this with every method gets no column
+TINY_GIB = 0.01  # a model whose static bytes stay under this with every method gets them in MiB
 
 SPLIT_NOTE = (
     "a / b: the hidden matrices' bytes a parameter / the other parameters' (embeddings, lm_head, norms), "
-    "which the method trains by another rule (Muon's recipe: AdamW); its static GiB is over the model's "
+    "which the method trains by another rule (Muon's recipe: AdamW); its static figure is over the model's "
     "split. Newton-Schulz's workspace, one layer's at a time, is not counted here."
 )
 

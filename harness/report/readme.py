@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records import Record
+from harness.records import Record, on_cpu
 from harness.report.markup import GENERATED, NONE, Table, to_markdown
 from harness.report.tables import Selection
 
@@ -47,6 +47,7 @@ class Section:
     preamble: str = ""
     selections: list[Selection] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
+    provenance: bool = True  # False: a later section names the sources and config of this one's too
 
     @property
     def records(self) -> list[Record]:
@@ -168,6 +169,9 @@ QUESTIONS = {
     "dp": "Under DDP and FSDP2, what does FORGE hold per GPU against fused AdamW?",
     "convergence": "Do FORGE's losses follow the reference's, over seeds and branches?",
     "points": "What did the points no table above holds measure?",
+    "training": "On a CPU, does each method train like its torch.optim reference, within its bounds?",
+    "memory": "What does each method hold and move, in bytes a parameter?",
+    "cpu-steps": "How long did each step take on this CPU (which says nothing about a GPU)?",
 }
 
 
@@ -188,7 +192,8 @@ def section_markdown(section: Section, out: Path, shown: Table | None = None, up
     for plot in section.plots:
         rel = plot.relative_to(out).as_posix()
         parts.append(f"![{plot.stem}]({up}{rel})")
-    parts.append(_provenance(section.records, shown))
+    if section.provenance:
+        parts.append(_provenance(section.records, shown))
     return "\n\n".join(parts)
 
 
@@ -220,20 +225,41 @@ SECTIONS = "sections"  # the folder of the section pages, where the report is to
 INLINE_LINES = 600  # the longest report written as one page
 
 
-def _head(sections: Sequence[Section], inputs: Sequence[str], command: str) -> list[str]:
-    return [
+TITLE = "FORGE benchmark reports"  # the committed report's: every experiment's section
+CPU_INTRO = (
+    "On a CPU a run shows whether each method trains like the torch.optim rule it stands for, and "
+    "what it holds a parameter; its step times say nothing about a GPU's. Ratios compare a method "
+    "with the torch method it replaces, measured in the same sweep at the same configuration and "
+    "named as it ran."
+)
+GPU_INTRO = "Ratios compare with fused AdamW measured in the same sweep at the same configuration."
+
+
+def report_title(records: Sequence[Record]) -> str:
+    """The title of a report of the results a user named: their sweeps, and where they ran."""
+    sweeps = sorted({str(r.get("sweep")) for r in records if r.get("sweep")}) or ["unnamed"]
+    where = " on a CPU" if records and all(on_cpu(r) for r in records) else ""
+    plural = "sweeps" if len(sweeps) > 1 else "sweep"
+    return f"The {', '.join(sweeps)} {plural}{where}"
+
+
+def _head(sections: Sequence[Section], inputs: Sequence[str], command: str, title: str = TITLE) -> list[str]:
+    records = [r for s in sections for r in s.records]
+    intro = CPU_INTRO if records and all(on_cpu(r) for r in records) else GPU_INTRO
+    head = [
         GENERATED,
-        "# FORGE benchmark reports",
+        f"# {title}",
         (
             f"Regenerate with `{command}` (reads "
             + ", ".join(f"`{p}`" for p in inputs)
             + "). Tables are in `tables/` as Markdown and LaTeX (booktabs), plots in `plots/` as PNG. "
             "A point that did not run shows its status (OOM, error, unavailable, diverged) in every "
-            "measured cell, never a zero; '—' means not measured on that device or not applicable. "
-            "Ratios compare with fused AdamW measured in the same sweep at the same configuration."
+            "measured cell, never a zero; '—' means not measured on that device or not applicable. " + intro
         ),
-        "Contents: " + " · ".join(f"[{s.heading}](#{s.anchor})" for s in sections),
     ]
+    if len(sections) > 1:
+        head.append("Contents: " + " · ".join(f"[{s.heading}](#{s.anchor})" for s in sections))
+    return head
 
 
 def _sources(sections: Sequence[Section]) -> Table | None:
@@ -241,25 +267,33 @@ def _sources(sections: Sequence[Section]) -> Table | None:
 
 
 def render(
-    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
+    sections: Sequence[Section],
+    inputs: Sequence[str],
+    out: Path,
+    command: str = "python -m harness report",
+    title: str = TITLE,
 ) -> str:
     """The whole report on one page; `command` is the one that regenerates it."""
-    head, table = _head(sections, inputs, command), _sources(sections)
+    head, table = _head(sections, inputs, command, title), _sources(sections)
     if table is not None:
         head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
     return "\n\n".join(head + [section_markdown(s, out, table) for s in sections]) + "\n"
 
 
 def render_pages(
-    sections: Sequence[Section], inputs: Sequence[str], out: Path, command: str = "python -m harness report"
+    sections: Sequence[Section],
+    inputs: Sequence[str],
+    out: Path,
+    command: str = "python -m harness report",
+    title: str = TITLE,
 ) -> dict[str, str]:
     """{path under `out`: text}: README.md alone where the report fits INLINE_LINES; else README.md
     as an index (what each section answers, links to its tables and plots) and one page a section
     under sections/."""
-    whole = render(sections, inputs, out, command)
+    whole = render(sections, inputs, out, command, title)
     if len(whole.splitlines()) <= INLINE_LINES:
         return {"README.md": whole}
-    head, table = _head(sections, inputs, command), _sources(sections)
+    head, table = _head(sections, inputs, command, title), _sources(sections)
     if table is not None:
         head.append("## Hardware and software\n\n" + to_markdown(table).rstrip())
     pages = {"README.md": "\n\n".join(head + [section_entry(s, out) for s in sections]) + "\n"}

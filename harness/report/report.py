@@ -35,14 +35,16 @@ use fixed formats, nothing reads a clock.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.points import seed_of
-from harness.records import Record, load_records, on_cpu, split_kinds
-from harness.report import plots, preambles, token_tables
+from harness.records import Record, is_convergence, load_records, on_cpu, split_kinds
+from harness.report import cpu_tables, plots, preambles, token_tables
 from harness.report.branch_fidelity_table import branch_fidelity, branch_fidelity_by_start
 from harness.report.convergence_table import convergence, convergence_seeds
 from harness.report.dp_table import dp_table
@@ -53,7 +55,7 @@ from harness.report.muon_table import EXPERIMENT as MUON
 from harness.report.muon_table import muon_table
 from harness.report.names import display_name
 from harness.report.paper_table import paper_comparison
-from harness.report.readme import SECTIONS, Section, render_pages
+from harness.report.readme import SECTIONS, TITLE, Section, render_pages, report_title
 from harness.report.reference_table import preamble as reference_preamble
 from harness.report.reference_table import reference_tables
 from harness.report.tables import (
@@ -111,10 +113,54 @@ def build_sections(
     ]
     used = [r for s in sections for r in s.records]
     heading = "Other measured points" if used else "Measured points"
-    rest = other_points(steps, used, heading)
+    rest = other_points([r for r in steps if not on_cpu(r)], used, heading)
     if rest is not None:
         sections.append(_step_section("points", heading, "smoke", rest, out))
+    taken = {id(r) for r in used}
+    sections += _cpu_sections(
+        [r for r in steps if on_cpu(r) and id(r) not in taken and not is_convergence(r)], out
+    )
     return sections if planned else [s for s in sections if s.selections]
+
+
+def _cpu_sections(records: Sequence[Record], out: Path) -> list[Section]:
+    """What a CPU run shows (`cpu_tables`), in this order: fidelity and losses, memory a parameter,
+    step times; none without CPU points."""
+    if not records:
+        return []
+    hint = _hint("smoke")
+    training = Section("training", "Training on a CPU: fidelity to torch.optim, and losses", hint)
+    training.selections = [
+        s for s in (cpu_tables.fidelity_table(records), cpu_tables.loss_table(records)) if s
+    ]
+    training.preamble = cpu_tables.FIDELITY_TEXT
+    training.provenance = False
+    memory = Section("memory", "Memory a parameter", hint, preamble=cpu_tables.MEMORY_TEXT, provenance=False)
+    table = preambles.bytes_table(records, name=cpu_tables.cpu_name)
+    if table is not None:
+        title = "Bytes a parameter each method holds and moves"
+        memory.selections = [
+            Selection(replace(table, name="bytes_per_param_cpu", title=title), list(records))
+        ]
+    steps = Section("cpu-steps", "Step times on a CPU: they say nothing about a GPU's speed", hint)
+    steps.preamble = cpu_tables.STEP_TEXT
+    found = cpu_tables.step_table(records)
+    steps.selections = [found] if found else []
+    for (model, batch, seq), members in _group(
+        records, lambda r: (str(r.get("model")), r.get("batch_size"), r.get("seq_len"))
+    ).items():
+        stem = f"cpu_{slug(model)}_b{int(batch or 0)}_s{int(seq or 0)}"
+        where = f"{model}, batch {int(batch or 0)}, seq {int(seq or 0)}"
+        folder = out / "plots"
+        if any(r.get("losses") for r in members):
+            loss_png = folder / f"{stem}_loss.png"
+            title = f"Training loss on a CPU: {where}"
+            training.plots.append(plots.loss_per_step(members, title, loss_png, cpu_tables.cpu_name))
+        if any(r.get("step_time_ms_median") is not None for r in members):
+            title = f"Step time on this CPU (nothing about a GPU's): {where}"
+            step_png = folder / f"{stem}_step_time.png"
+            steps.plots.append(plots.step_time(members, title, step_png, cpu_tables.cpu_name))
+    return [training, memory, steps]
 
 
 def _step_section(anchor: str, heading: str, exp: str, sel: Selection | None, out: Path) -> Section:
@@ -407,8 +453,9 @@ def write_report(
         for selection in section.selections:
             written += write_table(selection.table, out)
     command = " ".join(["python -m harness report", *([] if planned else inputs)])
+    title = TITLE if planned else report_title(records)
     pages = []
-    for name, text in render_pages(sections, inputs, out, command).items():
+    for name, text in render_pages(sections, inputs, out, command, title).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
         pages.append(out / name)
@@ -451,7 +498,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"output directory (default: {DEFAULT_OUT}/ for the committed results; for results that are all "
         "scratch, such as results/smoke/, a report/ folder inside the first of them; needed for others)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"write nothing: name every file of {DEFAULT_OUT}/ and every generated block of the docs that "
+        f"differs from what {DEFAULT_RESULTS}/ gives (alone: no results, no --out)",
+    )
     return parser.parse_args(list(argv))
+
+
+def missing_inputs(inputs: Sequence[str]) -> str | None:
+    """'no results at PATH' for the first input that does not exist (with the nearest name beside it,
+    for a typo), or None."""
+    for given in inputs:
+        path = Path(given)
+        if path.exists():
+            continue
+        folder = path.parent if path.parent.is_dir() else Path(".")
+        near = difflib.get_close_matches(path.name, [p.name for p in folder.iterdir()], n=1)
+        hint = f"; did you mean {folder / near[0]}?" if near else ""
+        return f"no results at {given}{hint}"
+    return None
 
 
 def default_out(inputs: Sequence[str], default: bool) -> Path | None:
@@ -474,6 +541,15 @@ def names_the_committed_results(inputs: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m harness report`; returns the exit status."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check:  # `python -m harness report --check` alone goes to `check.main` (harness.report.command)
+        print(
+            "report: --check compares reports/ with results/ and takes no results or --out", file=sys.stderr
+        )
+        return 2
+    missing = missing_inputs(args.results)
+    if missing is not None:
+        print(f"report: {missing}", file=sys.stderr)
+        return 2
     inputs = args.results or [f"{DEFAULT_RESULTS}/"]
     default = not args.results or names_the_committed_results(args.results)
     out = Path(args.out) if args.out else default_out(inputs, default)

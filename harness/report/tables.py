@@ -26,6 +26,8 @@ from typing import Any
 from harness.points import (
     CONFIG_FIELDS,
     REFERENCE_METHOD,
+    baseline_index,
+    baseline_of,
     config_key,
     graphed,
     latest_by_key,
@@ -172,11 +174,14 @@ BASELINE = "fused_adamw"  # the baseline the ratio columns name in their headers
 
 def _against(row: Row, cell: str) -> str:
     """A ratio cell, with a footnote naming its baseline where that is not the one the header names:
-    a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped).
-    That baseline's own row (1.00x) keeps it too: its ratio is not against the header's baseline."""
+    a point is compared with the fused AdamW whose step ran the same way (graphed, FP8, clipped), or
+    with the torch method it replaces (`harness.points.BASELINES`: FORGE Muon with torch Muon). That
+    baseline's own row (1.00x) keeps it too: its ratio is not against the header's baseline."""
     name = display_name(row.ref) if row.ref is not None else BASELINE
     if name == BASELINE:
         return cell
+    if row.ref is not None and row.ref.get("method") != REFERENCE_METHOD:
+        return f"{cell} {row.notes.mark(f'Against {name}, the torch method it replaces.')}"
     return f"{cell} {row.notes.mark(f'Against {name}, the fused AdamW whose step ran the same way.')}"
 
 
@@ -308,11 +313,11 @@ def dedupe_sorted(records: Iterable[Record], with_references: bool = False) -> l
 
 
 def _rows(records: Sequence[Record], all_records: Sequence[Record], notes: Notes, figures=None) -> list[Row]:
-    refs = reference_index(all_records)
+    refs = baseline_index(all_records)
     rows = []
     for record in records:
         figure = figures(record) if figures else None
-        rows.append(Row(record, refs.get(reference_key(record)), notes, figure))
+        rows.append(Row(record, baseline_of(record, refs), notes, figure))
     return rows
 
 

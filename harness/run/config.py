@@ -200,6 +200,10 @@ class MeasureConfig:
     # optimizer states, gradients, activations and the rest from the allocator's own record
     # (harness.run.peak_pools); CUDA, one GPU, eager steps
     peak_pools: bool = False
+    # true: after the timed steps, train the method's torch.optim reference in fp32 from the same
+    # initial weights on the same batch, and record how far the point ended from it
+    # (harness.run.fidelity); it holds an fp32 copy of the weights: for the small models a CPU trains
+    fidelity: bool = False
 
 
 @dataclass
@@ -520,6 +524,12 @@ def _validate_cuda_graph(cfg: DictConfig) -> None:
 
 def _validate_measure(cfg: DictConfig) -> None:
     """What the optional measurements need (a CPU point records them as null, with a note)."""
+    if cfg.measure.fidelity and (cfg.gpus > 1 or cfg.convergence.enabled or cfg.method.cuda_graph):
+        raise ConfigError(
+            "measure.fidelity=true trains the method's reference beside an eager one-GPU (or CPU) "
+            "step-time point; set gpus=1, convergence.enabled=false and method.cuda_graph=false, or "
+            "measure.fidelity=false"
+        )
     if not cfg.measure.peak_pools:
         return
     if cfg.method.cuda_graph:

@@ -34,6 +34,7 @@ from harness.run import (
     chunked_loss,
     data_parallel,
     env,
+    fidelity,
     gpus,
     measure,
     methods,
@@ -131,6 +132,7 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
     method.prime(batch)
     params = method.params()
     before = _snapshot(params)
+    initial = fidelity.snapshot(model) if cfg.measure.fidelity else None
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -178,6 +180,8 @@ def train_and_measure(cfg: DictConfig, device: str, sampler: measure.NvmlSampler
         pools, note = peak_pools.measure(method, model, batch, device)
         out.update(pools)
         out["notes"] += [note] if note else []
+    if initial is not None:  # after every figure above is taken: the reference trains in fp32
+        out["fidelity"] = fidelity.measure(cfg, model, initial, batch, device)
     return Trained(out, method.trains, models.flops_per_token(model, cfg.model, cfg.seq_len))
 
 

@@ -296,8 +296,10 @@ def test_the_rest_of_the_harness_imports_forge_public_modules():
     """Outside the kernel lab: `forge` (attach, RULES, the storage lists, torch_optimizer), and the
     documented modules forge.head (the chunked loss), forge.fp8 (which layers take FP8),
     forge.data_parallel (the reducer's MAX_IN_FLIGHT), forge.muon (Muon's split of a model and
-    its defaults) and forge.newton_schulz (the `newton_schulz=` choices a caller of attach makes)."""
+    its defaults), forge.newton_schulz (the `newton_schulz=` choices a caller of attach makes) and
+    forge.states (how a state dtype stores a value: the fidelity measurement's states' error)."""
     public = {"forge", "forge.head", "forge.fp8", "forge.data_parallel", "forge.muon", "forge.newton_schulz"}
+    public.add("forge.states")
     assert _forge_imports(lab=False) <= public
 
 

@@ -35,6 +35,15 @@ class AdamWInBackward(Method):
     Options = InBackwardOptions
 
     @classmethod
+    def ran_as(cls, options, device: str) -> str | None:
+        """Without CUDA each parameter's AdamW is the tutorial's foreach=False (its notes say so)."""
+        return None if device == "cuda" else "AdamW per parameter in backward (foreach=False; no CUDA)"
+
+    @classmethod
+    def torch_reference(cls, options):
+        return options.as_torch_rule()
+
+    @classmethod
     def footprint(cls, options, weights: float) -> Footprint:
         state = weight_state_bytes(options, weights)
         return Footprint(weights, 0.0, 2 * state, 4.0 + 2 * weights + 4 * state)

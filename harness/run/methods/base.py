@@ -96,6 +96,20 @@ class Method:
         keeps (`method_options`) and the weights' bytes per parameter; None: no model of it."""
         return None
 
+    @classmethod
+    def ran_as(cls, options: Mapping[str, Any], device: str) -> str | None:
+        """What a point of this method ran on `device`, named for a reader, where that is not what
+        its title says (fused AdamW without CUDA: plain for-each AdamW); None: its title. `options`:
+        as a record keeps them (`method_options`)."""
+        return None
+
+    @classmethod
+    def torch_reference(cls, options: Any) -> tuple[str, dict[str, Any]] | None:
+        """The torch.optim rule this method stands for, as (method name, options) of a registered
+        method that runs it after the backward: what a fidelity measurement trains beside it in fp32
+        (`harness.run.fidelity`). None: no reference (no update, or one torch.optim does not have)."""
+        return None
+
     def __init__(self, model: torch.nn.Module, lr: float, options: Any, device: str) -> None:
         self.model = model
         self.lr = lr
@@ -264,6 +278,11 @@ class AdamWOptions:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.01
+
+    def as_torch_rule(self) -> tuple[str, dict[str, Any]]:
+        """torch.optim.AdamW with these hyperparameters, as the `torch_rule` method runs it."""
+        hparams = {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+        return "torch_rule", {"rule": "adamw", "hparams": hparams}
 
 
 class StepOptimizerMethod(Method):

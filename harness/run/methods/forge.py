@@ -129,6 +129,14 @@ class Forge(Method):
     Options = ForgeOptions
 
     @classmethod
+    def torch_reference(cls, options: ForgeOptions) -> tuple[str, dict[str, Any]] | None:
+        """torch.optim's twin of the rule (`forge.torch_optimizer`, the tests' oracle); none for a
+        clipped step or one under a data-parallel wrapper, which the plain rule does not run."""
+        if options.max_grad_norm is not None or options.data_parallel is not None:
+            return None
+        return "torch_rule", {"rule": options.rule, "hparams": dict(options.hparams)}
+
+    @classmethod
     def footprint(cls, options: Mapping[str, Any], weights: float) -> Footprint | None:
         """No gradient; the rule's state tensors (`Rule.state_count` under the recorded hparams) at
         `forge.state_bytes` each; the update reads and writes weights and states once."""

@@ -69,6 +69,22 @@ class FusedAdamW(StepOptimizerMethod):
         return super().unavailable_reason(device, options)
 
     @classmethod
+    def ran_as(cls, options, device: str) -> str | None:
+        """Without CUDA `setup` builds the plain for-each AdamW (its notes say so)."""
+        if device == "cuda":
+            return None
+        fp8 = options.get("fp8")
+        return "AdamW (foreach; no CUDA)" + (f" over torchao's Float8Linear ({fp8})" if fp8 else "")
+
+    @classmethod
+    def torch_reference(cls, options):
+        """torch.optim.AdamW itself; none for a clipped step or one under a data-parallel wrapper,
+        which the plain rule does not run."""
+        if options.max_grad_norm is not None or options.data_parallel is not None:
+            return None
+        return options.as_torch_rule()
+
+    @classmethod
     def footprint(cls, options, weights: float) -> Footprint:
         return separate(weights, weights, 2 * weight_state_bytes(options, weights))
 

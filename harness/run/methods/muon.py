@@ -128,6 +128,11 @@ class MuonOptions:
             adjust_lr_fn=self.adjust_lr_fn,
         )
 
+    def as_torch_muon(self) -> tuple[str, dict[str, Any]]:
+        """torch.optim.Muon and its AdamW with these hyperparameters, as the `muon` method runs them."""
+        names = [f.name for f in fields(MuonOptions)]
+        return "muon", {name: getattr(self, name) for name in names}
+
     def fallback_hparams(self) -> dict[str, Any]:
         """`fallback_options` with lists as tuples (betas), as optimizers take them."""
         return {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in self.fallback_options.items()}
@@ -192,6 +197,15 @@ class TorchMuon(Method):
             workspace=torch_workspace(weights, bool(options.get("nesterov", True))),
         )
 
+    @classmethod
+    def ran_as(cls, options: Mapping[str, Any], device: str) -> str | None:
+        """Without CUDA the AdamW beside Muon is the plain for-each one (its notes say so)."""
+        return None if device == "cuda" else "torch Muon + AdamW (foreach; no CUDA)"
+
+    @classmethod
+    def torch_reference(cls, options: MuonOptions) -> tuple[str, dict[str, Any]]:
+        return options.as_torch_muon()
+
     def setup(self) -> None:
         hidden, rest = forge.muon.hidden_matrices(self.model)
         o = self.options
@@ -250,6 +264,11 @@ class ForgeMuon(Method):
             rest=Footprint(weights, 0.0, rest_states, 2 * weights + 2 * rest_states, IN_GEMM),
             workspace=forge_workspace(options),
         )  # fmt: skip
+
+    @classmethod
+    def torch_reference(cls, options: ForgeMuonOptions) -> tuple[str, dict[str, Any]] | None:
+        """torch.optim.Muon with AdamW on the rest: only where FORGE's fallback is AdamW too."""
+        return options.as_torch_muon() if options.fallback == "adamw" else None
 
     def setup(self) -> None:
         self.fused_ids = fused_weight_ids(self.model)  # before attach swaps the modules

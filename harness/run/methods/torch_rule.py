@@ -36,6 +36,10 @@ class TorchRule(Method):
     order = 10
     Options = TorchRuleOptions
 
+    @classmethod
+    def torch_reference(cls, options: TorchRuleOptions) -> tuple[str, dict[str, Any]]:
+        return cls.name, {"rule": options.rule, "hparams": dict(options.hparams)}
+
     def setup(self) -> None:
         hparams = {k: tuple(v) if isinstance(v, list) else v for k, v in self.options.hparams.items()}
         self.opt = forge.torch_optimizer(self.options.rule, self.params(), lr=self.lr, **hparams)

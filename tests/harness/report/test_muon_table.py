@@ -159,8 +159,8 @@ def test_a_report_of_the_sweeps_records_has_the_section(tmp_path):
 
 
 def test_a_split_method_shows_both_halves_of_its_bytes():
-    """The bytes of the hidden matrices and of the rest; the static GiB over the model's split, shown
-    for a model large enough that it is not a column of zeros (a tiny one gets a note instead)."""
+    """The bytes of the hidden matrices and of the rest; the static GiB over the model's split, in MiB
+    for a model so small that GiB would read 0.000."""
     arch = tm.Architecture.from_config(_numbers("llama3.1-8b"))
     gpu = {
         "sweep": "muon",
@@ -189,12 +189,10 @@ def test_a_split_method_shows_both_halves_of_its_bytes():
     table = preambles.bytes_table([cpu])
     row = table.rows[0]
     assert row[1:4] == ["2.000 / 2.000", "2.000 / 2.000", "2.000 / 4.000"]
-    assert (
-        len(row) == 6
-        and table.notes[0] == preambles.SPLIT_NOTE
-        and "No static GiB for tiny-llama" in table.notes[1]
-    )
-    assert "a / b" in to_markdown(table)
+    hidden = tm.Architecture.from_config(_numbers("tiny-llama")).hidden_params()
+    static = (2 + 2) * 106_816 + 2 * hidden + 4 * (106_816 - hidden)
+    assert table.header[-1] == "Static MiB, tiny-llama" and row[-1] == f"{static / 2**20:.2f}"
+    assert table.notes == [preambles.SPLIT_NOTE] and "a / b" in to_markdown(table)
 
 
 def test_the_fast_newton_schulz_has_its_own_columns_beside_the_default():

@@ -20,7 +20,6 @@ from harness.report import expectations, plots, preambles, report
 from harness.report.markup import Table, to_latex, to_markdown
 from harness.report.names import display_name
 from harness.report.tables import (
-    INTERPRETED,
     t1_llama,
     t2_scaling,
     t3_capacity,
@@ -42,7 +41,10 @@ TABLES = (
     "t6_capacity",
     "convergence",
     "convergence_seeds",
-    "points",
+    "fidelity_cpu",
+    "losses_cpu",
+    "bytes_per_param_cpu",
+    "step_times_cpu",
 )
 
 
@@ -189,7 +191,7 @@ def test_a_scratch_run_renders_into_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert report.main(["results/smoke"]) == 0  # no --out: beside the scratch results
     text = (scratch / "report" / "README.md").read_text()
-    assert "## Measured points" in text and "tiny-llama" in text
+    assert "## Training on a CPU" in text and "tiny-llama" in text
     assert not (tmp_path / "reports").exists()
 
 
@@ -221,31 +223,47 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_a_smoke_report_is_shaped_by_what_ran(tmp_path, monkeypatch, capsys):
-    """`python -m harness report results/smoke` after `sweep +exp=smoke`: one section, for the CPU
-    points it holds; plots of what they measured; the interpreter's caveat beside FORGE's times;
-    no GPU section, ceiling, planned point or empty expectation."""
+    """`python -m harness report results/smoke` after `sweep +exp=smoke`: what a CPU shows, in
+    order (fidelity and losses, memory a parameter, then step times under a heading that says they
+    say nothing about a GPU); plots of what the points measured; a title that names the run; no GPU
+    section, ceiling, planned point, empty expectation or internal wording."""
     scratch = tmp_path / "results" / "smoke"
     scratch.mkdir(parents=True)
     (scratch / ".gitignore").write_text("*\n")
     shutil.copy(FIXTURES / "smoke.jsonl", scratch / "smoke.jsonl")
     monkeypatch.chdir(tmp_path)
     assert report.main(["results/smoke"]) == 0
-    assert capsys.readouterr().out.startswith("report: 4 records -> 1 tables, 2 plots")
+    assert capsys.readouterr().out.startswith("report: 4 records -> 4 tables, 2 plots")
     out = scratch / "report"
     text = (out / "README.md").read_text()
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings == ["## Hardware and software", "## Measured points"]
+    headings = [line for line in text.splitlines() if line.startswith(("# ", "## "))]
+    assert headings == [
+        "# The smoke sweep on a CPU",
+        "## Hardware and software",
+        "## Training on a CPU: fidelity to torch.optim, and losses",
+        "## Memory a parameter",
+        "## Step times on a CPU: they say nothing about a GPU's speed",
+    ]
+    order = [text.index(f"**{title}**") for title in (
+        "Fidelity: each method's distance from its torch.optim reference after the run",
+        "Training loss at each step (nats; the loss before that step's update)",
+        "Bytes a parameter each method holds and moves",
+        "Step times on a CPU (nothing about a GPU's)",
+    )]  # fmt: skip
+    assert order == sorted(order)
     assert "Regenerate with `python -m harness report results/smoke`" in text
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
-    assert plots == ["points_tiny-llama_b1_s32_loss.png", "points_tiny-llama_b1_s32_step_time.png"]
+    assert plots == ["cpu_tiny-llama_b1_s32_loss.png", "cpu_tiny-llama_b1_s32_step_time.png"]
     assert all(f"(plots/{name})" in text for name in plots)
-    assert preambles.INTERPRETER_TEXT in text
-    (mark,) = re.findall(r"\| forge_bf16 (\[\d\]) \|", text)  # FORGE's row, footnoted
-    assert f"{mark} {INTERPRETED}" in text
-    assert "fused_adamw [" not in text  # plain PyTorch on the CPU: its time is its own
-    for absent in ("No results yet", "| not measured |", "800 TFLOP/s", "Matrix floor", "H200", "Peak alloc"):
+    assert "Held: weights + gradient + states" in text and "Update traffic: the bytes" in text
+    assert "| Static MiB, tiny-llama |" in text
+    for absent in (
+        "No results yet", "| not measured |", "800 TFLOP/s", "Matrix floor", "H200", "Peak alloc",
+        "No static GiB", "FORGE benchmark reports", "vs fused AdamW",
+    ):  # fmt: skip
         assert absent not in text, absent
-    assert "**Expectation.** \n" not in text and "**Expectation.** Points measured on the CPU" in text
+    assert "**Expectation.** \n" not in text and "**Expectation.** Each point that stands for" in text
+    assert text.count("**Behind this table.**") == 1
 
 
 def test_the_committed_report_still_plans_every_section(records, tmp_path):

@@ -142,7 +142,7 @@ def test_on_a_cpu_the_pools_are_null_with_a_note():
     assert record["status"] == "ok", record["error"]
     assert record["peak_pools_gib"] is None and record["peak_pools_alloc_gib"] is None
     assert any("peak_pools: not measured" in n for n in record["notes"])
-    assert record["config"]["measure"] == {"peak_pools": True}
+    assert record["config"]["measure"] == {"peak_pools": True, "fidelity": False}
 
 
 @pytest.mark.parametrize(
