@@ -198,7 +198,7 @@ def _gram_rounded(x: torch.Tensor, sequence: list, dtype: torch.dtype) -> torch.
             r, q = sym(x), None
         z = sym(r, r, r, alpha=c, beta=b)
         if q is None:
-            q = _rounded(z + _rounded(torch.tensor(a, dtype=torch.float64), dtype) * torch.eye(len(z)), dtype)
+            q = _rounded(z + _rounded(torch.tensor(a, dtype=torch.float64), dtype) * torch.eye(len(z), dtype=z.dtype, device=z.device), dtype)
         else:
             q = sym(q, z, q, beta=a)
         if t < len(sequence) - 1 and t + 1 != GRAM_RESTART:
