@@ -138,6 +138,19 @@ def _wide(u: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (u.T if tall else u), tall
 
 
+def newton_schulz_definition(variant: str, steps: int) -> dict:
+    """What `forge.newton_schulz`'s `variant` computes in `steps` iterations, by its definition, as
+    keyword arguments of `rounded_newton_schulz` (and of `newton_schulz_fp64`, but for dtype and
+    gram): its coefficients per iteration (Polar Express's published sequence, its last repeated),
+    its normalization's margin, and its working dtype and form (the Gram variants: fp16, on R)."""
+    from forge.newton_schulz import polar_express_sequence  # the published numbers
+
+    if variant == "polar_express":
+        return dict(sequence=polar_express_sequence(steps), margin=POLAR_EXPRESS_MARGIN)
+    gram = variant in ("gram", "gram_symmetric")
+    return dict(sequence=[TORCH_COEFFICIENTS] * steps, dtype=torch.float16 if gram else torch.bfloat16, gram=gram)
+
+
 def newton_schulz_fp64(u: torch.Tensor, sequence, margin: float = 1.0, eps: float = 1e-7) -> torch.Tensor:
     """The odd polynomial a s + b s^3 + c s^5 of each (a, b, c) in `sequence`, applied in turn to
     u / (margin |u|_F) in fp64 (u transposed while it is tall): the function every variant computes."""

@@ -13,7 +13,6 @@ import torch
 
 from forge import newton_schulz as ns
 from tests.forge import reference as ref
-from tests.forge.test_newton_schulz import definition
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +42,7 @@ def test_the_compiled_symmetric_kernel_is_the_product_to_fp32_rounding(n, k, dty
 def test_each_variant_on_a_wide_llama_matrix_is_its_polynomial_to_bf16_rounding(variant):
     g = torch.Generator(device="cuda").manual_seed(1)
     u = torch.randn(1024, 3584, device="cuda", dtype=torch.bfloat16, generator=g)  # 3.5:1, as an MLP's
-    d = definition(variant, STEPS)
+    d = ref.newton_schulz_definition(variant, STEPS)
     exact = ref.newton_schulz_fp64(u, d["sequence"], d.get("margin", 1.0))
     allowance = 2 * ref.distance(ref.rounded_newton_schulz(u, **d), exact)  # its products rounded once each
     own = ref.distance(ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS), exact)

@@ -41,17 +41,8 @@ def _polar(u: torch.Tensor) -> torch.Tensor:
     return left @ right
 
 
-def definition(variant: str, steps: int = STEPS) -> dict:
-    """What `variant` computes, by its definition: its coefficients per iteration, its
-    normalization's margin, and its working dtype and form (the Gram variants: fp16, on R = X X^T)."""
-    if variant == "polar_express":
-        return dict(sequence=ns.polar_express_sequence(steps), margin=ref.POLAR_EXPRESS_MARGIN)
-    gram = variant in ("gram", "gram_symmetric")
-    return dict(sequence=[ref.TORCH_COEFFICIENTS] * steps, dtype=torch.float16 if gram else torch.bfloat16, gram=gram)
-
-
 def _exact(u: torch.Tensor, variant: str) -> torch.Tensor:
-    d = definition(variant)
+    d = ref.newton_schulz_definition(variant, STEPS)
     return ref.newton_schulz_fp64(u, d["sequence"], d.get("margin", 1.0))
 
 
@@ -62,7 +53,7 @@ def test_each_variant_rounds_where_its_arithmetic_does_and_nowhere_else(shape, v
     u = _update(*shape, seed=seed)
     out = ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS)
     assert out.dtype == torch.bfloat16 and out.shape == u.shape
-    d = definition(variant)
+    d = ref.newton_schulz_definition(variant, STEPS)
     rounded = ref.rounded_newton_schulz(u, **d)
     exact = _exact(u, variant)
     rounding = ref.distance(rounded, exact)
