@@ -30,13 +30,15 @@ def _asserts(node: ast.AST, functions: dict[str, ast.FunctionDef], seen: frozens
 
 
 def _tests_without_assertions(path: Path) -> list[str]:
-    """"line name" of each test function in the file at `path` that asserts nothing."""
+    """ "line name" of each test function in the file at `path` that asserts nothing."""
     tree = ast.parse(path.read_text())
     functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     return [
         f"{node.lineno} {node.name}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not _asserts(node, functions)
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test")
+        and not _asserts(node, functions)
     ]
 
 

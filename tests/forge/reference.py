@@ -69,7 +69,9 @@ def _group_max(g: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tenso
     return magnitude, magnitude.amax(-1)
 
 
-def scales(x: torch.Tensor, signed: bool, group: int, slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def scales(
+    x: torch.Tensor, signed: bool, group: int, slack: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The lowest and highest scale per group (rows, groups) that the definition gives for values
     within `slack` (relative) of x's: a group's maximum that lies within that of a bf16 value may
     round up to it or to the next, as arithmetic a few fp32 ulps apart decides."""
@@ -114,9 +116,9 @@ def assert_codes_match(codes: torch.Tensor, expected: torch.Tensor, tie: torch.T
     """Codes equal to the reference's, one code either way allowed only where it marks a tie."""
     diff = (codes.long() - expected).abs()
     wrong = (diff > 1) | ((diff == 1) & ~tie)
+    got, want = codes.flatten()[wrong.flatten()][:4].tolist(), expected.flatten()[wrong.flatten()][:4].tolist()
     assert not bool(wrong.any()), (
-        f"{what}: {int(wrong.sum())} of {codes.numel()} codes differ from the definition's, e.g. "
-        f"{codes.flatten()[wrong.flatten()][:4].tolist()} for {expected.flatten()[wrong.flatten()][:4].tolist()}"
+        f"{what}: {int(wrong.sum())} of {codes.numel()} codes differ from the definition's, e.g. {got} for {want}"
     )
 
 
@@ -148,7 +150,9 @@ def newton_schulz_definition(variant: str, steps: int) -> dict:
     if variant == "polar_express":
         return dict(sequence=polar_express_sequence(steps), margin=POLAR_EXPRESS_MARGIN)
     gram = variant in ("gram", "gram_symmetric")
-    return dict(sequence=[TORCH_COEFFICIENTS] * steps, dtype=torch.float16 if gram else torch.bfloat16, gram=gram)
+    return dict(
+        sequence=[TORCH_COEFFICIENTS] * steps, dtype=torch.float16 if gram else torch.bfloat16, gram=gram
+    )
 
 
 def newton_schulz_fp64(u: torch.Tensor, sequence, margin: float = 1.0, eps: float = 1e-7) -> torch.Tensor:
@@ -211,7 +215,12 @@ def _gram_rounded(x: torch.Tensor, sequence: list, dtype: torch.dtype) -> torch.
             r, q = sym(x), None
         z = sym(r, r, r, alpha=c, beta=b)
         if q is None:
-            q = _rounded(z + _rounded(torch.tensor(a, dtype=torch.float64), dtype) * torch.eye(len(z), dtype=z.dtype, device=z.device), dtype)
+            q = _rounded(
+                z
+                + _rounded(torch.tensor(a, dtype=torch.float64), dtype)
+                * torch.eye(len(z), dtype=z.dtype, device=z.device),
+                dtype,
+            )
         else:
             q = sym(q, z, q, beta=a)
         if t < len(sequence) - 1 and t + 1 != GRAM_RESTART:

@@ -208,7 +208,9 @@ def test_low_precision_states_are_clipped_too(state_dtype):
     w0 = [p.detach().float() for p in low.parameters()]
     twin = copy.deepcopy(low)  # torch's gradients of the same bf16 model
     hp = dict(lr=50.0, momentum=0.9)  # steps of a hundred bf16 steps of the weights and more
-    opt_f = forge.attach(low, "sgd", state_dtype=state_dtype, stochastic_rounding=False, max_grad_norm=0.05, **hp)
+    opt_f = forge.attach(
+        low, "sgd", state_dtype=state_dtype, stochastic_rounding=False, max_grad_norm=0.05, **hp
+    )
     batch = (torch.randn(5, 23, dtype=torch.bfloat16), torch.randn(5, 7, dtype=torch.bfloat16))
     _loss(twin, batch).backward()
     steps = {}
@@ -228,11 +230,15 @@ def test_low_precision_states_are_clipped_too(state_dtype):
     for (name, p), q, r, p0 in zip(low.named_parameters(), clipped, unclipped, w0):
         assert p.grad is None, f"{name}: FORGE left a gradient behind"
         assert update_error(p, q, p0) <= 1e-2, f"{name}: {update_error(p, q, p0):.3g} of the clipped step off"
-        assert update_error(p, r, p0) > 0.5, f"{name}: the unclipped step lands near: the check would see nothing"
+        assert update_error(p, r, p0) > 0.5, (
+            f"{name}: the unclipped step lands near: the check would see nothing"
+        )
         state, expected = opt_f.state[p], torch_opt.state[q]["momentum_buffer"].double()
         if opt_f.state_dtype_of(p) == "int8":
             stored = ref.dequantize(state["momentum_buffer"], state["momentum_buffer_absmax"], True, 64)
-            allowed = state["momentum_buffer_absmax"].double().repeat_interleave(64, -1)[:, : p.shape[1]] / 127
+            allowed = (
+                state["momentum_buffer_absmax"].double().repeat_interleave(64, -1)[:, : p.shape[1]] / 127
+            )
         else:
             stored = state["momentum_buffer"].double()
             allowed = 2**-8 * expected.abs()

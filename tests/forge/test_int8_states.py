@@ -77,7 +77,8 @@ def _assert_stores_the_definition(state: dict, expected: dict, group: int, what:
         off = (stored != low) & (stored != high)
         assert not bool(off.any()), (
             f"{what}: {name}'s scales are not the groups' maxima rounded up to bf16 "
-            f"({int(off.sum())} of {stored.numel()} differ, e.g. {stored[off][:3].tolist()} for {low[off][:3].tolist()})"
+            f"({int(off.sum())} of {stored.numel()} differ, e.g. {stored[off][:3].tolist()} "
+            f"for {low[off][:3].tolist()})"
         )
         codes, _, tie = ref.quantize(value.cpu(), signed, group, scale=stored)
         ref.assert_codes_match(state[name].cpu(), codes, tie, f"{what}: {name}")
@@ -132,7 +133,9 @@ def test_each_step_stores_the_definitions_codes_of_torch_optims_state(case, path
     hp = CASES.get(case, CASES["adamw"])
     generator = torch.Generator().manual_seed(0)
     w = nn.Parameter(torch.randn(N, K, generator=generator))
-    opt = forge.ForgeOptimizer([w], rule, state_dtype="int8", int8_group=group, stochastic_rounding=False, **hp)
+    opt = forge.ForgeOptimizer(
+        [w], rule, state_dtype="int8", int8_group=group, stochastic_rounding=False, **hp
+    )
     state = opt.state[w]
     reference = nn.Parameter(w.detach().clone())
     torch_opt = forge.torch_optimizer(rule, [reference], **hp)
@@ -149,7 +152,9 @@ def test_each_step_stores_the_definitions_codes_of_torch_optims_state(case, path
         torch_opt.step()
         assert torch.isfinite(w).all(), f"step {t}: FORGE's weight holds a NaN or an infinity"
         _assert_stores_the_definition(state, _tensor_states(torch_opt, reference), group, f"step {t}")
-        tol, ambiguous = (FUSED_FP32, near_zero(reference.grad)) if path == "fused" else (ELEMENTWISE_FP32, None)
+        tol, ambiguous = (
+            (FUSED_FP32, near_zero(reference.grad)) if path == "fused" else (ELEMENTWISE_FP32, None)
+        )
         assert_close_to_update(w, reference, before, tol, f"step {t}: the weight", ambiguous)
 
 
@@ -190,7 +195,10 @@ def test_int8_states_stay_within_the_quantization_step_of_fp32_states(case):
     runs = {}
     for state_dtype in ("fp32", "int8"):
         w = nn.Parameter(w0.clone())
-        runs[state_dtype] = (w, forge.ForgeOptimizer([w], rule, state_dtype=state_dtype, stochastic_rounding=False, **hp))
+        runs[state_dtype] = (
+            w,
+            forge.ForgeOptimizer([w], rule, state_dtype=state_dtype, stochastic_rounding=False, **hp),
+        )
     (w32, opt32), (w8, opt8) = runs["fp32"], runs["int8"]
     state32, state8 = opt32.state[w32], opt8.state[w8]
     names = [n for n in _tensor_states(opt32, w32) if _decay(rule, n, hp) is not None]
@@ -212,4 +220,3 @@ def test_int8_states_stay_within_the_quantization_step_of_fp32_states(case):
     assert torch.isfinite(w8).all() and torch.isfinite(w32).all()
     moved = float((w8.detach() - w0).norm())
     assert moved > 0, f"{case}: the int8 run never moved its weight"
-

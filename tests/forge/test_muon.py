@@ -70,7 +70,9 @@ def _distance(a: nn.Module, b: nn.Module) -> dict[str, float]:
     }
 
 
-def _ns_fp64(update: torch.Tensor, coefficients, steps: int, eps: float, variant: str = "torch") -> torch.Tensor:
+def _ns_fp64(
+    update: torch.Tensor, coefficients, steps: int, eps: float, variant: str = "torch"
+) -> torch.Tensor:
     """torch.optim.Muon's Newton-Schulz with nothing rounded: `variant`'s polynomial in fp64 (torch's
     for all but Polar Express), as `_zeropower_via_newtonschulz` is called."""
     d = ref.newton_schulz_definition(variant, steps)
