@@ -116,9 +116,10 @@ def assert_codes_match(codes: torch.Tensor, expected: torch.Tensor, tie: torch.T
     """Codes equal to the reference's, one code either way allowed only where it marks a tie."""
     diff = (codes.long() - expected).abs()
     wrong = (diff > 1) | ((diff == 1) & ~tie)
-    got, want = codes.flatten()[wrong.flatten()][:4].tolist(), expected.flatten()[wrong.flatten()][:4].tolist()
+    where = wrong.flatten()
+    got, want = codes.flatten()[where][:4].tolist(), expected.flatten()[where][:4].tolist()
     assert not bool(wrong.any()), (
-        f"{what}: {int(wrong.sum())} of {codes.numel()} codes differ from the definition's, e.g. {got} for {want}"
+        f"{what}: {int(wrong.sum())} of {codes.numel()} codes differ from the definition's: {got} for {want}"
     )
 
 
