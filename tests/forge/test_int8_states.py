@@ -32,7 +32,7 @@ from tests.forge.exactness import ELEMENTWISE_FP32, FUSED_FP32, assert_close_to_
 CASES = {
     "adamw": dict(lr=1e-2, weight_decay=0.1),
     "nadam": dict(lr=1e-2, weight_decay=0.1),
-    "radam": dict(lr=1e-2, weight_decay=0.1, betas=(0.9, 0.5)),  # rectified from step 3
+    "radam": dict(lr=1e-2, weight_decay=0.1),  # steps before the rectified branch (step 6 on)
     "lion": dict(lr=1e-3, weight_decay=0.1),
     "rmsprop": dict(lr=1e-3, weight_decay=0.1),
     "rmsprop-centered-momentum": dict(lr=1e-3, centered=True, momentum=0.9),

@@ -55,9 +55,10 @@ def test_triton_rule_matches_its_pytorch_twin(case):
 
 @pytest.mark.parametrize("case", RULE_CASES, ids=RULE_CASES.keys())
 def test_both_halves_step_as_torch_optim(case):
-    """Four steps (past every rule's first-step special case; RAdam's rectified branch from step 3
-    with beta2 = 0.5) of the kernel and of `reference_update`, each against torch.optim (Lion:
-    `forge.baseline.Lion`) on the same gradients, relative to torch's update (`ELEMENTWISE_FP32`)."""
+    """Seven steps (past every rule's first-step special case, into RAdam's rectified branch, which
+    starts at step 6 with beta2 = 0.999) of the kernel and of `reference_update`, each against
+    torch.optim (Lion: `forge.baseline.Lion`) on the same gradients, relative to torch's update
+    (`ELEMENTWISE_FP32`)."""
     rule = get_rule(case.split("-")[0])
     h = resolve_hparams(rule, RULE_CASES[case])
     slots = rule.slots(h)
@@ -68,7 +69,7 @@ def test_both_halves_step_as_torch_optim(case):
     twin_states = [s.clone() if s is not None else None for s in kernel_states]
     torch_opt = forge.torch_optimizer(rule.name, [oracle], **RULE_CASES[case])
     kernel_host, twin_host = dict(rule.host_state), dict(rule.host_state)
-    for step in range(1, 5):
+    for step in range(1, 8):
         g = torch.randn_like(w0)
         elementwise_update(
             kernel, g, tuple(kernel_states), (None,) * 3, tuple(bool(s and s.signed) for s in slots),
