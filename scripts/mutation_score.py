@@ -18,6 +18,7 @@ on a float). On this code they fail with a TypeError or are killed by any test t
 
     python scripts/mutation_score.py                          # the six files, 2 workers
     python scripts/mutation_score.py forge/clip.py --workers 1 --limit 40   # a quick look
+    python scripts/mutation_score.py forge/rules.py --sample 3    # every third mutant, in line order
 
 Writes results/mutation/mutation-<date>-<commit>.json (with --out, elsewhere): per file the
 mutants made, killed, survived and timed out, and every survivor's diff; the tool's version, the
@@ -48,11 +49,14 @@ _MUON = "tests/forge/test_muon.py::"
 _OPTIM = "tests/forge/test_optim.py::"
 _CLIP = "tests/forge/test_clip.py::"
 _INT8 = "tests/forge/test_int8_states.py::"
+_STEPS = _INT8 + "test_each_step_stores_the_definitions_codes_of_torch_optims_state"
+_WITHIN = _INT8 + "test_int8_states_stay_within_the_quantization_step_of_fp32_states"
 TARGETS = {
     "forge/kernels/quant.py": [
         _INT8 + "test_the_pytorch_quantizer_is_the_definition",
-        _INT8 + "test_each_step_stores_the_definitions_codes_of_torch_optims_state",
-        _INT8 + "test_int8_states_stay_within_the_quantization_step_of_fp32_states",
+        *(f"{_STEPS}[{case}-elementwise]" for case in ("adamw", "adagrad", "rmsprop-centered-momentum")),
+        *(f"{_STEPS}[{case}-fused]" for case in ("adamw-group128", "sgd-momentum")),
+        f"{_WITHIN}[adagrad]",
         "tests/forge/kernels/test_quant.py",
     ],
     "forge/newton_schulz.py": [
@@ -294,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
         "--limit", type=int, default=None, help="at most this many mutants per file (a quick look)"
     )
     parser.add_argument(
+        "--sample", type=int, default=1, help="every SAMPLE-th mutant of a file (default: all)"
+    )
+    parser.add_argument(
         "--out", type=Path, default=None, help="the JSON written (default results/mutation/...)"
     )
     parser.add_argument(
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         trees = [Path(scratch) / f"tree{i}" for i in range(args.workers)]
         for tree in trees:
             _copy_tree(tree)
-        jobs = [m for path in args.files for m in mutants(path)[: args.limit]]
+        jobs = [m for path in args.files for m in mutants(path)[:: args.sample][: args.limit]]
         print(f"{len(jobs)} mutants of {len(args.files)} files, {args.workers} workers", flush=True)
         baseline = _baselines(trees[0], args.files)
         context = mp.get_context("fork")
@@ -331,9 +338,13 @@ def main(argv: list[str] | None = None) -> None:
             queue.put(None)
             worker.start()
         done = []
+        log = (args.out or REPO / "results" / "mutation" / "partial").with_suffix(".partial.jsonl")
+        log.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, len(jobs) + 1):
             done.append(results.get())
-            if n % 25 == 0 or n == len(jobs):
+            with open(log, "a") as f:
+                f.write(json.dumps(done[-1]) + "\n")
+            if n % 10 == 0 or n == len(jobs):
                 killed = sum(r["outcome"] in ("killed", "timeout") for r in done)
                 print(f"{n}/{len(jobs)}: {killed} killed, {time.monotonic() - started:.0f} s", flush=True)
         for worker in workers:
@@ -353,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
             wall_s=round(time.monotonic() - started),
             excluded_operators=list(EXCLUDED_OPERATORS),
             limit=args.limit,
+            sample=args.sample,
             files={path: _summary(path, [r for r in done if r["file"] == path]) for path in args.files},
         )
     )
