@@ -30,7 +30,7 @@ pytestmark = pytest.mark.gpu
 
 N, K, T = 1024, 2048, 1024
 STEPS = 3
-ROUNDING = 1e-2  # at most this fraction of codes, scales or weights a rounding step off (the module docstring)
+ROUNDING = 1e-2  # the most codes, scales or weights a rounding step off (the module docstring)
 
 
 def _assert_nearly_the_definition(state: dict, expected: dict, group: int, what: str) -> None:
@@ -44,11 +44,11 @@ def _assert_nearly_the_definition(state: dict, expected: dict, group: int, what:
         assert moved <= ROUNDING, f"{what}: {moved:.2%} of {name}'s scales a bf16 step off"
         codes, _, _ = ref.quantize(value, signed, group, scale=stored)
         diff = (state[name].long() - codes).abs()
-        assert int(diff.max()) <= 1, f"{what}: a code of {name} is {int(diff.max())} codes off the definition's"
+        assert int(diff.max()) <= 1, f"{what}: a code of {name} {int(diff.max())} codes off the definition's"
         assert float((diff > 0).double().mean()) <= ROUNDING, f"{what}: too many codes of {name} differ"
         if not signed:
             lost = (state[name] == 0) & (value > 0)
-            assert not bool(lost.any()), f"{what}: {int(lost.sum())} non-zero values of {name} stored as code 0"
+            assert not bool(lost.any()), f"{what}: {int(lost.sum())} non-zero {name} stored as code 0"
 
 
 def _configs() -> dict:
