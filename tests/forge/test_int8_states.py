@@ -220,3 +220,34 @@ def test_int8_states_stay_within_the_quantization_step_of_fp32_states(case):
     assert torch.isfinite(w8).all() and torch.isfinite(w32).all()
     moved = float((w8.detach() - w0).norm())
     assert moved > 0, f"{case}: the int8 run never moved its weight"
+
+
+@pytest.mark.parametrize(
+    "rule, hp, name", [("sgd", dict(momentum=0.9), "momentum_buffer"), ("adagrad", {}, "sum")]
+)
+def test_the_kernels_scales_round_up_from_one_ulp_above_a_bf16_value_and_a_zero_group_stays_zero(
+    rule, hp, name
+):
+    """Group maxima one fp32 ulp above a bf16 value (where adding 0xFFFF, not 0xFFFE, carries into
+    the next bf16 value) and exactly on one (where nothing carries), and a group of zeros (scale 0,
+    codes 0, no division by zero): one element-wise step, whose new state is the gradient itself
+    (SGD's first momentum) or its square (Adagrad's sum from zero; sqrt(x) then is |g|, or the
+    fp32 value one ulp above 1 where g^2 rounds), stored as the definition stores it."""
+    g = torch.zeros(2, 192)
+    g[:, 64:] = torch.linspace(-0.5, 0.5, 128)
+    g[:, 128:] *= 0.2  # below 1/8: the last group's maximum is the value set below
+    g[0, 100], g[0, 150] = 1 + 2**-23, -(2**-3) * (1 + 2**-23)  # one ulp above 1 and above -1/8 in magnitude
+    g[1, 100], g[1, 150] = 1.0, 0.75  # on a bf16 value: nothing to round
+    w = nn.Parameter(torch.zeros(2, 192))
+    opt = forge.ForgeOptimizer([w], rule, state_dtype="int8", stochastic_rounding=False, lr=0.0, **hp)
+    opt.update_elementwise(w, g)
+    state = opt.state[w]
+    expected = g if name == "momentum_buffer" else (g * g)
+    _assert_stores_the_definition(state, {name: expected}, 64, f"{rule}")
+    scale = state[name + "_absmax"].float()
+    assert torch.equal(scale[:, 0], torch.zeros(2)) and not bool(state[name][:, :64].any())
+    assert float(scale[0, 1]) == 1 + 2**-7 and float(scale[1, 1]) == 1.0
+    if (
+        name == "momentum_buffer"
+    ):  # sqrt of Adagrad's 2^-6 (1 + 2^-22) is 2^-3 exactly: nothing to round there
+        assert float(scale[0, 2]) == 2**-3 * (1 + 2**-7) and float(scale[1, 2]) == 0.75
