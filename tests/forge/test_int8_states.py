@@ -229,13 +229,15 @@ def test_the_kernels_scales_round_up_from_one_ulp_above_a_bf16_value_and_a_zero_
     rule, hp, name
 ):
     """Group maxima one fp32 ulp above a bf16 value (where adding 0xFFFF, not 0xFFFE, carries into
-    the next bf16 value) and exactly on one (where nothing carries), and a group of zeros (scale 0,
-    codes 0, no division by zero): one element-wise step, whose new state is the gradient itself
-    (SGD's first momentum) or its square (Adagrad's sum from zero; sqrt(x) then is |g|, or the
-    fp32 value one ulp above 1 where g^2 rounds), stored as the definition stores it."""
+    the next bf16 value) and exactly on one (where nothing carries), a group of zeros (scale 0,
+    codes 0, no division by zero) and a zero among non-zero values (code 0: the non-zero floor is
+    for non-zero values): one element-wise step, whose new state is the gradient itself (SGD's
+    first momentum) or its square (Adagrad's sum from zero; sqrt(x) then is |g|, or the fp32 value
+    one ulp above 1 where g^2 rounds), stored as the definition stores it."""
     g = torch.zeros(2, 192)
     g[:, 64:] = torch.linspace(-0.5, 0.5, 128)
     g[:, 128:] *= 0.2  # below 1/8: the last group's maximum is the value set below
+    g[:, 70] = 0.0  # a zero beside non-zero values: code 0 (the non-zero floor is for non-zero values)
     g[0, 100], g[0, 150] = 1 + 2**-23, -(2**-3) * (1 + 2**-23)  # one ulp above 1 and above -1/8 in magnitude
     g[1, 100], g[1, 150] = 1.0, 0.75  # on a bf16 value: nothing to round
     w = nn.Parameter(torch.zeros(2, 192))
@@ -246,6 +248,7 @@ def test_the_kernels_scales_round_up_from_one_ulp_above_a_bf16_value_and_a_zero_
     _assert_stores_the_definition(state, {name: expected}, 64, f"{rule}")
     scale = state[name + "_absmax"].float()
     assert torch.equal(scale[:, 0], torch.zeros(2)) and not bool(state[name][:, :64].any())
+    assert not bool(state[name][:, 70].any())
     assert float(scale[0, 1]) == 1 + 2**-7 and float(scale[1, 1]) == 1.0
     if (
         name == "momentum_buffer"
