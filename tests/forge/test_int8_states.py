@@ -86,12 +86,12 @@ def _assert_stores_the_definition(state: dict, expected: dict, group: int, what:
 
 @pytest.mark.parametrize("group", forge.INT8_GROUPS)
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
-@pytest.mark.parametrize("shape", [(1, 1), (17, 23), (9, 200)], ids=["1x1", "17x23", "9x200"])
+@pytest.mark.parametrize("shape", [(1, 1), (17, 23), (9, 200), (150,)], ids=["1x1", "17x23", "9x200", "150"])
 def test_the_pytorch_quantizer_is_the_definition(shape, signed, group):
     from forge.kernels import quant
 
     x = _gradient(*shape)
-    x[0, : shape[1] // 2] = 0.0  # a zero group where there is room for one: codes 0 and a scale of 0
+    x.view(-1, shape[-1])[0, : shape[-1] // 2] = 0.0  # a zero group where there is room: codes 0, scale 0
     if not signed:
         x = x**2
     codes, scale = quant.quantize(x, signed, group)
@@ -246,6 +246,11 @@ def test_the_kernels_scales_round_up_from_one_ulp_above_a_bf16_value_and_a_zero_
     state = opt.state[w]
     expected = g if name == "momentum_buffer" else (g * g)
     _assert_stores_the_definition(state, {name: expected}, 64, f"{rule}")
+    from forge.kernels import quant
+
+    twin = dict(zip((name, name + "_absmax"), quant.quantize(expected, name == "momentum_buffer", 64)))
+    _assert_stores_the_definition(twin, {name: expected}, 64, "quant.quantize")
+    assert float(twin[name + "_absmax"][0, 1]) == 1 + 2**-7, "quant.quantize did not round the scale up"
     scale = state[name + "_absmax"].float()
     assert torch.equal(scale[:, 0], torch.zeros(2)) and not bool(state[name][:, :64].any())
     assert not bool(state[name][:, 70].any())
