@@ -146,3 +146,33 @@ def test_an_unknown_variant_is_refused_with_the_choices():
         ValueError, match="'torch', 'symmetric', 'gram', 'gram_symmetric', 'polar_express', 'auto'"
     ):
         ns.check_variant("fast")
+
+
+def test_polar_express_repeats_its_last_polynomial_beyond_five_iterations():
+    """As the authors' code does: a shorter run takes the first polynomials, a longer one the five
+    and then the last again; and the iteration runs exactly that sequence."""
+    known = list(ns.POLAR_EXPRESS_COEFFICIENTS)
+    assert ns.polar_express_sequence(3) == known[:3]
+    assert ns.polar_express_sequence(7) == known + [known[-1]] * 2
+    u = _update(17, 23)
+    d = ref.newton_schulz_definition("polar_express", 7)
+    out = ns.newton_schulz(u, "polar_express", ns.NS_COEFFICIENTS, 7, EPS)
+    rounded = ref.rounded_newton_schulz(u, **d)
+    exact = ref.newton_schulz_fp64(u, d["sequence"], d["margin"])
+    assert ref.distance(out, rounded) <= ref.flip_allowance(23) * ref.distance(rounded, exact) + 1e-6
+
+
+@pytest.mark.parametrize("products", [ns.plain_products, ns.mirrored_products], ids=["plain", "mirrored"])
+def test_the_product_helpers_compute_beta_d_plus_alpha_p_q_transposed(products):
+    """Each helper is `beta d + alpha p q^T` for every alpha and beta, with d or without (fp32
+    operands: to fp32's rounding of a 9-term dot product)."""
+    g = torch.Generator().manual_seed(4)
+    p = torch.randn(5, 9, generator=g)
+    s = torch.randn(9, 9, generator=g)
+    q = p @ (s + s.T)  # p q^T symmetric, as the Gram iteration's products are
+    d = torch.randn(5, 5, generator=g)
+    d = d + d.T
+    for alpha, beta, with_d in [(1.0, 0.0, False), (0.5, 0.0, False), (-2.0, 1.5, True), (1.0, -1.0, True)]:
+        out = products(p, q, d if with_d else None, alpha=alpha, beta=beta)
+        exact = alpha * p.double() @ q.double().T + (beta * d.double() if with_d else 0.0)
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
