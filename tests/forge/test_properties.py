@@ -19,9 +19,14 @@ import forge
 from tests.forge.exactness import FUSED_FP32, assert_close_to_update, near_zero
 
 # Weights and states in fp32 (torch.optim holds fp32 weights; bf16 weights would add stochastic
-# rounding, a random walk, not an error): FORGE is held as tightly as in the rule tests
-# (`FUSED_FP32` of each parameter's update), the elements whose gradient came within rounding of
-# zero at some step left out as there (`tests.forge.exactness.near_zero`).
+# rounding, a random walk, not an error), held as the rule tests hold them, relative to each
+# parameter's update, the elements whose gradient came within rounding of zero at some step left
+# out as there (`tests.forge.exactness.near_zero`). Up to 10 steps here against their 3: the GEMM's
+# summation-order difference enters every step and a momentum carries it on, so the worst case
+# grows with the steps; measured at most 1.1e-5 (NAdam, 10 steps, ATEN_CPU_CAPABILITY=default),
+# hence 3x the rule tests' `FUSED_FP32`. A wrong term of 1e-4 of the update (an lr off by 1.0001)
+# exceeds it.
+TOL = 3 * FUSED_FP32
 ABS = 1e-9  # an update of exactly zero (lr = 0): FORGE must not move the weight either
 
 LRS = (1e-2, 1e-3, 3e-2, 1e-1)  # the first is where a failing case shrinks to
@@ -175,4 +180,4 @@ def test_forge_trains_as_torch_optim(case):
         if moved == 0:
             assert (pa.double() - pb.double()).norm() <= ABS, f"{name}: moved where torch.optim did not"
             continue
-        assert_close_to_update(pa, pb, p0, FUSED_FP32, name, ambiguous[pb])
+        assert_close_to_update(pa, pb, p0, TOL, name, ambiguous[pb])
