@@ -356,3 +356,17 @@ def assert_grad_scale_is_exact(device, dtype, state_dtype, T=48, N=40, K=72):
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
 def test_the_kernels_grad_scale_is_exact(state_dtype):
     assert_grad_scale_is_exact("cpu", torch.float32, state_dtype)
+
+
+def test_each_layers_norm_is_taken_the_cheaper_way():
+    """`norm_method`'s cost model: the Gram way costs T^2 (N + K) multiply-adds (T^2 N where x x^T
+    is known), the direct way 1.5 T N K; the cheaper wins, and a norm other than 2 is always direct.
+    For N = K = 64 the Gram way's share is T / 32 of T N K: cheaper below T = 48."""
+    from forge.clip import norm_method
+
+    assert norm_method(32, 64, 64, x_gram_known=False) == "gram"  # 1 T N K against 1.5
+    assert norm_method(64, 64, 64, x_gram_known=False) == "direct"  # 2 T N K against 1.5
+    assert norm_method(512, 64, 4096, x_gram_known=False) == "direct"  # 8.1 T N K
+    assert norm_method(512, 64, 4096, x_gram_known=True) == "gram"  # x x^T known: 0.125 T N K
+    assert norm_method(32, 64, 64, x_gram_known=True, norm_type=1.0) == "direct"
+    assert norm_method(32, 64, 64, x_gram_known=True, norm_type=3.0) == "direct"
