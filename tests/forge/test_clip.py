@@ -93,7 +93,7 @@ def test_clipped_step_matches_torch_clip_grad_norm(case, max_norm):
                 assert relative_error(opt_f.state[pa][key], ref) <= 1e-5, f"{name}: state {key} differs"
 
 
-@pytest.mark.parametrize("norm_type", [1.0, 3.0, math.inf], ids=["l1", "l3", "inf"])
+@pytest.mark.parametrize("norm_type", [0.5, 1.0, 3.0, math.inf], ids=["l0.5", "l1", "l3", "inf"])
 def test_other_norm_types_match_torch(norm_type):
     """Norms other than 2 go through the norm-only kernel (`forge.kernels.wgrad_norm`)."""
     torch.manual_seed(1)
@@ -142,6 +142,11 @@ def test_a_shared_input_has_its_gram_computed_once(monkeypatch):
     for n in (64, 16, 16):
         clip.linear_power_sum(torch.randn(8, n), x)
     assert calls.count((8, 64)) == 2  # x once, and the dy of width 64 once
+    calls.clear()
+    clip.method = "direct"  # the norm-only kernel, asked for: no Gram matrix at all
+    clip.forget_input()
+    clip.linear_power_sum(torch.randn(8, 16), x)
+    assert calls == []
 
 
 def test_tiny_llama_with_tied_embeddings_matches_torch():
