@@ -312,6 +312,17 @@ def test_bad_clipping_options_are_refused_before_anything_changes(kwargs, match)
     forge.attach(model, "adamw")  # nothing was left attached
 
 
+def test_the_norm_and_coefficient_stay_in_the_same_tensors_step_after_step():
+    """A CUDA graph reads them from where its capture found them: each step refreshes them in place."""
+    model = _model()
+    opt = forge.attach(model, "adamw", state_dtype="fp32", max_grad_norm=0.05)
+    _loss(model, (torch.randn(5, 23), torch.randn(5, 7))).backward()
+    norm, coefficient, first = opt.last_grad_norm, opt.last_clip_coefficient, float(opt.last_grad_norm)
+    _loss(model, (torch.randn(5, 23), torch.randn(5, 7))).backward()
+    assert opt.last_grad_norm is norm and opt.last_clip_coefficient is coefficient
+    assert float(norm) != first
+
+
 def test_without_max_grad_norm_there_is_no_norm_to_read():
     model = _model()
     opt = forge.attach(model, "adamw")
