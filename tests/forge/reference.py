@@ -146,10 +146,11 @@ def newton_schulz_definition(variant: str, steps: int) -> dict:
     keyword arguments of `rounded_newton_schulz` (and of `newton_schulz_fp64`, but for dtype and
     gram): its coefficients per iteration (Polar Express's published sequence, its last repeated),
     its normalization's margin, and its working dtype and form (the Gram variants: fp16, on R)."""
-    from forge.newton_schulz import polar_express_sequence  # the published numbers
+    from forge.newton_schulz import POLAR_EXPRESS_COEFFICIENTS as published  # the paper's numbers
 
-    if variant == "polar_express":
-        return dict(sequence=polar_express_sequence(steps), margin=POLAR_EXPRESS_MARGIN)
+    if variant == "polar_express":  # its first `steps` polynomials, the last repeated past them
+        sequence = list(published[:steps]) + [published[-1]] * max(0, steps - len(published))
+        return dict(sequence=sequence, margin=POLAR_EXPRESS_MARGIN)
     gram = variant in ("gram", "gram_symmetric")
     return dict(
         sequence=[TORCH_COEFFICIENTS] * steps, dtype=torch.float16 if gram else torch.bfloat16, gram=gram
