@@ -172,7 +172,13 @@ def test_the_product_helpers_compute_beta_d_plus_alpha_p_q_transposed(products):
     q = p @ (s + s.T)  # p q^T symmetric, as the Gram iteration's products are
     d = torch.randn(5, 5, generator=g)
     d = d + d.T
-    for alpha, beta, with_d in [(1.0, 0.0, False), (0.5, 0.0, False), (-2.0, 1.5, True), (1.0, -1.0, True)]:
+    for alpha, beta, with_d in [
+        (1.0, 0.0, False),
+        (0.5, 0.0, False),
+        (3.0, 0.0, False),
+        (-2.0, 1.5, True),
+        (1.0, -1.0, True),
+    ]:
         out = products(p, q, d if with_d else None, alpha=alpha, beta=beta)
         exact = alpha * p.double() @ q.double().T + (beta * d.double() if with_d else 0.0)
         torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
