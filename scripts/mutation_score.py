@@ -401,8 +401,9 @@ def _merge(paths: list[Path], out: Path | None) -> None:
     for r in records:
         for path, summary in r["files"].items():
             merged["files"][path] = dict(
-                summary, commit=r["commit"], date=r["date"], sample=r.get("sample", 1)
+                summary, commit=r["commit"], date=r["date"], sample=r.get("sample", 1), workers=r["workers"]
             )
+    merged["files"] = {path: merged["files"][path] for path in TARGETS if path in merged["files"]}
     _write(_totalled(merged), out)
 
 
