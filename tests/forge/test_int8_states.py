@@ -259,3 +259,41 @@ def test_the_kernels_scales_round_up_from_one_ulp_above_a_bf16_value_and_a_zero_
         name == "momentum_buffer"
     ):  # sqrt of Adagrad's 2^-6 (1 + 2^-22) is 2^-3 exactly: nothing to round there
         assert float(scale[0, 2]) == 2**-3 * (1 + 2**-7) and float(scale[1, 2]) == 0.75
+
+
+def test_int8_storage_holds_matrices_and_leaves_vectors_bf16():
+    """Under state_dtype="int8" a matrix (or any parameter of two dimensions or more) keeps int8
+    codes and bf16 scales; a vector (a bias, a norm's weight) keeps bf16 states, so that no scale
+    group straddles two FSDP2 shards of it (`forge.states`)."""
+    params = [
+        nn.Parameter(torch.randn(4, 70)),
+        nn.Parameter(torch.randn(70)),
+        nn.Parameter(torch.randn(2, 3, 64)),
+    ]
+    opt = forge.ForgeOptimizer(params, "adamw", state_dtype="int8")
+    for p, dtype in zip(params, ("int8", "bf16", "int8")):
+        state = opt.state[p]
+        assert opt.state_dtype_of(p) == dtype, (tuple(p.shape), opt.state_dtype_of(p))
+        if dtype == "bf16":
+            assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+            assert "exp_avg_absmax" not in state
+        else:
+            assert state["exp_avg"].dtype == torch.int8 and state["exp_avg_sq"].dtype == torch.uint8
+            assert state["exp_avg_absmax"].dtype == torch.bfloat16
+
+
+def test_slots_hand_their_tensors_over_in_one_order_and_take_them_back():
+    """`Slots.tensors()` and `with_tensors` (torch.compile's ops hand the functional copies back
+    through them): states, scales and the residual, each where it was, the missing ones skipped."""
+    from forge.states import Slots
+
+    a, b, scale, residual = (torch.full((2, 2), float(i)) for i in range(4))
+    slots = Slots((a, None, b), (scale, None, None), (True, False, False), residual)
+    assert slots.tensors() == [a, b, scale, residual]
+    copies = [t + 10 for t in slots.tensors()]
+    again = slots.with_tensors(copies)
+    assert again.states[0] is copies[0] and again.states[1] is None and again.states[2] is copies[1]
+    assert again.scales == (copies[2], None, None) and again.residual is copies[3]
+    assert again.signed == slots.signed
+    plain = Slots((a, None, None), (None, None, None), (True, False, False)).with_tensors([b])
+    assert plain.states[0] is b and plain.residual is None
