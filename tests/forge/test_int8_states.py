@@ -297,3 +297,11 @@ def test_slots_hand_their_tensors_over_in_one_order_and_take_them_back():
     assert again.signed == slots.signed
     plain = Slots((a, None, None), (None, None, None), (True, False, False)).with_tensors([b])
     assert plain.states[0] is b and plain.residual is None
+
+
+def test_state_bytes_are_what_each_storage_keeps_per_element():
+    """fp32: 4 bytes; bf16: 2; int8: a code and a bf16 scale per group (the memory models' figure)."""
+    assert forge.state_bytes("fp32") == 4.0 and forge.state_bytes("bf16") == 2.0
+    assert forge.state_bytes("int8") == 1 + 2 / 64 and forge.state_bytes("int8", 128) == 1 + 2 / 128
+    with pytest.raises(ValueError, match="state_dtype='fp8' is not supported"):
+        forge.state_bytes("fp8")
