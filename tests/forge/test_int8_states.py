@@ -305,3 +305,25 @@ def test_state_bytes_are_what_each_storage_keeps_per_element():
     assert forge.state_bytes("int8") == 1 + 2 / 64 and forge.state_bytes("int8", 128) == 1 + 2 / 128
     with pytest.raises(ValueError, match="state_dtype='fp8' is not supported"):
         forge.state_bytes("fp8")
+
+
+def test_a_saved_state_of_another_shape_or_dtype_is_refused():
+    """Loading checks each saved tensor against the state it replaces: its shape and its dtype
+    each on their own (`StateStorage.check_saved`); converting a torch.optim state refuses one of
+    another shape, even one that would broadcast."""
+    from forge.states import StateStorage
+
+    state = {"exp_avg": torch.zeros(2, 3), "step": 1}
+    for wrong in (torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3, 2), torch.zeros(1, 3)):
+        with pytest.raises(ValueError, match="attach with the same rule"):
+            StateStorage.check_saved(state, {"exp_avg": wrong}, "w")
+    StateStorage.check_saved(state, {"exp_avg": torch.ones(2, 3), "step": 2}, "w")
+    w = nn.Parameter(torch.randn(4, 70))
+    reference = torch.optim.AdamW([w], lr=1e-2)
+    w.grad = torch.randn(4, 70)
+    reference.step()
+    saved = reference.state_dict()
+    saved["state"][0]["exp_avg"] = saved["state"][0]["exp_avg"][:1]  # (1, 70): it would broadcast
+    opt = forge.ForgeOptimizer([nn.Parameter(w.detach().clone())], "adamw", state_dtype="int8")
+    with pytest.raises(ValueError, match=r"not a tensor of shape \(4, 70\)"):
+        opt.load_state_dict(saved, convert=True)
