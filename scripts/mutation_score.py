@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> None:
             queue.put(None)
             worker.start()
         done = []
-        log = (args.out or REPO / "results" / "mutation" / "partial").with_suffix(".partial.jsonl")
+        # each result as it comes, to follow a long run: beside --out, else in the scratch folder
+        log = (args.out or Path(scratch) / "results").with_suffix(".partial.jsonl")
         log.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, len(jobs) + 1):
             done.append(results.get())
