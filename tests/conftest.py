@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "tests/harness/run/test_tensor_parallel.py",
     "tests/forge/test_properties.py",
     "tests/forge/test_low_precision.py",
+    "tests/forge/test_int8_states.py",
     "tests/harness/kernels/test_build.py",
     "tests/forge/test_models.py",
     "tests/forge/test_rules.py",

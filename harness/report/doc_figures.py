@@ -42,6 +42,7 @@ from harness.sources import (
     LLAMA8B_GRAPHED_H100,
     MASKED,
     MUON,
+    MUTATION,
     OVERLAP,
     OVERLAP_RUNS,
     REFERENCE,
@@ -310,6 +311,14 @@ def _gpu_tests_passed(root: Path) -> list[str]:
     return [found.group(1)]
 
 
+def _mutation_score(root: Path) -> list[str]:
+    """The mutation record's mutants run, killed and share killed, then each file's share of its own."""
+    record = json.loads((root / MUTATION).read_text())
+    total = record["total"]
+    shares = [f"{path} {f['score']:.1%} of {f['mutants']}" for path, f in record["files"].items()]
+    return [str(total["mutants"]), str(total["killed"]), f"{total['score']:.1%}", ", ".join(shares)]
+
+
 def _muon(root: Path) -> list[str]:
     """FORGE's Muon against torch's on Llama-3.1-8B at 1,024 tokens: the graphed peaks and what FORGE
     saves, its step over torch's (eager and graphed), and its graphed step against the graphed floor."""
@@ -399,6 +408,7 @@ def _muon_fast(root: Path) -> list[str]:
 PERF, README, DESIGN = "docs/performance.md", "README.md", "docs/how-forge-works.md"
 RECIPES = "docs/training-recipes.md"
 PAPER_DOC = "docs/paper.md"
+TESTING = "docs/testing.md"
 
 FIGURES: tuple[Figure, ...] = (
     Figure(
@@ -497,6 +507,7 @@ FIGURES: tuple[Figure, ...] = (
         _masked_attention,
     ),
     Figure(DESIGN, "a capture at batch 4 held {} GiB of repeated keys and values", GRAPH_PEAK, _repeated_kv),
+    Figure(TESTING, "Of the {} mutants run, the tests killed {}, {}: {}.", MUTATION, _mutation_score),
     Figure(
         DESIGN,
         "A run of the GPU suite on an H200 passed its {} tests",

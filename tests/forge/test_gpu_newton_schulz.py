@@ -2,7 +2,8 @@
 
 The CPU tests run the symmetric-product kernel in Triton's interpreter at small shapes; here the
 compiled kernel meets several tiles per side, a K loop of many steps and ragged edges, and each
-variant a Llama-sized wide matrix and a CUDA graph. Bounds as in tests/forge/test_newton_schulz.py.
+variant a Llama-sized wide matrix and a CUDA graph: within twice its definition's rounding (each
+product rounded once to its dtype, `tests.forge.reference`) of its fp64 polynomial.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from forge import newton_schulz as ns
-from tests.forge.test_newton_schulz import _dist, _iteration
+from tests.forge import reference as ref
 
 pytestmark = pytest.mark.gpu
 
@@ -41,9 +42,10 @@ def test_the_compiled_symmetric_kernel_is_the_product_to_fp32_rounding(n, k, dty
 def test_each_variant_on_a_wide_llama_matrix_is_its_polynomial_to_bf16_rounding(variant):
     g = torch.Generator(device="cuda").manual_seed(1)
     u = torch.randn(1024, 3584, device="cuda", dtype=torch.bfloat16, generator=g)  # 3.5:1, as an MLP's
-    exact = _iteration(u, variant)
-    allowance = 2 * _dist(_iteration(u, variant, torch.bfloat16), exact)  # torch's loop in bf16
-    own = _dist(ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS), exact)
+    d = ref.newton_schulz_definition(variant, STEPS)
+    exact = ref.newton_schulz_fp64(u, d["sequence"], d.get("margin", 1.0))
+    allowance = 2 * ref.distance(ref.rounded_newton_schulz(u, **d), exact)  # its products rounded once each
+    own = ref.distance(ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS), exact)
     assert own <= allowance, f"{variant}: {own:.4f} from its fp64 polynomial, allowed {allowance:.4f}"
 
 

@@ -12,7 +12,10 @@ that rounds nothing: torch.optim.Muon with its Newton-Schulz in fp64 (`_fp64_ref
 runs land about as far from it as bf16's rounding of the update carries them on this host; FORGE's
 must be within twice torch's distance, layer by layer (`dist(forge, ref64) <= 2 dist(torch, ref64)`),
 which a wrong momentum, a missed Nesterov term, a wrong learning-rate adjustment or a lost weight
-decay exceeds (each tested to).
+decay exceeds (each tested to). A parameter holding a NaN or an infinity is never within a bound.
+Neither side orthogonalizes with the code under test: torch's run uses torch's own Newton-Schulz, or
+the references of `tests.forge.reference` (fp64, or a variant's products rounded as its arithmetic
+rounds them).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from torch import nn
 
 import forge
-from forge import newton_schulz as ns
+from tests.forge import reference as ref
 
 SHAPES = {"tall": (23, 41), "square": (41, 41), "wide": (41, 9)}  # (in, out) of nn.Linear: W is (out, in)
 STEPS = 5
@@ -60,8 +63,9 @@ def _train_forge(model: nn.Module, batches) -> None:
 
 
 def _distance(a: nn.Module, b: nn.Module) -> dict[str, float]:
+    """Per parameter, ||a - b|| / ||b||: NaN where either holds a NaN or an infinity."""
     return {
-        name: float((p.detach() - q.detach()).norm() / q.detach().norm())
+        name: ref.distance(p.detach(), q.detach())
         for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True)
     }
 
@@ -69,21 +73,16 @@ def _distance(a: nn.Module, b: nn.Module) -> dict[str, float]:
 def _ns_fp64(
     update: torch.Tensor, coefficients, steps: int, eps: float, variant: str = "torch"
 ) -> torch.Tensor:
-    """torch.optim.Muon's Newton-Schulz with nothing rounded: the same iteration in fp64 (with
-    Polar Express's coefficients and normalization for that variant; the others compute torch's
-    polynomial)."""
-    x = update.double()
-    tall = x.size(0) > x.size(1)
-    x = x.T if tall else x
-    if variant == "polar_express":
-        sequence, margin = ns.polar_express_sequence(steps), 1 + ns.POLAR_EXPRESS_SAFETY
-    else:
-        sequence, margin = [coefficients] * steps, 1.0
-    x = x / (x.norm() * margin).clamp(min=eps)
-    for a, b, c in sequence:
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+    """torch.optim.Muon's Newton-Schulz with nothing rounded: `variant`'s polynomial in fp64 (torch's
+    for all but Polar Express), as `_zeropower_via_newtonschulz` is called."""
+    d = ref.newton_schulz_definition(variant, steps)
+    return ref.newton_schulz_fp64(update, d["sequence"], d.get("margin", 1.0), eps)
+
+
+def _ns_rounded(update: torch.Tensor, coefficients, steps: int, eps: float, variant: str) -> torch.Tensor:
+    """`variant`'s iteration with each product rounded as its arithmetic rounds it (bf16, or fp16 for
+    the Gram form), from its definition."""
+    return ref.rounded_newton_schulz(update, **ref.newton_schulz_definition(variant, steps), eps=eps)
 
 
 @contextlib.contextmanager
@@ -119,17 +118,27 @@ def _bound(
     monkeypatch, build, slack: float = 0.0, variant: str = "torch"
 ) -> tuple[nn.Module, dict[str, float]]:
     """(torch's run with `build()` in fp64 Newton-Schulz, per parameter twice the distance of its
-    bf16 run from it, plus `slack`): how far bf16's rounding of the orthogonalized update carries a
-    correct run on this host, with a factor 2. `slack` covers parameters the orthogonalization
-    never reaches (a fallback rule's at its first step), where fp32 rounding is all that differs."""
+    half-precision run from it, plus `slack`): how far the rounding of the orthogonalized update
+    carries a correct run on this host, with a factor 2. The half-precision run is torch's own for
+    "torch", the variant's definition rounded as its arithmetic rounds (`_ns_rounded`) for the
+    others. `slack` covers parameters the orthogonalization never reaches (a fallback rule's at its
+    first step), where fp32 rounding is all that differs."""
     with _fp64_newton_schulz(monkeypatch, variant):
         reference = build()
-    return reference, {n: 2 * d + slack for n, d in _distance(build(), reference).items()}
+    if variant == "torch":
+        rounded = build()
+    else:
+        with _torch_newton_schulz(monkeypatch, functools.partial(_ns_rounded, variant=variant)):
+            rounded = build()
+    distances = _distance(rounded, reference)
+    assert all(d == d for d in distances.values()), f"the reference runs diverged: {distances}"
+    return reference, {n: 2 * d + slack for n, d in distances.items()}
 
 
 def _beyond(model: nn.Module, reference: nn.Module, bound: dict[str, float]) -> dict[str, tuple]:
-    """{parameter: (its distance from the reference, its bound)} for every parameter past its bound."""
-    return {n: (d, bound[n]) for n, d in _distance(model, reference).items() if d > bound[n]}
+    """{parameter: (its distance from the reference, its bound)} for every parameter not within its
+    bound: past it, or NaN (a parameter or its reference holding a NaN or an infinity)."""
+    return {n: (d, bound[n]) for n, d in _distance(model, reference).items() if not d <= bound[n]}
 
 
 @pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
@@ -163,16 +172,11 @@ def test_the_comparison_sees_each_hyperparameter(monkeypatch, changed):
 @pytest.mark.parametrize("variant", ["symmetric", "gram", "gram_symmetric", "polar_express"])
 def test_each_newton_schulz_variant_reaches_the_layers(monkeypatch, variant):
     """newton_schulz= reaches every layer's whole-matrix half: FORGE's Muon with a variant lands
-    within twice torch.optim.Muon's distance from the fp64 reference when torch orthogonalizes with
-    the same variant (`forge.newton_schulz`), and far from torch's default where the variant
-    computes another polynomial (Polar Express)."""
+    within twice the distance from torch.optim.Muon with the variant's polynomial in fp64 that
+    torch.optim.Muon with the variant's definition in half precision lands (`_bound`), and far from
+    torch's default where the variant computes another polynomial (Polar Express)."""
     hp = dict(HPARAMS, nesterov=True)
-
-    def orthogonalized(update, coefficients, steps, eps):
-        return ns.newton_schulz(update, variant, coefficients, steps, eps)
-
-    with _torch_newton_schulz(monkeypatch, orthogonalized):
-        reference, bound = _bound(monkeypatch, lambda: _torch_muon(**hp), variant=variant)
+    reference, bound = _bound(monkeypatch, lambda: _torch_muon(**hp), variant=variant)
     model = _matrices()
     forge.attach(model, "muon", state_dtype="fp32", newton_schulz=variant, **hp)
     _train_forge(model, _batches())

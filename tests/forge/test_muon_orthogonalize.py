@@ -53,6 +53,8 @@ def test_the_split_takes_hidden_linear_weights_and_leaves_embeddings_the_head_no
     hidden, other = muon.hidden_matrices(model)
     names = {id(p): n for n, p in model.named_parameters()}
     assert hidden and all(names[id(p)].endswith("_proj.weight") for p in hidden)
+    projections = {n for n, _ in model.named_parameters() if n.endswith("_proj.weight")}
+    assert {names[id(p)] for p in hidden} == projections  # q, k, v, o, gate, up and down: every one
     assert {names[id(p)] for p in other} >= {
         "model.embed_tokens.weight",
         "model.norm.weight",

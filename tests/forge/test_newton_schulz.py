@@ -1,11 +1,14 @@
-"""forge.newton_schulz's variants against fp64, and the symmetric-product kernel against torch.
+"""forge.newton_schulz's variants against their definitions, and the symmetric-product kernel against torch.
 
-Each variant orthogonalizes in half precision; what its arithmetic allows is measured, not guessed:
-its distance from the same iteration run in fp64 (the polynomial it computes, nothing rounded)
-may be at most twice the distance of torch's own bf16 iteration from its fp64 twin (the STYLE
-rule for bf16), and its distance from the fp64 polar factor U V^T of the SVD at most the fp64
-iteration's (how far the polynomial itself stops from U V^T) plus that same allowance. Inputs have
-singular values spread over three decades, the range Muon's polynomials are built for.
+Each variant orthogonalizes in half precision with products of known depth: it must be the
+definition's iteration with every product rounded where its arithmetic rounds it
+(`tests.forge.reference.rounded_newton_schulz`: torch's loop in bf16, the Gram iteration in fp16),
+within what fp32 accumulation can move such a rounding (`reference.flip_allowance`, from the
+products' depth and the dtype's unit roundoff): measured, the code lands within 0.025 of that
+allowance-free distance, where a missing normalization margin or iteration moves it by 0.15 to
+0.6 of the rounding's own distance and more. Its distance from the fp64 polar factor U V^T of the
+SVD may then be at most the fp64 polynomial's own plus twice the rounding's. Inputs have singular
+values spread over three decades, the range Muon's polynomials are built for.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 
 from forge import newton_schulz as ns
 from forge.kernels.symmetric_product import symmetric_product
+from tests.forge import reference as ref
 
 SHAPES = [(1, 1), (17, 23), (23, 17), (29, 29), (9, 41), (41, 9)]
 IDS = [f"{r}x{c}" for r, c in SHAPES]
@@ -37,44 +41,28 @@ def _polar(u: torch.Tensor) -> torch.Tensor:
     return left @ right
 
 
-def _iteration(u: torch.Tensor, variant: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The polynomial `variant` computes, as torch.optim.Muon's loop computes it in `dtype`: torch's
-    triple, or Polar Express's sequence on its wider normalization. (The symmetric and Gram forms
-    compute torch's polynomial.)"""
-    x = u.to(dtype)
-    tall = x.size(0) > x.size(1)
-    x = x.T if tall else x
-    if variant == "polar_express":
-        coefficients, margin = ns.polar_express_sequence(STEPS), 1 + ns.POLAR_EXPRESS_SAFETY
-    else:
-        coefficients, margin = [ns.NS_COEFFICIENTS] * STEPS, 1.0
-    x = x / (x.norm() * margin)
-    for a, b, c in coefficients:
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+def _exact(u: torch.Tensor, variant: str) -> torch.Tensor:
+    d = ref.newton_schulz_definition(variant, STEPS)
+    return ref.newton_schulz_fp64(u, d["sequence"], d.get("margin", 1.0))
 
 
-def _dist(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def _rounding_allowance(u: torch.Tensor, variant: str) -> float:
-    """Twice how far torch's loop in bf16 lands from its fp64 twin on `u`, with the variant's
-    coefficients (Polar Express's steep first polynomials amplify rounding more than torch's)."""
-    return 2 * _dist(_iteration(u, variant, torch.bfloat16), _iteration(u, variant))
-
-
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("variant", ns.VARIANTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_each_variant_is_its_polynomial_to_bf16_rounding_and_near_the_polar_factor(shape, variant):
-    u = _update(*shape)
+def test_each_variant_rounds_where_its_arithmetic_does_and_nowhere_else(shape, variant, seed):
+    u = _update(*shape, seed=seed)
     out = ns.newton_schulz(u, variant, ns.NS_COEFFICIENTS, STEPS, EPS)
     assert out.dtype == torch.bfloat16 and out.shape == u.shape
-    allowance = _rounding_allowance(u, variant)
-    exact = _iteration(u, variant)
-    assert _dist(out, exact) <= allowance + 1e-3, "farther from its own polynomial than bf16 allows"
-    assert _dist(out, _polar(u)) <= _dist(exact, _polar(u)) + allowance + 1e-3
+    d = ref.newton_schulz_definition(variant, STEPS)
+    rounded = ref.rounded_newton_schulz(u, **d)
+    exact = _exact(u, variant)
+    rounding = ref.distance(rounded, exact)
+    allowed = ref.flip_allowance(max(shape), d.get("dtype", torch.bfloat16)) * rounding + 1e-6
+    own = ref.distance(out, rounded)
+    assert own <= allowed, (
+        f"{variant}: {own:.3g} from its definition rounded as its arithmetic rounds (allowed {allowed:.3g})"
+    )
+    assert ref.distance(out, _polar(u)) <= ref.distance(exact, _polar(u)) + 2 * rounding + 1e-6
 
 
 @pytest.mark.parametrize("shape", [(29, 29), (17, 41)], ids=["29x29", "17x41"])
@@ -83,13 +71,13 @@ def test_polar_express_lands_closer_to_the_polar_factor_than_torchs_triple(shape
     polar = _polar(u)
     sharper = ns.newton_schulz(u, "polar_express", ns.NS_COEFFICIENTS, STEPS, EPS)
     default = ns.newton_schulz(u, "torch", ns.NS_COEFFICIENTS, STEPS, EPS)
-    assert _dist(sharper, polar) < 0.8 * _dist(default, polar)
+    assert ref.distance(sharper, polar) < 0.8 * ref.distance(default, polar)
 
 
 def test_the_published_polar_express_sequence_keeps_three_decades_near_one():
     """The sequence's composition maps every singular value in [1e-3, 1] / (1 + 2e-2) (the
     normalization's margin) into a band around 1: what the paper builds it for. Scalars in fp64."""
-    s = torch.logspace(-3, 0, 2001, dtype=torch.float64) / (1 + ns.POLAR_EXPRESS_SAFETY)
+    s = torch.logspace(-3, 0, 2001, dtype=torch.float64) / ref.POLAR_EXPRESS_MARGIN
     for a, b, c in ns.POLAR_EXPRESS_COEFFICIENTS:
         s = a * s + b * s**3 + c * s**5
     assert float(s.min()) > 0.7 and float(s.max()) < 1.15
@@ -99,11 +87,11 @@ def test_the_gram_iteration_needs_exactly_symmetric_products():
     """Unmirrored cuBLAS/CPU products (C and C^T differ in their last bits) let Q drift from a
     polynomial in R in fp16: the Gram iteration lands several times farther from its fp64 twin."""
     u = _update(33, 33, seed=1)
-    exact = _iteration(u, "gram")
+    exact = _exact(u, "gram")
     x = ns._normalized(u, ns.GRAM_DTYPE, EPS)
     coefficients = [ns.NS_COEFFICIENTS] * STEPS
-    mirrored = _dist(ns._gram(x, coefficients, ns.mirrored_products), exact)
-    unmirrored = _dist(ns._gram(x, coefficients, ns.plain_products), exact)
+    mirrored = ref.distance(ns._gram(x, coefficients, ns.mirrored_products), exact)
+    unmirrored = ref.distance(ns._gram(x, coefficients, ns.plain_products), exact)
     assert unmirrored > 2 * mirrored
 
 
@@ -158,3 +146,39 @@ def test_an_unknown_variant_is_refused_with_the_choices():
         ValueError, match="'torch', 'symmetric', 'gram', 'gram_symmetric', 'polar_express', 'auto'"
     ):
         ns.check_variant("fast")
+
+
+def test_polar_express_repeats_its_last_polynomial_beyond_five_iterations():
+    """As the authors' code does: a shorter run takes the first polynomials, a longer one the five
+    and then the last again; and the iteration runs exactly that sequence."""
+    known = list(ns.POLAR_EXPRESS_COEFFICIENTS)
+    assert ns.polar_express_sequence(3) == known[:3]
+    assert ns.polar_express_sequence(7) == known + [known[-1]] * 2
+    u = _update(17, 23)
+    d = ref.newton_schulz_definition("polar_express", 7)
+    out = ns.newton_schulz(u, "polar_express", ns.NS_COEFFICIENTS, 7, EPS)
+    rounded = ref.rounded_newton_schulz(u, **d)
+    exact = ref.newton_schulz_fp64(u, d["sequence"], d["margin"])
+    assert ref.distance(out, rounded) <= ref.flip_allowance(23) * ref.distance(rounded, exact) + 1e-6
+
+
+@pytest.mark.parametrize("products", [ns.plain_products, ns.mirrored_products], ids=["plain", "mirrored"])
+def test_the_product_helpers_compute_beta_d_plus_alpha_p_q_transposed(products):
+    """Each helper is `beta d + alpha p q^T` for every alpha and beta, with d or without (fp32
+    operands: to fp32's rounding of a 9-term dot product)."""
+    g = torch.Generator().manual_seed(4)
+    p = torch.randn(5, 9, generator=g)
+    s = torch.randn(9, 9, generator=g)
+    q = p @ (s + s.T)  # p q^T symmetric, as the Gram iteration's products are
+    d = torch.randn(5, 5, generator=g)
+    d = d + d.T
+    for alpha, beta, with_d in [
+        (1.0, 0.0, False),
+        (0.5, 0.0, False),
+        (3.0, 0.0, False),
+        (-2.0, 1.5, True),
+        (1.0, -1.0, True),
+    ]:
+        out = products(p, q, d if with_d else None, alpha=alpha, beta=beta)
+        exact = alpha * p.double() @ q.double().T + (beta * d.double() if with_d else 0.0)
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))

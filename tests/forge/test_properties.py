@@ -16,16 +16,17 @@ from hypothesis import strategies as st
 from torch import nn
 
 import forge
-from tests.forge.exactness import update_error
+from tests.forge.exactness import FUSED_FP32, assert_close_to_update, near_zero
 
-# Tolerances relative to the update's norm, per state dtype (weights fp32 throughout: torch.optim
-# holds fp32 weights, and bf16 weights would add stochastic rounding, a random walk, not an error).
-# fp32 states: the only differences are the fused GEMM's order of summation of dW over the tokens
-# (~1e-7 relative per element, times whatever cancellation of the tokens' terms the drawn data has)
-# and fma rounding of a few ulps; 1e-3 leaves four orders of magnitude for that cancellation and is
-# still 100x below the smallest wrong term these rules can have (a bias correction at step 10 of
-# beta = 0.999 is 1 %).
-TOL = {"fp32": 1e-3}
+# Weights and states in fp32 (torch.optim holds fp32 weights; bf16 weights would add stochastic
+# rounding, a random walk, not an error), held as the rule tests hold them, relative to each
+# parameter's update, the elements whose gradient came within rounding of zero at some step left
+# out as there (`tests.forge.exactness.near_zero`). Up to 10 steps here against their 3: the GEMM's
+# summation-order difference enters every step and a momentum carries it on, so the worst case
+# grows with the steps; measured at most 1.1e-5 (NAdam, 10 steps, ATEN_CPU_CAPABILITY=default),
+# hence 3x the rule tests' `FUSED_FP32`. A wrong term of 1e-4 of the update (an lr off by 1.0001)
+# exceeds it.
+TOL = 3 * FUSED_FP32
 ABS = 1e-9  # an update of exactly zero (lr = 0): FORGE must not move the weight either
 
 LRS = (1e-2, 1e-3, 3e-2, 1e-1)  # the first is where a failing case shrinks to
@@ -159,6 +160,7 @@ def test_forge_trains_as_torch_optim(case):
     ref = forge.torch_optimizer(rule, _groups(b, case), **hparams)
     assert type(a[0]) is forge.ForgeLinear and type(a[2]) is forge.ForgeLinear
 
+    ambiguous = {p: torch.zeros_like(p, dtype=torch.bool) for p in b.parameters()}
     for _ in range(case["steps"]):
         x = _inputs(case, generator)
         y = torch.randn(*case["batch"], 3, generator=generator)
@@ -166,6 +168,8 @@ def test_forge_trains_as_torch_optim(case):
         opt.step()
         ref.zero_grad()
         ((b(x) - y) ** 2).mean().backward()
+        for p in b.parameters():
+            ambiguous[p] |= near_zero(p.grad)
         ref.step()
 
     for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), base.parameters()):
@@ -176,7 +180,4 @@ def test_forge_trains_as_torch_optim(case):
         if moved == 0:
             assert (pa.double() - pb.double()).norm() <= ABS, f"{name}: moved where torch.optim did not"
             continue
-        err = update_error(pa, pb, p0)
-        assert err <= TOL["fp32"], (
-            f"{name}: {err:.3g} of its update's size from torch.optim (allowed {TOL['fp32']})"
-        )
+        assert_close_to_update(pa, pb, p0, TOL, name, ambiguous[pb])

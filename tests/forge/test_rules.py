@@ -66,3 +66,42 @@ def test_fused_path_is_taken():
     assert all(g is None for g in grads_seen) and model[0].weight.grad is None
     assert not torch.equal(before, model[0].weight.detach())
     assert opt.state[model[0].weight]["step"] == 1
+
+
+def test_each_rules_defaults_are_its_torch_optimizers():
+    """Every hyperparameter a rule shares with its torch.optim class (Lion: `forge.baseline.Lion`)
+    defaults to the class's own default; what torch.optim's signature lacks (Muon's
+    `newton_schulz`) is FORGE's."""
+    import inspect
+
+    import forge
+
+    for rule in forge.RULES.values():
+        signature = inspect.signature(rule.torch_class().__init__).parameters
+        shared = {k: v for k, v in rule.defaults.items() if k in signature}
+        assert shared, rule.name
+        for key, value in shared.items():
+            default = signature[key].default
+            if isinstance(default, torch.Tensor):
+                default = default.item()
+            assert value == (tuple(default) if isinstance(default, list) else default), (rule.name, key)
+
+
+def test_muons_tile_half_reference_is_torchs_lerp():
+    """`reference_update`'s Muon half (the momentum and what Newton-Schulz is given) is
+    torch.optim.Muon's `lerp_`, with Nesterov's momentum and without, to a few fp32 ulps (torch's
+    kernel may fuse the product and the sum that the reference rounds apart)."""
+    from forge.rules import get_rule, reference_update, resolve_hparams
+
+    rule = get_rule("muon")
+    g, buf = torch.randn(9, 13), torch.randn(9, 13)
+    for nesterov in (True, False):
+        h = resolve_hparams(rule, dict(momentum=0.95, nesterov=nesterov))
+        states = [buf.clone(), None, None]
+        update = reference_update(
+            rule, h, torch.zeros(9, 13), g, states, rule.coefficients(h, 1, {"rows": 9, "cols": 13})
+        )
+        expected = buf.clone().lerp_(g, 1 - 0.95)
+        ulps = dict(rtol=0, atol=4 * torch.finfo(torch.float32).eps * float(expected.abs().max()))
+        torch.testing.assert_close(states[0], expected, **ulps)
+        torch.testing.assert_close(update, g.lerp(expected, 0.95) if nesterov else expected, **ulps)

@@ -5,6 +5,7 @@ Before these checks FORGE accepted eps=-1, weight_decay=-1, momentum=-1, betas=(
 lr=nan; betas=(1.0, x) raised ZeroDivisionError in the middle of a backward.
 """
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 import forge
+from tests.forge.exactness import FUSED_FP32, assert_close_to_update, near_zero
 
 NAN, INF = math.nan, math.inf
 WITH_EPS = ("adamw", "nadam", "radam", "rmsprop", "adagrad")
@@ -143,16 +145,36 @@ def test_a_parameter_forge_cannot_update_refuses_the_whole_group():
     assert type(model[2]) is nn.Linear
 
 
-def test_valid_edges_are_accepted():
-    """Values torch.optim accepts: zero lr, eps and weight decay, beta = 0, Lion's beta = 1."""
-    for rule, options in [
+@pytest.mark.parametrize(
+    "rule, options",
+    [
         ("adamw", dict(lr=0.0, eps=0.0, weight_decay=0.0, betas=(0.0, 0.0))),
         ("lion", dict(betas=(1.0, 1.0))),
         ("rmsprop", dict(alpha=1.0, momentum=0.0)),
         ("sgd", dict(momentum=0.9, nesterov=True)),
         ("adagrad", dict(lr_decay=0.0, initial_accumulator_value=0.0)),
-    ]:
-        forge.attach(_model(), rule, **options)
+    ],
+    ids=["adamw-zeros", "lion-betas-one", "rmsprop-alpha-one", "sgd-nesterov", "adagrad-zeros"],
+)
+def test_valid_edges_are_accepted_and_step_as_torch_optim(rule, options):
+    """Values torch.optim accepts (zero lr, eps and weight decay, beta = 0, Lion's beta = 1, alpha =
+    1) are accepted, and a step with them lands where torch.optim's does: finite, and within the
+    rule tests' tolerance of its update (exactly unmoved where it does not move), leaving out as
+    they do the elements whose gradient came within rounding of zero (RMSprop with alpha = 1 keeps
+    a zero average and divides by eps alone: a second step would start from weights moved by
+    lr / eps times the gradient, where the GEMM's rounding of it decides the next gradient)."""
+    base = _model()
+    model, twin = copy.deepcopy(base), copy.deepcopy(base)
+    forge.attach(model, rule, state_dtype="fp32", **options)
+    torch_opt = forge.torch_optimizer(rule, twin.parameters(), **options)
+    x = torch.randn(6, 5)
+    model(x).square().mean().backward()
+    twin(x).square().mean().backward()
+    ambiguous = {q: near_zero(q.grad) for q in twin.parameters()}
+    torch_opt.step()
+    for (name, p), q, p0 in zip(model.named_parameters(), twin.parameters(), base.parameters()):
+        assert torch.isfinite(p).all(), f"{name}: a NaN or an infinity"
+        assert_close_to_update(p, q, p0, FUSED_FP32, name, ambiguous[q])
 
 
 @pytest.mark.parametrize("flag", ["differentiable"])

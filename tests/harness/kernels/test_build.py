@@ -229,9 +229,11 @@ def test_the_pointer_candidates_build_and_fit_two_programs_per_sm():
 
 
 def test_every_candidate_is_a_kernel_config():
-    """The tuner builds each candidate as a KernelConfig: no candidate names a field it lacks."""
+    """The tuner builds each candidate as a KernelConfig: no candidate names a field it lacks, and
+    the config holds each field as the candidate gives it."""
     for fields in kernel_build.candidates():
-        KernelConfig(**fields)
+        config = dataclasses.asdict(KernelConfig(**fields))
+        assert {name: config[name] for name in fields} == fields
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
