@@ -60,8 +60,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+import forge.kernels.wgrad_update_pingpong_fed as fed
 from forge.kernels import WARP_SPECIALIZED_DEFAULTS
-from forge.kernels import wgrad_update_pingpong_fed as fed
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.wgrad_tile import tile_origin
 from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate
