@@ -37,6 +37,9 @@ from forge.kernels.quant import GROUP
 from forge.kernels.update_tile import STEP_ROW, epilogue_constexprs, load_step_values, update_tile
 
 _COLUMNS = 7  # the table's: weight, gradient, three slots, residual, length
+# Elements of a vector per program: four warps, eight elements a thread on a GPU, and few programs
+# on the interpreter, whose cost is per program.
+BLOCK = 1024
 
 
 @triton.jit
@@ -50,12 +53,13 @@ def vector_update_kernel(
     S_DTYPE: tl.constexpr,  # the states' element type (fp32 | bf16)
     BLOCK: tl.constexpr,  # elements of a vector per program, a multiple of QGROUP
     ROW: tl.constexpr,  # int32 words in a step row (`update_tile.STEP_ROW`)
+    COLUMNS: tl.constexpr,  # int64 words in a row of the table (7)
 ):
     """One program per (1, BLOCK) tile of one vector: load its gradient, update it."""
     QGROUP: tl.constexpr = UPDATE[10]
     vector = tl.load(programs_ptr + 2 * tl.program_id(0))
     tile = tl.load(programs_ptr + 2 * tl.program_id(0) + 1)
-    row = table_ptr + vector * 7
+    row = table_ptr + vector * COLUMNS
     w_ptr = tl.load(row).to(tl.pointer_type(W_DTYPE))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(G_DTYPE))
     s1_ptr = tl.load(row + 2).to(tl.pointer_type(S_DTYPE))
@@ -76,12 +80,6 @@ _launch = DirectLauncher(vector_update_kernel)
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def block_size(on_interpreter: bool) -> int:
-    """Elements of a vector per program: 1024 (four warps, eight elements a thread on a GPU; few
-    programs on the interpreter, whose cost is per program)."""
-    return 1024
-
-
 def update_vectors(
     params: list[torch.Tensor], grads: list[torch.Tensor], states: list[tuple], residuals: list,
     step_rows: np.ndarray, signed: tuple,
@@ -97,7 +95,7 @@ def update_vectors(
         return
     first = params[0]
     kahan = residuals[0] is not None
-    block = block_size(first.device.type != "cuda")
+    block = BLOCK
     addresses = []
     for p, g, (s1, s2, s3), r in zip(params, grads, states, residuals):
         w = p.data_ptr()
@@ -116,7 +114,7 @@ def update_vectors(
         UPDATE=epilogue_constexprs(states[0], signed, rule=rule, flags=flags, state_dtype=state_dtype,
                                    stochastic_rounding=stochastic_rounding, int8_group=GROUP, kahan=kahan)["UPDATE"],
         W_DTYPE=_TRITON_DTYPES[first.dtype], G_DTYPE=_TRITON_DTYPES[grads[0].dtype], S_DTYPE=_TRITON_DTYPES[s_dtype],
-        BLOCK=block, ROW=STEP_ROW,
+        BLOCK=block, ROW=STEP_ROW, COLUMNS=_COLUMNS,
     )  # fmt: skip
     key = (first.get_device(), first.dtype, grads[0].dtype, s_dtype, constexprs["UPDATE"], block,
            tensor_facts(table_t, programs_t, steps_t))

@@ -41,9 +41,6 @@ a multiple of 16 bytes, 16-byte aligned). int8 states (their scales) and compens
 residual) are read by the ping-pong and warp-specialized kernels only, and refused here by name.
 """
 
-import functools
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
@@ -52,7 +49,9 @@ from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.launch import DirectLauncher
 from forge.kernels.update_tile import finish_tile_at, load_step_values, offsets_of
 from forge.kernels.wgrad_tile import tile_origin
-from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate
+
+# max_registers: the ping-pong kernel's cap, 12 warps (two consumers; the three loaders in a group of four)
+from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate, max_registers  # noqa: F401
 
 PIECE_ROWS = 64  # a piece: one row half of the accumulator, the warpgroup's 4 warps x 16 rows
 SHARED_BYTES = 227 * 1024  # a Hopper multiprocessor's shared memory, as one program may take it
@@ -321,27 +320,6 @@ def wgrad_update_pingpong_fed_kernel(
     ], [CONSUMER_WARPS, 1, 1, 1], [CONSUMER_REGS, ws.LOADER_REGS, ws.LOADER_REGS, ws.LOADER_REGS])
 
 
-def max_registers() -> int:
-    """The kernel-wide register cap: 12 warps (two consumers, the three loaders in a group of four)
-    within the multiprocessor's 64 Ki registers; the partitions then move registers between them."""
-    return 65536 // (3 * CONSUMER_WARPS.value * 32) // 8 * 8
-
-
-_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
-
-
-@functools.cache
-def _shared_layout(rows: int, cols: int, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], _GLUON_DTYPES[dtype])
-
-
-def piece_descriptor(t: torch.Tensor, cols: int):
-    """A Gluon TMA descriptor of the (N, K) fp32 or bf16 tensor `t` in (PIECE_ROWS, cols) blocks."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor.from_tensor(t, [PIECE_ROWS, cols], _shared_layout(PIECE_ROWS, cols, t.dtype))
-
-
 def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
     """Shared memory of one program under `cfg` (bf16 operands): the operand ring, each consumer's
     `update_stages` pieces of W (elements of `weight_bytes`) and of each state the rule has
@@ -367,8 +345,9 @@ def arguments(plan, weight, slots, dy, x, step: tuple) -> tuple:
     cfg = plan.config
     T, N = dy.shape
     K = x.shape[1]
-    w_desc = piece_descriptor(weight, cfg.pingpong_cols)
-    state_descs = [w_desc if s is weight else piece_descriptor(s, cfg.pingpong_cols) for s in slots[:3]]
+    piece = (PIECE_ROWS, cfg.pingpong_cols)
+    w_desc = ws.descriptor(weight, piece)
+    state_descs = [w_desc if s is weight else ws.descriptor(s, piece) for s in slots[:3]]
     dy_desc = ws.descriptor(dy, (cfg.block_t, cfg.block_n))
     x_desc = ws.descriptor(x, (cfg.block_t, cfg.block_k))
     return (weight, *slots, w_desc, *state_descs, dy_desc, x_desc, T, N, K, plan.num_groups, *step)

@@ -364,7 +364,7 @@ def wgrad_update_ws_kernel(
     ], [MMA_WARPS, 1], [mma_regs, LOADER_REGS])
 
 
-_GLUON_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float8_e4m3fn": gl.float8e4nv, "torch.float8_e5m2": gl.float8e5}
+_GLUON_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float32": gl.float32, "torch.float8_e4m3fn": gl.float8e4nv, "torch.float8_e5m2": gl.float8e5}
 
 
 @functools.cache
@@ -375,7 +375,8 @@ def _shared_layout(rows: int, cols: int, dtype: str):
 
 
 def descriptor(t, block_shape):
-    """A Gluon TMA descriptor of a 2-D bf16 or FP8 tensor in `block_shape` blocks (wgmma's shared layout)."""
+    """A Gluon TMA descriptor of a 2-D bf16, FP8 or fp32 tensor in `block_shape` blocks (wgmma's shared
+    layout; fp32: W and the states of the fed ping-pong kernel's pieces)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows, cols = block_shape

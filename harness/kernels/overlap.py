@@ -555,10 +555,10 @@ def time_point(
     return row
 
 
-def _build_one(job: tuple[str, str, tuple]) -> str:
+def _build_one(job: tuple[str, str]) -> str:
     """Launch one kernel of the timing loop once on a small problem (its compiled form lands in
-    Triton's cache, which the timing loop's launches then find): `job` is (kind, name, designs)."""
-    kind, name, _ = job
+    Triton's cache, which the timing loop's launches then find): `job` is (kind, name)."""
+    kind, name = job
     point = Point(256, 256, 128)  # every size a multiple of 16: the timed points' specialization
     if kind == "probe":
         point.probe(name)()
@@ -582,9 +582,9 @@ def build_first(designs, probe_modes, processes: int = 8) -> None:
     import concurrent.futures
     import multiprocessing
 
-    jobs = [("ws", "warp_specialized", ())] + [("probe", mode, ()) for mode in probe_modes]
-    jobs += [("pingpong", name, ()) for name in pingpong_configs()] if "pingpong" in designs else []
-    jobs += [("fed", name, ()) for name in fed_configs()] if "fed" in designs else []
+    jobs = [("ws", "warp_specialized")] + [("probe", mode) for mode in probe_modes]
+    jobs += [("pingpong", name) for name in pingpong_configs()] if "pingpong" in designs else []
+    jobs += [("fed", name) for name in fed_configs()] if "fed" in designs else []
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:

@@ -245,7 +245,7 @@ def kernel_pingpong(root: Path) -> str:
     )
 
 
-def _span(values: list[float]) -> str:
+def _x_span(values: list[float]) -> str:
     """'a-bx' (or 'ax' where all round alike) over every value given."""
     low, high = _x(min(values)), _x(max(values))
     return low if low == high else f"{low[:-1]}-{high}"
@@ -293,7 +293,7 @@ def kernel_fed(root: Path) -> str:
     columns = ("ws", "pingpong", "roof", "mma", "update", "ws_mma", "ws_update")
     rows = [
         [f"{T:,}", ", ".join(sorted({p["best"] for p in points}))]
-        + [_span([p[c] for p in points]) for c in columns]
+        + [_x_span([p[c] for p in points]) for c in columns]
         + [str(sum(p["differ"] for p in points))]
         for T, points in sorted(by_t.items())
     ]

@@ -340,8 +340,8 @@ def test_the_fed_pingpong_kernel_reads_w_and_the_states_by_bulk_copies_only(stat
     `PINGPONG_FED_CONFIGS` has it: the ping-pong kernel's 12-warp register cap, no spills, the MMAs
     asynchronous (16 wgmma), one program per multiprocessor, the shared memory that `shared_bytes`
     counts (within its 1 KiB allowance), and not one load into registers from global memory: W and
-    the states arrive by bulk tensor copies (the ping-pong kernel's consumers issue 96 global loads
-    in its SASS, triton 3.9). The exact epilogue of fp32 states spills 24 bytes under triton 3.9 in
+    the states arrive by bulk tensor copies (the ping-pong kernel's SASS holds 96 global loads,
+    triton 3.9). The exact epilogue of fp32 states spills 24 bytes under triton 3.9 in
     16-column pieces (0 under 3.6; 80 in 32-column ones): a stack frame bounded here, as the kernel is
     an option FORGE never launches unasked."""
     from forge.kernels import PINGPONG_FED_CONFIGS
