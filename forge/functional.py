@@ -73,6 +73,7 @@ import torch
 
 from forge import muon
 from forge.distributed import is_dtensor, local, local_grad
+from forge.guards import settled_values, unchanged
 from forge.rules import NUM_COEFFICIENTS
 from forge.states import Slots
 from forge.steps import for_row_block, step_row_words, step_rows
@@ -253,6 +254,7 @@ class Launcher:
         self.kept: dict[torch.Tensor, KeptLaunch | None] = {}  # fused weights' launches (`kept_launch`)
         self.kinds: dict[torch.Tensor, tuple] = {}  # vectors' options, slots and kind (`vector_kind`)
         self.group_flags: dict[int, dict] = {}  # each group's rule's flags when its launches were kept
+        self.group_values: dict[int, tuple | None] = {}  # each group's values then (`guards.settled_values`)
         self.flags_task = -1  # the backward whose first update checked them (`check_flags`)
 
     def add(self, p: torch.Tensor, group: dict) -> None:
@@ -299,6 +301,9 @@ class Launcher:
         for the parameters of a group whose rule's flags changed since it was built (launches,
         vector kinds) is dropped, and built again with the flags as they are."""
         for group in self.table.param_groups:
+            if unchanged(self.group_values.get(id(group)), group):
+                continue  # its flags as they were: the values they derive from have not changed
+            self.group_values[id(group)] = settled_values(group)
             flags = self.table.rule_of_group(group).flags(group)
             if self.group_flags.get(id(group)) != flags:
                 self.group_flags[id(group)] = flags
@@ -341,7 +346,11 @@ class Launcher:
     ) -> None:
         """The fused kernel's launch for `weight`'s next step from dW = dy^T x, now (a whole-matrix
         rule's: its tile half into a scratch, then its whole-matrix half, `forge.muon`)."""
-        coefficients, seed, row = self.begin(weight)
+        task = torch._C._current_graph_task_id()
+        if task >= 0 and task == self.check.checked_task and task == self.flags_task:
+            coefficients, seed, row = self.steps.begin(weight, task)  # `begin`, its checks passed in this backward
+        else:
+            coefficients, seed, row = self.begin(weight)
         if into is None and config is None and row is None:  # an eager step (a capturable one is a warm-up)
             kept = self.kept.get(weight)  # `kept_launch`'s first lines, without its frame
             if kept is None or kept.address != weight.data_ptr():

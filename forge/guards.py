@@ -66,7 +66,10 @@ def check_uses(task: int) -> None:
     if _checked_task[0] == task:
         return
     seen = {}
-    for node in list(_USES):
+    for ref in list(_USES.data):  # the set's weak references: iterating it through its guard costs more
+        node = ref()
+        if node is None:
+            continue
         try:
             if not torch._C._will_engine_execute_node(node):
                 continue
@@ -101,13 +104,43 @@ def at_backward_end(callback: Callable[[], None]) -> None:
     Variable._execution_engine.queue_callback(callback)
 
 
+# The types of hyperparameter values that cannot change in place (tuples of them neither, betas).
+_IMMUTABLE = (float, int, bool, str, type(None))
+
+
+def settled_values(group: dict) -> tuple | None:
+    """`group`'s values as a tuple, equal to a later one while no value has changed, or None where
+    one could change in place unseen (a tensor's learning rate, a list): what a check that reads a
+    group's hyperparameters alone may skip while it stays equal. The parameter list is compared by
+    identity first, as tuples compare their items."""
+    for key, value in group.items():
+        if type(value) in _IMMUTABLE or key == "params":
+            continue
+        if type(value) is not tuple or any(type(v) not in _IMMUTABLE for v in value):
+            return None
+    return tuple(group.values())
+
+
+def unchanged(settled: tuple | None, group: dict) -> bool:
+    """Whether `group`'s values equal `settled`, what `settled_values` returned for it (or for a
+    group before it under its id: equal values pass the same checks); never where that was None."""
+    if settled is None:
+        return False
+    try:
+        return settled == tuple(group.values())
+    except RuntimeError:  # another parameter list, whose tensors compared elementwise
+        return False
+
+
 class BackwardCheck:
     """An optimizer's checks at its first update in each backward (see the module): the
-    hyperparameters of each of `table`'s param groups by its rule, then `check_uses`."""
+    hyperparameters of each of `table`'s param groups by its rule (skipped for a group whose values
+    passed them unchanged: `settled_values`), then `check_uses`."""
 
     def __init__(self, table: ParamTable):
         self.table = table
         self.checked_task = -1  # the last backward whose groups were checked
+        self.passed: dict[int, tuple] = {}  # id(group) -> its settled values when they passed
 
     def once(self) -> int:
         """The checks, at this backward's first update only (a direct call, outside any backward,
@@ -116,8 +149,11 @@ class BackwardCheck:
         if task == self.checked_task:
             return task
         if task >= 0:
+            passed = self.passed
             for group in self.table.param_groups:
-                check_hparams(self.table.rule_of_group(group).name, group)
+                if not unchanged(passed.get(id(group)), group):
+                    check_hparams(self.table.rule_of_group(group).name, group)
+                    passed[id(group)] = settled_values(group)
             check_uses(task)
         self.checked_task = task  # only once passed: a refused backward is refused at every update
         return task

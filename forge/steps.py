@@ -61,25 +61,47 @@ class Steps:
         self.captured: dict[torch.Tensor, None] = {}  # updated inside a capture, in order (an ordered set)
         self.shared: dict[tuple[int, int], tuple] = {}  # (group id, step) -> coefficients, in `shared_task`
         self.shared_task = -1  # the backward whose coefficients `shared` holds
+        # p -> (its group, its rule, whether its rule shares coefficients, the part of its seed that
+        # does not change with the step or the optimizer's seed): what `begin` reads with one lookup
+        self.fixed: dict[torch.Tensor, tuple] = {}
 
     def add(self, p: torch.Tensor, state: dict) -> None:
         """Count the steps of a new parameter p, whose state is `state`: step 0, and its rule's host
         values at their start (NAdam's mu product; Muon's take p's shape)."""
-        self.index[p] = len(self.index)
+        index = self.index[p] = len(self.index)
         self.params.append(p)
         self.version[p] = 0
+        rule = self.table.rule_of(p)
+        self.fixed[p] = (self.table.group_of(p), rule, not rule.per_parameter, index * 0x85EBCA77)
         state["step"] = 0
-        state.update(self.table.rule_of(p).initial_host_state(p))
+        state.update(rule.initial_host_state(p))
 
     def begin(self, p: torch.Tensor, task: int = -1) -> tuple[tuple, int, torch.Tensor | None]:
         """(coefficients, seed, row) of p's next update, its step counted; `task`: the backward it
         runs in (-1: none, nothing shared). The row is None unless capturable; inside a CUDA-graph
         capture nothing is counted (the replays will be)."""
-        if not self.capturable:  # `_advance` written out: this runs at every update of every step
+        if not self.capturable:  # `_advance`, `_coefficients` and `seed_for` written out: this runs at
+            # every update of every step
             state = self.table.state_of(p)
             state["step"] = step = state["step"] + 1
             self.version[p] += 1
-            return self._coefficients(p, step, state, task), self.seed_for(p, step), None
+            group, rule, shares, index_term = self.fixed[p]
+            if task >= 0 and shares:
+                if task != self.shared_task:
+                    self.shared.clear()
+                    self.shared_task = task
+                key = (id(group), step)
+                coefficients = self.shared.get(key)
+                if coefficients is None:
+                    coefficients = self.shared[key] = rule.coefficients(group, step, state)
+            else:
+                coefficients = rule.coefficients(group, step, state)
+            if self._salt is not None:
+                return coefficients, self.seed_for(p, step), None
+            x = (self.seed * 0x9E3779B1 + index_term + step * 0xC2B2AE3D) & 0xFFFFFFFF
+            x ^= x >> 15
+            x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+            return coefficients, (x ^ (x >> 13)) & 0x7FFFFFFF, None
         row = self._row(p)
         if _capturing(p):
             self.captured[p] = None

@@ -33,6 +33,8 @@ launch itself skips Triton's per-call dispatch once the key has been seen (`forg
 optimizer holds one per fused weight), so a step works out only what dy and x bring.
 """
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -204,11 +206,11 @@ class WgradUpdate:
     ) -> None:  # fmt: skip
         self.weight, self.states, self.signed = weight, states, signed
         self.slots = tuple(slot_arguments(weight, states, scales, residual))
-        self.facts = (
+        self.facts = _facts_id((
             weight.stride(), tensor_facts(weight, *self.slots), config,
             epilogue_facts(states, signed, rule, flags, state_dtype, stochastic_rounding, int8_group, None, None,
                            residual),
-        )  # fmt: skip
+        ))  # fmt: skip
         self.update = (rule, flags, state_dtype, stochastic_rounding, int8_group, config, residual is not None)
 
     def __call__(
@@ -217,9 +219,8 @@ class WgradUpdate:
     ) -> None:  # fmt: skip
         """One step from dy^T x (the arguments as `wgrad_update` takes them)."""
         T, N = dy.shape
-        K = x.shape[1]
-        key = (T, N, K, dy.stride(), x.stride(), dy.get_device(), dy.dtype, dy.data_ptr() % 16 == 0, x.dtype,
-               x.data_ptr() % 16 == 0, step_values is None, grad_scale is None, self.facts)  # `tensor_facts`, inline
+        key = (T, N, x.shape[1], dy.stride(), x.stride(), dy.get_device(), dy.dtype, dy.data_ptr() % 16 == 0,
+               x.dtype, x.data_ptr() % 16 == 0, step_values is None, grad_scale is None, self.facts)  # `tensor_facts`, inline
         plan = _plans.get(key)
         if plan is None:
             if len(_plans) >= DirectLauncher.max_entries:
@@ -230,12 +231,34 @@ class WgradUpdate:
                                               int8_group=int8_group, config=config,
                                               steps_in_memory=step_values is not None,
                                               grad_scale=grad_scale is not None, kahan=kahan)  # fmt: skip
-        step = step_arguments(self.weight, coefficients, seed, step_values, grad_scale)
-        _launch_plan(key, plan, self.weight, self.slots, dy, x, step)
+        weight = self.weight
+        if step_values is None:  # `step_arguments`, inline: an eager step's scalars
+            step = (*coefficients, seed, weight, weight if grad_scale is None else grad_scale)
+        else:
+            step = step_arguments(weight, coefficients, seed, step_values, grad_scale)
+        _launch_plan(key, plan, weight, self.slots, dy, x, step)
+
+
+# A weight's facts (`WgradUpdate.facts`) -> the number that stands for them in launch keys: hashing
+# one integer at every launch instead of the nested tuple. Numbers are never reused, so a key names
+# one weight's facts even after the table is cleared.
+_facts_ids: dict = {}
+_next_facts_id = itertools.count()
+
+
+def _facts_id(facts: tuple) -> int:
+    """The number standing for `facts` in launch keys (one per distinct facts)."""
+    found = _facts_ids.get(facts)
+    if found is None:
+        if len(_facts_ids) >= DirectLauncher.max_entries:
+            _facts_ids.clear()
+        found = _facts_ids[facts] = next(_next_facts_id)
+    return found
 
 
 def _launch_plan(key, plan, weight, slots, dy, x, step: tuple) -> None:
-    """Launch `plan` on its kernel: this module's, or a Gluon one's `launch` (same arguments)."""
+    """Launch `plan` on its kernel: this module's, or a Gluon one's `launch` (same arguments); `key`
+    begins with T, N, K and dy's and x's strides (`WgradUpdate.__call__`)."""
     if plan.kernel == "gluon":
         wgrad_update_ws.launch(key, plan, weight, slots, dy, x, step)
         return
@@ -245,8 +268,7 @@ def _launch_plan(key, plan, weight, slots, dy, x, step: tuple) -> None:
     if plan.kernel == "pingpong_fed":
         wgrad_update_pingpong_fed.launch(key, plan, weight, slots, dy, x, step)
         return
-    T, N = dy.shape
-    K = x.shape[1]
+    T, N, K, dy_stride, x_stride = key[:5]
     dy_src, x_src = dy, x
     if plan.tma == "host":
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -258,5 +280,5 @@ def _launch_plan(key, plan, weight, slots, dy, x, step: tuple) -> None:
         else:
             dy_src = TensorDescriptor.from_tensor(dy, [cfg.block_t, cfg.block_n])
             x_src = TensorDescriptor.from_tensor(x, [cfg.block_t, cfg.block_k])
-    args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy.stride(), *x.stride(), *step)
+    args = (weight, *slots, dy_src, x_src, T, N, K, plan.num_groups, *dy_stride, *x_stride, *step)
     _launch(key, plan.grid, args, plan.constexprs, plan.options)

@@ -269,7 +269,7 @@ def _breakdown(
         functional.vector_update(vectors, vector_grads, vector_slots, rows_of_steps, options)
 
     plain = torch.nn.Linear(K, N, bias=False, device=device, dtype=dtype)
-    fused = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False, device=device, dtype=dtype))
+    fused = torch.nn.Linear(K, N, bias=False, device=device, dtype=dtype)  # a bare layer, as `plain` is
     opt = forge.attach(fused, lr=1e-4, state_dtype="bf16")
     xg = x.clone().requires_grad_(True)
 
@@ -304,7 +304,7 @@ def _breakdown(
         "wgrad_update": update(),
         "wgrad_update, host TMA": update("host"),
         "wgrad_update, pointers": update("none"),
-        "update_linear": lambda: opt.update_linear(fused[0].weight, dy, x),
+        "update_linear": lambda: opt.update_linear(fused.weight, dy, x),
         "nn.Linear fwd+bwd": plain_step,
         "ForgeLinear fwd+bwd": forge_step,
         "nn.Linear fwd+bwd, backward on this thread": on_this_thread(plain_step),
