@@ -110,6 +110,11 @@ class KernelConfig:
     # 2), and the consumers update from shared memory (`forge.kernels.wgrad_update_pingpong_fed`;
     # pieces of 16, 32 or 64 columns) instead of loading into registers. 0: loads.
     update_stages: int = 0
+    # With update_stages: each consumer updates a piece in the accumulator's own register layout,
+    # writes the new W and states back into the piece's slot and has them stored by bulk copies
+    # (`wgrad_update_pingpong_fed.update_in_slots`), instead of converting the gradient to a blocked
+    # layout and storing from registers.
+    update_in_slot: bool = False
 
 
 # The Triton kernel on Hopper (results/tuning/tuning-spill_free-20261129-e32ca29.jsonl,
@@ -433,6 +438,9 @@ def plan(weight, states, signed, dy, x, *, rule, flags, state_dtype, stochastic_
         raise ValueError("KernelConfig.overlap_promotion is an option of the warp-specialized kernel on FP8 operands "
                          f"in 64-row tiles (warp_specialized=True, block_n=64; got block_n={config.block_n}, "
                          f"warp_specialized={config.warp_specialized}, dy {dy.dtype})")
+    if config is not None and config.update_in_slot and not config.update_stages:
+        raise ValueError("KernelConfig.update_in_slot is an option of the fed ping-pong kernel: it updates the pieces "
+                         "the copy engine brought (update_stages > 0, pingpong=True)")
     if config is not None and config.update_stages:
         _check_update_stages(config, weight, states, state_dtype, fp8, kahan)
     if config is not None and config.pingpong:
@@ -483,7 +491,7 @@ def _warp_specialized_plan(cfg: KernelConfig, T: int, N: int, K: int, device: to
         for name in ("ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION"):  # the pieces: the descriptors' blocks
             constexprs.pop(name)
         return Plan("pingpong_fed", cfg, "host", grid, cdiv(K, int8_group),
-                    dict(constexprs, UPDATE_STAGES=cfg.update_stages),
+                    dict(constexprs, UPDATE_STAGES=cfg.update_stages, IN_SLOT=cfg.update_in_slot),
                     dict(num_warps=cfg.num_warps, maxnreg=wgrad_update_pingpong_fed.max_registers()))
     if cfg.pingpong:
         from forge.kernels import wgrad_update_pingpong

@@ -39,10 +39,23 @@ def round_to_bf16_stochastic(x, seed, index):
     Elements 8j..8j+7 of the index share one Philox call (`tl.randint4x`: four 32-bit words, eight
     16-bit noises), element 8j + i taking the i-th half-word. Written element by element: where a
     thread holds 8 aligned consecutive columns, the compiler sees 8 calls with one key and keeps one."""
+    return round_to_bf16_with(x, stochastic_noise(seed, index))
+
+
+@triton.jit
+def stochastic_noise(seed, index):
+    """The 16-bit noise (uint32 in [0, 2^16)) each element of `round_to_bf16_stochastic` adds: the
+    half-word of its group's Philox call that its place in the group names. Apart from the
+    rounding so that a kernel can draw it in one register layout and round in another."""
     r0, r1, r2, r3 = tl.randint4x(seed, index >> 3, n_rounds=6)
     position = index & 7
     word = tl.where(position < 4, tl.where(position < 2, r0, r1), tl.where(position < 6, r2, r3))
-    noise = (word.to(tl.uint32, bitcast=True) >> ((position & 1) * 16)) & 0xFFFF
+    return (word.to(tl.uint32, bitcast=True) >> ((position & 1) * 16)) & 0xFFFF
+
+
+@triton.jit
+def round_to_bf16_with(x, noise):
+    """x (fp32) rounded to bf16 by adding `noise` (`stochastic_noise`) to its bits and truncating."""
     bits = x.to(tl.uint32, bitcast=True)
     rounded = ((bits + noise) & 0xFFFF0000).to(tl.float32, bitcast=True)
     finite = tl.abs(x) < float("inf")

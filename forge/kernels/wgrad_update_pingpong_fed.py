@@ -30,6 +30,16 @@ phase parity cannot tell from one lap. The main loops are the ping-pong kernel's
 steps in the same order) and every element's update is the same arithmetic on the same values: a
 step equals the warp-specialized and ping-pong kernels' to the bit.
 
+With `KernelConfig.update_in_slot` (IN_SLOT) a consumer never leaves the accumulator's layout:
+each thread reads W and the states of its own elements of the piece from the slot (ldmatrix, the
+wgmma layout's own access), writes the new values back over them, and one thread asks the copy
+engine to store the slot (`update_in_slots`): no fp32 gradient through a scratch buffer, no store
+per thread, rows and columns past the weight's edge left out by the copy engine. Only the
+stochastic rounding's noise still changes layout: drawn where a thread holds 8 columns (one Philox
+call per group, as everywhere), moved as 16-bit words (`piece_noise`), since in the wgmma layout
+each group of 8 columns spans 4 threads and each would draw the group's whole call (seven times
+the Philox instructions, `python -m harness.kernels.build`). The same arithmetic on the same values.
+
 Shared memory: the operand ring (32 KiB a stage of 64 tokens), the two piece rings (64 x cols x
 (W's and the states' bytes) a slot: 12 KiB for bf16 W, m and v in 32 columns), the consumers'
 layout scratch and the barriers; `shared_bytes` counts them and `forge.kernels.configs` refuses a config
@@ -43,15 +53,19 @@ residual) are read by the ping-pong and warp-specialized kernels only, and refus
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from forge.kernels import wgrad_update_ws as ws
 from forge.kernels.launch import DirectLauncher
+from forge.kernels.rounding import noise_index, round_to_bf16_nearest, round_to_bf16_with, stochastic_noise, to_float
+from forge.kernels.rules import apply_rule
 from forge.kernels.update_tile import finish_tile_at, load_step_values, offsets_of
 from forge.kernels.wgrad_tile import tile_origin
 
 # max_registers: the ping-pong kernel's cap, 12 warps (two consumers; the three loaders in a group of four)
 from forge.kernels.wgrad_update_pingpong import CONSUMER_REGS, CONSUMER_WARPS, accumulate, max_registers  # noqa: F401
+
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 PIECE_ROWS = 64  # a piece: one row half of the accumulator, the warpgroup's 4 warps x 16 rows
 SHARED_BYTES = 227 * 1024  # a Hopper multiprocessor's shared memory, as one program may take it
@@ -240,10 +254,133 @@ def update_from_ring(
 
 
 @gluon.jit
+def update_in_slots(
+    acc, n0, k0, first, bufs, descs, landed, freed,
+    N, K, step, UPDATE,  # as `update_tile` takes them
+    FAST_EPILOGUE: gl.constexpr, grad_scale=1.0, GRAD_SCALE: gl.constexpr = False,
+):
+    """`update_from_ring` without leaving the accumulator's layout: each thread reads W and the
+    states of its own elements of piece i from the slot (the piece's register layout is the
+    wgmma accumulator's, cut by `pieces_of_halves`), writes the new values back over them, and the
+    copy engine stores the slot to W and the states (`descs`; rows and columns past the weight's
+    edge are not written). No gradient goes through a scratch buffer and no store is issued per
+    thread. A slot is freed once its stores have read it: the thread that issued them waits for
+    that at the next piece (`tma.store_wait`), one barrier later every warp has written that next
+    piece, and the slot before is given back."""
+    BLOCK_K: gl.constexpr = acc.type.shape[1]
+    SLOTS: gl.constexpr = bufs[0].type.shape[0]
+    ROWS: gl.constexpr = bufs[0].type.shape[1]
+    COLS: gl.constexpr = bufs[0].type.shape[2]
+    PARTS: gl.constexpr = BLOCK_K // COLS
+    pieces = pieces_of_halves(acc, PARTS)
+    for i in gl.static_range(2 * PARTS):
+        q = first + i
+        slot = q % SLOTS
+        g = gl.reshape(pieces[i], (ROWS, COLS))
+        if GRAD_SCALE:
+            g = g * grad_scale
+        row, col = piece_origin(n0, k0, i, ROWS, COLS)
+        mbarrier.wait(landed.index(slot), (q // SLOTS) & 1)
+        update_slot(g, row, col, K, bufs, slot, step, UPDATE, FAST_EPILOGUE)
+        fence_async_shared()  # this thread's writes before the copy engine reads the slot
+        tma.store_wait(0)  # the issuing thread: the piece before's stores have read their slot
+        ws.partition_barrier()  # every warp wrote this piece
+        if i > 0:
+            mbarrier.arrive(freed.index((q - 1) % SLOTS))
+        if row < N:
+            store_slot(descs, bufs, slot, row, col, UPDATE)
+    tma.store_wait(0)
+    ws.partition_barrier()
+    mbarrier.arrive(freed.index((first + 2 * PARTS - 1) % SLOTS))
+
+
+@gluon.jit
+def update_slot(g, row, col, K, bufs, slot, step, UPDATE, FAST: gl.constexpr):
+    """The rule on one piece in g's register layout: W and the states read from `slot`, the new
+    values written back over them in their storage types (bf16 W rounded as `rounding.store_weight`
+    rounds it, keyed by each element's row and column; bf16 states to nearest)."""
+    RULE: gl.constexpr = UPDATE[0]
+    HAS_MOMENTUM: gl.constexpr = UPDATE[1]
+    CENTERED: gl.constexpr = UPDATE[2]
+    STOCHASTIC_ROUNDING: gl.constexpr = UPDATE[11]
+    ROWS: gl.constexpr = g.type.shape[0]
+    COLS: gl.constexpr = g.type.shape[1]
+    layout: gl.constexpr = g.type.layout
+    h0, h1, h2, h3, h4, h5, h6, h7, h8, seed = step
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    w_raw, s1_raw, _, s2_raw, _, s3_raw, _ = read_piece(bufs, slot, layout, UPDATE)
+    w = to_float(w_raw, FAST)
+    s1 = g
+    s2 = g
+    s3 = g
+    if UPDATE[3]:
+        s1 = to_float(s1_raw, FAST)
+    if UPDATE[4]:
+        s2 = to_float(s2_raw, FAST)
+    if UPDATE[5]:
+        s3 = to_float(s3_raw, FAST)
+    w, s1, s2, s3 = apply_rule(w, g, s1, s2, s3, h0, h1, h2, h3, h4, h5, h6, h7, h8, RULE, HAS_MOMENTUM, CENTERED, FAST)
+    if UPDATE[3]:
+        s1_bufs.index(slot).store(_stored(s1, s1_bufs.dtype, FAST))
+    if UPDATE[4]:
+        s2_bufs.index(slot).store(_stored(s2, s2_bufs.dtype, FAST))
+    if UPDATE[5]:
+        s3_bufs.index(slot).store(_stored(s3, s3_bufs.dtype, FAST))
+    if w_bufs.dtype == gl.bfloat16 and STOCHASTIC_ROUNDING:
+        w_bufs.index(slot).store(round_to_bf16_with(w, piece_noise(row, col, K, seed, ROWS, COLS, layout)))
+    else:
+        w_bufs.index(slot).store(_stored(w, w_bufs.dtype, FAST))
+
+
+@gluon.jit
+def piece_noise(row, col, K, seed, ROWS: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+    """The stochastic rounding's noise of the (ROWS, COLS) piece at (row, col), in `layout`. Drawn
+    where a thread holds 8 aligned columns, one Philox call per thread and group as the other
+    kernels draw it, then moved to `layout` (a 16-bit word an element through shared memory): in
+    the accumulator's layout each group of 8 columns spans 4 threads, and each would make the
+    group's whole call."""
+    THREADS_K: gl.constexpr = COLS // 8
+    drawn: gl.constexpr = gl.BlockedLayout([1, 8], [32 // THREADS_K, THREADS_K], [gl.num_warps(), 1], [1, 0])
+    rows = row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, drawn))
+    cols = col + gl.arange(0, COLS, layout=gl.SliceLayout(0, drawn))
+    noise = stochastic_noise(seed, noise_index(rows, cols, K)).to(gl.uint16)
+    return gl.convert_layout(noise, layout).to(gl.uint32)
+
+
+@gluon.jit
+def _stored(x, dtype: gl.constexpr, FAST: gl.constexpr):
+    """fp32 values in a slot's type: fp32 as they are, bf16 to nearest (the hardware's conversion
+    where FAST, the same bits)."""
+    if dtype == gl.bfloat16:
+        if FAST:
+            y = x.to(gl.bfloat16)
+        else:
+            y = round_to_bf16_nearest(x)
+    else:
+        y = x
+    return y
+
+
+@gluon.jit
+def store_slot(descs, bufs, slot, row, col, UPDATE):
+    """Ask the copy engine to store a slot's W and states at (row, col)."""
+    w_desc, s1_desc, s2_desc, s3_desc = descs
+    w_bufs, s1_bufs, s2_bufs, s3_bufs = bufs
+    tma_store(w_desc, [row, col], w_bufs.index(slot))
+    if UPDATE[3]:
+        tma_store(s1_desc, [row, col], s1_bufs.index(slot))
+    if UPDATE[4]:
+        tma_store(s2_desc, [row, col], s2_bufs.index(slot))
+    if UPDATE[5]:
+        tma_store(s3_desc, [row, col], s3_bufs.index(slot))
+
+
+@gluon.jit
 def consumer_partition(
-    dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed,
+    dy_bufs, x_bufs, ready, empty, turn, bufs, descs, landed, freed,
     params, N, K, NUM_GROUPS, T, step, step_ptr, scale_ptr, UPDATE,  # as the kernel and `update_tile` take them
-    GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr, WHICH: gl.constexpr,
+    GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr, FAST_EPILOGUE: gl.constexpr, IN_SLOT: gl.constexpr,
+    WHICH: gl.constexpr,
 ):
     """Consumer WHICH (0 or 1): the program's tiles WHICH, WHICH + 2, ...; each one's main loop in
     its turn at the tensor cores (`wgrad_update_pingpong.accumulate`), then its update from the
@@ -270,8 +407,12 @@ def consumer_partition(
         mbarrier.wait(turn.index(WHICH), (turns & 1) ^ (1 - WHICH))
         acc = accumulate(dy_bufs, x_bufs, ready, empty, j * stages, T)
         mbarrier.arrive(turn.index(1 - WHICH))  # the tensor cores are the other consumer's
-        update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
-                         UPDATE, FAST_EPILOGUE, grad_scale, GRAD_SCALE)
+        if IN_SLOT:
+            update_in_slots(acc, n0, k0, turns * PIECES, bufs, descs, landed, freed, N, K, step, UPDATE,
+                            FAST_EPILOGUE, grad_scale, GRAD_SCALE)
+        else:
+            update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS, step,
+                             UPDATE, FAST_EPILOGUE, grad_scale, GRAD_SCALE)
         turns += 1
 
 
@@ -296,6 +437,7 @@ def wgrad_update_pingpong_fed_kernel(
     STAGES: gl.constexpr,  # operand ring slots of dy and x tiles
     UPDATE_STAGES: gl.constexpr,  # slots of each consumer's piece ring of W and the states
     FAST_EPILOGUE: gl.constexpr,  # approximate sqrt and division, the hardware's bf16 rounding
+    IN_SLOT: gl.constexpr = False,  # update in the slots, stored by bulk copies (`update_in_slots`)
 ):
     dy_bufs, x_bufs, ready, empty = ws.allocate_ring(dy_desc, x_desc, STAGES)
     bufs0, landed0, freed0 = allocate_piece_ring(w_desc, s1_desc, s2_desc, s3_desc, UPDATE_STAGES, UPDATE)
@@ -306,12 +448,15 @@ def wgrad_update_pingpong_fed_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)  # as `update_tile` takes them
+    descs = (w_desc, s1_desc, s2_desc, s3_desc)
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     gl.warp_specialize([
-        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs0, landed0, freed0, params, N, K, NUM_GROUPS,
-                              T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 0)),
-        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs1, landed1, freed1, params, N, K, NUM_GROUPS,
-                              T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY, FAST_EPILOGUE, 1)),
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs0, descs, landed0, freed0, params, N, K,
+                              NUM_GROUPS, T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY,
+                              FAST_EPILOGUE, IN_SLOT, 0)),
+        (consumer_partition, (dy_bufs, x_bufs, ready, empty, turn, bufs1, descs, landed1, freed1, params, N, K,
+                              NUM_GROUPS, T, step, step_ptr, scale_ptr, UPDATE, GRAD_SCALE, STEPS_IN_MEMORY,
+                              FAST_EPILOGUE, IN_SLOT, 1)),
         (loader_partition, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K)),
         (piece_loader_partition, (w_desc, s1_desc, s2_desc, s3_desc, w0, s10, s20, s30, landed0, freed0, dy_bufs,
                                   x_bufs, N, K, 0)),
@@ -325,7 +470,8 @@ def shared_bytes(cfg, weight_bytes: int, state_bytes: tuple) -> int:
     `update_stages` pieces of W (elements of `weight_bytes`) and of each state the rule has
     (`state_bytes`), the
     layout scratch the compiler allocates for the consumers' conversion of a piece's fp32 gradient
-    to the blocked layout (one piece's bytes, as the builds of `python -m harness.kernels.build`
+    to the blocked layout, or of its 16-bit noise to the accumulator's with `update_in_slot` (one
+    piece's fp32 bytes either way, as the builds of `python -m harness.kernels.build`
     find under triton 3.6 and 3.9), and 1 KiB for the barriers and the buffers' alignment (the
     builds take under 200 bytes of it)."""
     ring = cfg.num_stages * cfg.block_t * (cfg.block_n + cfg.block_k) * 2

@@ -146,7 +146,8 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
         # pieces of W and the states into that consumer's ring of `update_stages` slots (a power of 2) beside
         # `num_stages` stages of dy and x, within 227 KiB: for bf16 states (fast epilogue) a deep
         # operand ring and shallow piece rings, both halfway, and deep piece rings of narrow pieces;
-        # for fp32 states (exact epilogue, which spills in 32-column pieces) 16-column pieces.
+        # for fp32 states (exact epilogue, which spills in 32-column pieces) 16-column pieces. And
+        # the update in the pieces' slots (`update_in_slot`), on the shipped option's rings.
         "pingpong_fed": [
             dict(pingpong, overlap_slices=False, update_stages=2, pingpong_cols=16),
             dict(pingpong, overlap_slices=False, num_stages=5, update_stages=2),
@@ -157,6 +158,10 @@ def candidate_groups() -> dict[str, list[dict[str, Any]]]:
                      pingpong_cols=16)
                 for stages in (4, 5)
             ),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=2, update_in_slot=True),
+            dict(pingpong, overlap_slices=False, num_stages=5, update_stages=4, pingpong_cols=16, update_in_slot=True),
+            dict(pingpong, overlap_slices=False, fast_epilogue=False, num_stages=4, update_stages=2, pingpong_cols=16,
+                 update_in_slot=True),
         ],
         # Small grids (Qwen3-14B's k and v: 320 tiles of 128 x 128 for 132 programs, the last of
         # three rounds under half full): 128 x 64 tiles double the tiles (4.8 rounds) at 1.5x the
@@ -286,6 +291,7 @@ def _compile_warp_specialized(config: dict[str, Any], arch: int, state_dtype: st
         for name in ("ROWS", "OVERLAP_SLICES"):
             constants.pop(name)
         constants["UPDATE_STAGES"] = config["update_stages"]
+        constants["IN_SLOT"] = config.get("update_in_slot", False)
     elif pingpong:  # the consumers update in pieces of their own
         if fp8:
             raise ValueError("the ping-pong kernel reads bf16 operands, not FP8 ones")
@@ -600,6 +606,7 @@ def _describe_warp_specialized(c: dict) -> str:
             + (", overlapped pieces" if c.get("overlap_slices") else "")
             + (
                 f", {c['update_stages']} pieces of 64 x {c.get('pingpong_cols', 32)} fed by bulk copies"
+                + (", updated in their slots" if c.get("update_in_slot") else "")
                 if c.get("update_stages")
                 else ""
             )

@@ -30,7 +30,8 @@ bf16 weights and states (the bf16 states' shipped config), median of `do_bench`:
     fed_s<S>_u<U>_c<C> the ping-pong kernel whose update is fed by bulk copies
                        (`forge.kernels.wgrad_update_pingpong_fed`): S stages of dy and x, U slots of
                        64 x C pieces of W and the states (the bf16 candidates of
-                       `harness.kernels.build.candidate_groups()["pingpong_fed"]`)
+                       `harness.kernels.build.candidate_groups()["pingpong_fed"]`); _slot: updated
+                       in their slots and stored by bulk copies (`KernelConfig.update_in_slot`)
     ..._mma_only       its consumers' main loops in turn, no update (the piece loader idle): its
                        GEMM half
     ..._update_only    its consumers updating a synthetic gradient from the piece ring, no operand
@@ -261,9 +262,9 @@ MMA_ONLY, UPDATE_ONLY = 1, 2  # the fed ping-pong kernel's halves (`fed_halves_k
 
 @gluon.jit
 def fed_half_consumer(
-    dy_bufs, x_bufs, ready, empty, turn, bufs, landed, freed,
+    dy_bufs, x_bufs, ready, empty, turn, bufs, descs, landed, freed,
     params, N, K, NUM_GROUPS, T, step, UPDATE,
-    FAST_EPILOGUE: gl.constexpr, WHICH: gl.constexpr, HALF: gl.constexpr,
+    FAST_EPILOGUE: gl.constexpr, IN_SLOT: gl.constexpr, WHICH: gl.constexpr, HALF: gl.constexpr,
 ):
     """`wgrad_update_pingpong_fed.consumer_partition` with one half: its main loops in turn and no
     update (MMA_ONLY), or its update from the piece ring of a synthetic gradient, (tile index + 1) *
@@ -292,8 +293,12 @@ def fed_half_consumer(
             kept += gl.sum(acc, axis=1)  # in-thread adds and a quad's shuffles: no tile is dead code
         else:
             acc = gl.full((BLOCK_N, BLOCK_K), 1e-3, gl.float32, layout) * (tile + 1).to(gl.float32)
-            fed.update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS,
-                                 step, UPDATE, FAST_EPILOGUE)
+            if IN_SLOT:
+                fed.update_in_slots(acc, n0, k0, turns * PIECES, bufs, descs, landed, freed, N, K, step, UPDATE,
+                                    FAST_EPILOGUE)
+            else:
+                fed.update_from_ring(acc, n0, k0, turns * PIECES, bufs, landed, freed, params, N, K, NUM_GROUPS,
+                                     step, UPDATE, FAST_EPILOGUE)
         turns += 1
     if HALF == 1 and N < 0:  # never: a store the compiler cannot prove dead
         w_ptr = params[0]
@@ -326,7 +331,7 @@ def fed_halves_kernel(
     T, N, K, NUM_GROUPS,
     h0, h1, h2, h3, h4, h5, h6, h7, h8, seed, step_ptr, scale_ptr,
     UPDATE: gl.constexpr, GRAD_SCALE: gl.constexpr, STEPS_IN_MEMORY: gl.constexpr,
-    STAGES: gl.constexpr, UPDATE_STAGES: gl.constexpr, FAST_EPILOGUE: gl.constexpr,
+    STAGES: gl.constexpr, UPDATE_STAGES: gl.constexpr, FAST_EPILOGUE: gl.constexpr, IN_SLOT: gl.constexpr,
     HALF: gl.constexpr,
 ):
     """`wgrad_update_pingpong_fed_kernel`'s buffers and partitions with one half (`fed_half_consumer`):
@@ -340,18 +345,19 @@ def fed_halves_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     params = (w_ptr, s1_ptr, s2_ptr, s3_ptr, q1_ptr, q2_ptr, q3_ptr, r_ptr)
+    descs = (w_desc, s1_desc, s2_desc, s3_desc)
     step = (h0, h1, h2, h3, h4, h5, h6, h7, h8, seed)
     gl.warp_specialize(
         [
             (
                 fed_half_consumer,
-                (dy_bufs, x_bufs, ready, empty, turn, bufs0, landed0, freed0, params, N, K, NUM_GROUPS, T,
-                 step, UPDATE, FAST_EPILOGUE, 0, HALF),
+                (dy_bufs, x_bufs, ready, empty, turn, bufs0, descs, landed0, freed0, params, N, K, NUM_GROUPS, T,
+                 step, UPDATE, FAST_EPILOGUE, IN_SLOT, 0, HALF),
             ),
             (
                 fed_half_consumer,
-                (dy_bufs, x_bufs, ready, empty, turn, bufs1, landed1, freed1, params, N, K, NUM_GROUPS, T,
-                 step, UPDATE, FAST_EPILOGUE, 1, HALF),
+                (dy_bufs, x_bufs, ready, empty, turn, bufs1, descs, landed1, freed1, params, N, K, NUM_GROUPS, T,
+                 step, UPDATE, FAST_EPILOGUE, IN_SLOT, 1, HALF),
             ),
             (fed_half_loader, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, T, N, K, HALF)),
             (
@@ -379,7 +385,7 @@ def fed_configs() -> dict:
     for fields in candidate_groups()["pingpong_fed"]:
         c = KernelConfig(**fields)
         if c.fast_epilogue and fed.shared_bytes(c, 2, (2, 2)) <= fed.SHARED_BYTES:
-            configs[f"fed_s{c.num_stages}_u{c.update_stages}_c{c.pingpong_cols}"] = c
+            configs[f"fed_s{c.num_stages}_u{c.update_stages}_c{c.pingpong_cols}{'_slot' if c.update_in_slot else ''}"] = c
     return configs
 
 

@@ -565,7 +565,8 @@ def test_the_fed_pingpong_kernel_equals_the_warp_specialized_one(rule, hp, state
     pieces of W and the states a piece loader brought into shared memory) against the
     warp-specialized kernel: the same wgmma sums and the same update arithmetic, so W and the states
     equal to the bit over three launches in a row, on whole tiles, with rows and columns past the
-    weight's edge (the copy engine's zeros, masked stores; ragged: a last tile whose lower row half
+    weight's edge (the copy engine's zeros, masked stores or, updated in the slots, the copy
+    engine's stores that leave them out; ragged: a last tile whose lower row half
     lies wholly past N, which the piece loader skips, and T no multiple of the 64-token stage). Each
     candidate of its kind (`candidate_groups()["pingpong_fed"]`: the fast epilogue for bf16 states,
     the exact one for fp32) that fits beside the rule's states, the first with the step passed in and

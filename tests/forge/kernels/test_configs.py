@@ -84,8 +84,10 @@ def test_a_fed_pingpong_config_plans_the_fed_pingpong_kernel(monkeypatch, state_
     plan = _fed_plan(monkeypatch, state_dtype, **fields)
     assert plan.kernel == "pingpong_fed" and plan.grid == (min(132, 8 * 32),)
     assert plan.constexprs["UPDATE_STAGES"] == 2 and plan.constexprs["STAGES"] == fields.get("num_stages", 5)
+    assert plan.constexprs["IN_SLOT"] is False  # the update in a blocked layout, stored from registers
     assert not {"ROWS", "OVERLAP_SLICES", "OVERLAP_PROMOTION", "PIECE_COLS"} & set(plan.constexprs)
     assert plan.options == dict(num_warps=4, maxnreg=168)
+    assert _fed_plan(monkeypatch, state_dtype, update_in_slot=True, **fields).constexprs["IN_SLOT"] is True
 
 
 @pytest.mark.parametrize(
@@ -99,6 +101,7 @@ def test_a_fed_pingpong_config_plans_the_fed_pingpong_kernel(monkeypatch, state_
         (dict(pingpong_cols=8), "one of"),
         (dict(state_dtype="fp32"), "shared memory"),  # 5 stages and 2 x 2 fp32 pieces of 32 columns: 249 KiB
         (dict(num_stages=6), "shared memory"),  # 6 stages and 2 x 2 bf16 pieces of 32 columns: 249 KiB
+        (dict(update_stages=0, update_in_slot=True), "option of the fed ping-pong kernel"),
     ],
 )
 def test_a_fed_pingpong_config_it_cannot_run_is_refused_saying_why(monkeypatch, fields, match):
