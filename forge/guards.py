@@ -32,27 +32,36 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.autograd import Variable
+from torch.autograd.function import BackwardCFunction
 
 from forge.rules import check_hparams
 
 if TYPE_CHECKING:
     from forge.param_table import ParamTable
 
-_USES: weakref.WeakSet = weakref.WeakSet()  # fused-linear backward nodes that may still run
+# Fused-linear backward nodes that may still run, as weak references that leave the set when their
+# node dies: a WeakSet's own, without its Python methods on every layer's path.
+_USES: set = set()
+_forget = _USES.discard
 _checked_task = [-1]  # the last backward (autograd graph task) whose uses were checked
 
 _UNTOUCHED = "; nothing has been updated by this backward (weights, states and steps are as they were)"
 
 
 def record_use(node) -> None:
-    """A ForgeLinear forward: `node` (its ctx) may run a fused update of `node.weight` later."""
-    _USES.add(node)
+    """A ForgeLinear forward: `node` may run a fused update of `node.weight` later: its Function's
+    ctx, which is its backward node, or a use whose `graph_node` is the torch GEMM node it hooks
+    (`forge.nn`), each with `weight`, `updater`, `version` and `name`."""
+    _USES.add(weakref.ref(node, _forget))
 
 
-def release_use(node) -> None:
-    """A ForgeLinear backward, after its update: the node cannot run again, unless its graph is kept."""
+def release_use(node) -> bool:
+    """A ForgeLinear backward, after its update: the node cannot run again, unless its graph is kept.
+    Whether it was released (False: kept, for a second backward that `check_uses` refuses)."""
     if _KEEP_GRAPH is not None and not _KEEP_GRAPH():
-        _USES.discard(node)
+        _USES.discard(weakref.ref(node))  # equal to the recorded reference while the node lives
+        return True
+    return False
 
 
 # Whether the backward running now keeps its graph (retain_graph); None: a torch that cannot say,
@@ -66,12 +75,13 @@ def check_uses(task: int) -> None:
     if _checked_task[0] == task:
         return
     seen = {}
-    for ref in list(_USES.data):  # the set's weak references: iterating it through its guard costs more
+    for ref in list(_USES):
         node = ref()
         if node is None:
             continue
+        graph_node = node if isinstance(node, BackwardCFunction) else node.graph_node
         try:
-            if not torch._C._will_engine_execute_node(node):
+            if graph_node is None or not torch._C._will_engine_execute_node(graph_node):
                 continue
         except RuntimeError:  # not the eager autograd engine (compiled autograd): the backward's own guard
             return

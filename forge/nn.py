@@ -14,10 +14,21 @@ the weight's update count (`version`) and hands it dy and x (`update_linear`).
 
 Host cost. Eagerly this module runs at every layer of every step, on the host's critical path
 where a layer's GPU work is short, so it does little: `ForgeLinear.forward` reads its parameters
-from `_parameters` (not through nn.Module's `__getattr__`) and asks for autocast once, `forge_linear`
-calls autograd's own apply (torch's Python wrapper only hands the arguments on, in eager mode
-without functorch transforms), a 2-D layer takes no reshape, and the backward hands dy and x to
-the optimizer, whose launch for this weight is kept from step to step (`forge.functional`).
+from `_parameters` (not through nn.Module's `__getattr__`) and asks for autocast once, and the
+backward hands dy and x to the optimizer, whose launch for this weight is kept from step to step
+(`forge.functional`).
+
+Eager training with an input that requires grad (every layer of a model above its embedding), a
+plain weight and no saved-tensor hooks takes no Python autograd node at all (`_hooked_linear`):
+the forward is torch's own linear of the weight detached (kept from step to step while the
+weight's storage stays where it was), so torch's C++ GEMM node computes dx from the old W and no
+dW, and a post-hook on that node (`_FusedUse`, called once dx exists) hands dy and x to the
+optimizer. The same arithmetic as the Function below (torch's dx and bias-gradient GEMMs and
+reductions, the same fused launch), without its Python node in the forward and the backward. The
+Function stays for every other case: an input that requires no grad, saved-tensor hooks, FP8,
+tensor-parallel shards, functorch transforms and tracing, where `forge_linear` calls autograd's
+own apply (torch's Python wrapper only hands the arguments on, in eager mode without functorch
+transforms), and a 2-D layer takes no reshape.
 `tests/forge/test_launch_counts.py` counts what a layer calls.
 
 Mixed precision. Under torch.autocast the input is cast to the autocast dtype before the
@@ -35,10 +46,10 @@ of the GEMM (`_SavedInput`), whose save ends the recompute there, and the backwa
 that node; without hooks one node does both (a second Python node costs the host ~30-50 us).
 
 Guards. A raw Triton write does not bump a tensor's autograd version counter, so autograd would not
-notice a weight updated twice. The forward records how many updates the weight had; the backward
-refuses to run if that number moved (a second backward through a retained graph, or one weight used
-twice in a graph): applying the step twice, or computing dx from an already-updated weight, would
-silently train something else. The forward also records its node, and the first FORGE update of
+notice a weight updated twice. The forward records how many updates the weight had (the Function's
+ctx, or the hooked path's `_FusedUse`); the backward refuses to run if that number moved (a second
+backward through a retained graph, or one weight used twice in a graph): applying the step twice,
+or computing dx from an already-updated weight, would silently train something else. The forward also records its node, and the first FORGE update of
 each backward refuses such a graph before any parameter is updated (`forge.optim`), so a refusal
 never leaves a half-stepped model. Activation checkpointing re-runs only the forward, which has no side
 effects here, so it composes.
@@ -75,6 +86,14 @@ _PLAIN = (torch.Tensor, nn.Parameter)  # the types of a weight that is no DTenso
 # backward op's declared mutations, `forge.ops.WEIGHT_LISTED`); before, this Function runs between
 # compiled regions instead, behind a graph break per linear.
 COMPILE_OPS = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 11)
+
+
+_UPDATED_TWICE = (
+    "FORGE: {} was already updated since this forward pass. A second backward through the same graph "
+    "(retain_graph=True), or one nn.Linear called twice in a forward, would apply the optimizer step "
+    "twice. FORGE needs one backward per forward and one use of each fused weight; leave this "
+    "parameter out of forge.attach(params=...) to give it an ordinary gradient."
+)
 
 
 class ForgeLinearFunction(torch.autograd.Function):
@@ -121,13 +140,7 @@ class ForgeLinearFunction(torch.autograd.Function):
         # fused layer of every step, on the autograd engine's thread, under the GIL.
         weight, updater = ctx.weight, ctx.updater
         if updater.version(weight) != ctx.version:
-            raise RuntimeError(
-                f"FORGE: {ctx.name} was already updated since this forward pass. A second backward through "
-                "the same graph (retain_graph=True), or one nn.Linear called twice in a forward, would apply "
-                "the optimizer step twice. FORGE needs one backward per forward and one use of each fused "
-                "weight; leave this parameter out of forge.attach(params=...) to give it an ordinary "
-                "gradient."
-            )
+            raise RuntimeError(_UPDATED_TWICE.format(ctx.name))
         input_node, needs = ctx.input_node, ctx.needs_input_grad
         saved = ctx.saved_tensors if input_node is None else input_node.saved_tensors
         dy2 = dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1])  # (T, N)
@@ -195,6 +208,60 @@ def forge_linear(
     return _APPLY(x, weight, bias, updater, name, saved_ahead, fp8)
 
 
+# The nodes of torch's own linear that compute dx from W (x @ W^T, with or without a bias).
+_GEMM_NODES = frozenset(("MmBackward0", "AddmmBackward0"))
+
+
+def _hooked_linear(x: torch.Tensor, weight: torch.Tensor, detached: torch.Tensor, bias, updater: FusedUpdater,
+                   name: str):
+    """y = x W^T + b as torch's linear of `detached` (W detached), whose GEMM node computes dx from
+    the old W and, in a post-hook, hands dy and x to the fused update (`_FusedUse`); None, nothing
+    recorded, where that node is not found within the views that fold x's leading dimensions (then
+    `ForgeLinearFunction` computes y again). No Python autograd node, and no dW GEMM in torch's
+    backward (the detached W takes no gradient): see `ForgeLinear.forward` for when it runs."""
+    y = F.linear(x, detached, bias)
+    node = y.grad_fn
+    for _ in range(3):  # 2-D: the GEMM's own node; N-D: below the view that unfolds its rows
+        if type(node).__name__ in _GEMM_NODES:
+            break
+        functions = node.next_functions
+        node = functions[0][0] if functions else None
+        if node is None:
+            return None
+    else:
+        return None
+    use = _FusedUse()  # its fields set here rather than by an __init__: one frame less a layer
+    use.weight, use.updater, use.name, use.version = weight, updater, name, updater.version(weight)
+    use.x, use.x_version, use.graph_node = x, x._version, node
+    node.register_hook(use)
+    guards.record_use(use)
+    return y
+
+
+class _FusedUse:
+    """One forward's use of a fused weight through torch's GEMM node (`_hooked_linear`): what the
+    guards read (`forge.guards`: the weight, its optimizer, its update count at the forward, its
+    name, and the node as `graph_node`), and, called as the node's post-hook once it has computed
+    dx, the fused update of W from dy (the node's output gradient) and x."""
+
+    __slots__ = ("weight", "updater", "name", "version", "x", "x_version", "graph_node", "__weakref__")
+
+    def __call__(self, grad_inputs, grad_outputs) -> None:
+        weight, updater, x = self.weight, self.updater, self.x
+        if updater.version(weight) != self.version:
+            raise RuntimeError(_UPDATED_TWICE.format(self.name))
+        if x._version != self.x_version:
+            raise RuntimeError(
+                f"FORGE: the input of {self.name}'s layer was modified by an inplace operation after its "
+                "forward; its fused update needs that input as the forward saw it (clone it before "
+                "modifying it)"
+            )
+        dy = grad_outputs[0]  # (T, N): the GEMM's rows, x's leading dimensions folded
+        updater.update_linear(weight, dy, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]))
+        if guards.release_use(self):  # no second backward: drop x, and the node (a reference cycle)
+            self.x = self.graph_node = None
+
+
 # `ForgeLinearFunction.apply` past torch's Python wrapper, which in eager mode without functorch
 # transforms only hands its arguments on to this, autograd's own apply (Dynamo and functorch see
 # the wrapper: `forge_linear` calls it for them).
@@ -232,6 +299,7 @@ _FUSED_ATTRIBUTES = (
     "_forge_states",
     "_forge_marker",
     "_forge_fp8",
+    "_forge_detached",
 )
 
 
@@ -246,6 +314,7 @@ class ForgeLinear(nn.Linear):
     _forge_optimizer: CompiledUpdater | None = None
     _forge_name = "weight"
     _forge_fp8 = False  # its GEMMs in FP8 (`forge.attach(..., fp8=...)`, `forge.fp8`)
+    _forge_detached: torch.Tensor | None = None  # the weight detached, for `_hooked_linear` (`forward`)
 
     @classmethod
     def fuse(cls, module: nn.Linear, updater: CompiledUpdater, name: str, fp8: bool = False) -> ForgeLinear:
@@ -297,8 +366,19 @@ class ForgeLinear(nn.Linear):
 
                 states, handle, index = self._forge_states, self._forge_handle, self._forge_index
                 return forge_linear_op(x, weight, bias, states, handle, index, self._forge_marker)
-        elif torch._C._is_any_autocast_enabled():  # eager: one call says there is no autocast to follow
-            x = autocast_input(x)
+        else:
+            if torch._C._is_any_autocast_enabled():  # eager: one call says there is no autocast to follow
+                x = autocast_input(x)
+            if (
+                not fp8 and x.requires_grad and type(weight) in _PLAIN and _TOP_SAVED_TENSOR_HOOKS is not None
+                and _TOP_SAVED_TENSOR_HOOKS(False) is None and not torch._C._are_functorch_transforms_active()
+            ):  # fmt: skip
+                detached = self._forge_detached  # W detached, kept while W's storage stays where it was
+                if detached is None or detached.data_ptr() != weight.data_ptr():
+                    detached = self._forge_detached = weight.detach()
+                y = _hooked_linear(x, weight, detached, bias, opt, self._forge_name)
+                if y is not None:
+                    return y
         return forge_linear(x, weight, bias, opt, self._forge_name, fp8)
 
 

@@ -85,8 +85,9 @@ def test_checkpoint_recompute_stops_before_the_last_linear(monkeypatch):
             y = checkpoint(model, xg, use_reentrant=False) if checkpointed else model(xg)
             y.pow(2).sum().backward()
         models.append(model)
-    assert calls[:4] == [16, 32, 16, 32]  # without checkpointing: two forwards, no recompute
-    assert calls[4:] == [16, 32, 16] * 2  # with it: forward, then a recompute that stops at the last
+    # without checkpointing the Function does not run (torch's GEMM node, hooked: `forge.nn`); with
+    # it: forward, then a recompute that stops at the last
+    assert calls == [16, 32, 16] * 2
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         assert torch.equal(p, q), f"{name} differs with activation checkpointing"
 
