@@ -242,7 +242,8 @@ class _FusedUse:
     """One forward's use of a fused weight through torch's GEMM node (`_hooked_linear`): what the
     guards read (`forge.guards`: the weight, its optimizer, its update count at the forward, its
     name, and the node as `graph_node`), and, called as the node's post-hook once it has computed
-    dx, the fused update of W from dy (the node's output gradient) and x."""
+    dx, the fused update of W from dy (the node's output gradient) and x (while compiled autograd
+    traces the hook, outside its graph, as the Function's backward steps while compiling)."""
 
     __slots__ = ("weight", "updater", "name", "version", "x", "x_version", "graph_node", "__weakref__")
 
@@ -257,7 +258,11 @@ class _FusedUse:
                 "modifying it)"
             )
         dy = grad_outputs[0]  # (T, N): the GEMM's rows, x's leading dimensions folded
-        updater.update_linear(weight, dy, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]))
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if torch.compiler.is_compiling():  # compiled autograd traces this hook: the step outside its graph
+            _fused_step_outside_graph(updater, weight, dy, x2, None)
+        else:
+            updater.update_linear(weight, dy, x2)
         if guards.release_use(self):  # no second backward: drop x, and the node (a reference cycle)
             self.x = self.graph_node = None
 

@@ -80,3 +80,25 @@ def test_an_input_changed_in_place_after_the_forward_is_refused():
         h.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_compiled_autograd_over_a_hooked_forward_steps_as_eager():
+    """Compiled autograd traces the GEMM node's post-hook; the step runs outside its graph, as the
+    Function's does while compiling, and trains as eager to the bit."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(24, 40, bias=False), nn.GELU(), nn.Linear(40, 5, bias=False))
+    xs = [torch.randn(6, 24) for _ in range(2)]
+    trained = []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        forge.attach(model, "adamw", lr=1e-3, state_dtype="fp32")
+        for x in xs:
+            loss = model(x.clone().requires_grad_(True)).pow(2).mean()
+            if compiled:
+                with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+                    loss.backward()
+            else:
+                loss.backward()
+        trained.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*trained):
+        assert torch.equal(a, b)
