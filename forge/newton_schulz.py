@@ -155,7 +155,7 @@ def newton_schulz(
 def polar_express_sequence(steps: int) -> list[tuple[float, float, float]]:
     """Polar Express's first `steps` polynomials, the last repeated beyond its five."""
     known = list(POLAR_EXPRESS_COEFFICIENTS)
-    return known[:steps] + [known[-1]] * max(0, steps - len(known))
+    return known[:steps] + [known[-1]] * (steps - len(known))  # a count below 1 repeats nothing
 
 
 def _normalized(x: torch.Tensor, dtype: torch.dtype, eps: float, margin: float = 1.0) -> torch.Tensor:

@@ -117,7 +117,7 @@ def _coefficients_muon(h: dict, step: int, st: dict) -> tuple[float, ...]:
 
     momentum = h["momentum"]
     step_size = adjusted_lr(h["lr"], h["adjust_lr_fn"], (st["rows"], st["cols"]))
-    return (1 - momentum, momentum, 1.0 if h["nesterov"] else 0.0, 1 - h["lr"] * h["weight_decay"], step_size)
+    return (1 - momentum, momentum, float(bool(h["nesterov"])), 1 - h["lr"] * h["weight_decay"], step_size)
 
 
 def _muon_shape(p: torch.Tensor) -> dict[str, int]:

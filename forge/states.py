@@ -119,7 +119,7 @@ class StateStorage:
         for slot in slots:
             if slot is None:
                 continue
-            init = group.get("initial_accumulator_value", 0.0) if slot.name == "sum" else 0.0
+            init = group["initial_accumulator_value"] if slot.name == "sum" else 0.0
             if dtype == "int8":
                 values = torch.full_like(shard, init, dtype=torch.float32)
                 codes, scale = quantize(values, slot.signed, self.int8_group)

@@ -73,14 +73,14 @@ def _scaled(x, group_max, FAST: tl.constexpr):
 
 
 @triton.jit
-def dequantize_signed(q, absmax, FAST: tl.constexpr = False):
+def dequantize_signed(q, absmax, FAST: tl.constexpr):
     """q: int8 codes (..., G); absmax: fp32 (..., 1). Returns fp32 values."""
     y = q.to(tl.float32) * (1.0 / 127.0)
     return _divide(y, 2.0 - tl.abs(y), FAST) * absmax
 
 
 @triton.jit
-def quantize_signed(x, FAST: tl.constexpr = False):
+def quantize_signed(x, FAST: tl.constexpr):
     """x: fp32 (R, groups, G). Returns int8 codes and the absmax (R, groups), rounded up to bf16."""
     absmax = _round_up_to_bf16(tl.max(tl.abs(x), axis=2))
     u = _scaled(x, absmax, FAST)
@@ -96,7 +96,7 @@ def dequantize_positive(q, rootmax):
 
 
 @triton.jit
-def quantize_positive(x, FAST: tl.constexpr = False):
+def quantize_positive(x, FAST: tl.constexpr):
     """x: fp32 (R, groups, G), >= 0. Returns uint8 codes of sqrt(x) and the max of sqrt(x) (R, groups);
     FAST: the hardware's approximate square root as well."""
     if FAST:
@@ -136,8 +136,8 @@ def decode_state(
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,  # int8: elements per scale (64 or 128)
-    LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert between the tile's and the groups' layouts
-    FAST: tl.constexpr = False,  # GPU only: approximate division (`_divide`), bf16 widened natively (`to_float`)
+    LAYOUTS: tl.constexpr,  # in a Gluon kernel: convert between the tile's and the groups' layouts
+    FAST: tl.constexpr,  # GPU only: approximate division (`_divide`), bf16 widened natively (`to_float`)
 ):
     """The stored tile as fp32 (ROWS, COLS)."""
     if STATE_DTYPE == "int8":
@@ -166,9 +166,9 @@ def store_state(
     STATE_DTYPE: tl.constexpr,
     SIGNED: tl.constexpr,
     QGROUP: tl.constexpr,
-    FAST: tl.constexpr = False,  # GPU only. bf16: the hardware's round-to-nearest (`rounding.store_weight`);
+    FAST: tl.constexpr,  # GPU only. bf16: the hardware's round-to-nearest (`rounding.store_weight`);
     # int8: approximate division and square root (`_divide`)
-    LAYOUTS: tl.constexpr = False,  # in a Gluon kernel: convert the grouped results to the offsets' layouts
+    LAYOUTS: tl.constexpr,  # in a Gluon kernel: convert the grouped results to the offsets' layouts
 ):
     """Write a tile of one state slot back (int8: quantize with fresh per-group scales)."""
     if STATE_DTYPE == "int8":
@@ -197,9 +197,15 @@ def store_state(
 # ----------------------------------------------------------------------------------------------
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as (rows, cols) along its last dimension: a vector is one row, a 0-d tensor one element."""
+    x = torch.atleast_1d(x)
+    return x.reshape(-1, x.shape[-1])
+
+
 def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
-    pad = (-rows.shape[-1]) % group
+    rows = _rows(x)
+    pad = (-rows.shape[1]) % group
     rows = torch.nn.functional.pad(rows.float(), (0, pad))
     return rows.reshape(rows.shape[0], -1, group)
 
@@ -228,7 +234,7 @@ def quantize(x: torch.Tensor, signed: bool, group: int = GROUP) -> tuple[torch.T
         scale = round_up_to_bf16(r.amax(-1))
         code = torch.floor(r / scale.clamp_min(1e-30)[..., None] * 255 + 0.5)
         code = torch.where(r > 0, code.clamp_min(1), code)
-    cols = x.shape[-1] if x.dim() > 1 else x.numel()
+    cols = _rows(x).shape[1]
     codes = code.reshape(code.shape[0], -1)[:, :cols].to(code_dtype(signed))
     return codes.reshape(x.shape), scale.to(torch.bfloat16)
 
@@ -242,5 +248,5 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, signed: bool, group: in
         x = y / (2 - y.abs()) * scale[..., None]
     else:
         x = (g / 255.0 * scale[..., None]) ** 2
-    cols = codes.shape[-1] if codes.dim() > 1 else codes.numel()
+    cols = _rows(codes).shape[1]
     return x.reshape(x.shape[0], -1)[:, :cols].reshape(codes.shape)
