@@ -129,6 +129,22 @@ def test_gram_and_direct_norms_agree():
         assert float(clip.linear_power_sum(dy, x).sqrt()) == pytest.approx(float(exact), rel=1e-6), method
 
 
+@pytest.mark.parametrize("norm_type", [1.0, 3.0, math.inf], ids=["l1", "l3", "inf"])
+@pytest.mark.parametrize("method", ["gram", "direct"])
+def test_a_norm_other_than_2_is_taken_directly_whichever_way_is_asked(method, norm_type):
+    """The Gram matrices give only the 2-norm: asked for the Gram way, another norm still sums
+    |dW|^p (the largest |dW| for inf) of dW = dy^T x, as fp64 computes it."""
+    from forge.clip import GlobalNormClip
+
+    torch.manual_seed(5)
+    dy, x = torch.randn(40, 33), torch.randn(40, 70)
+    dw = (dy.double().T @ x.double()).abs()
+    exact = dw.max() if norm_type == math.inf else (dw**norm_type).sum()
+    clip = GlobalNormClip(None, 1.0, norm_type)
+    clip.method = method
+    assert float(clip.linear_power_sum(dy, x)) == pytest.approx(float(exact), rel=1e-5), method
+
+
 def test_a_shared_input_has_its_gram_computed_once(monkeypatch):
     """q, k and v read one x: its x x^T is computed once per run of layers that share it."""
     import forge.clip as clip_module
@@ -384,5 +400,6 @@ def test_each_layers_norm_is_taken_the_cheaper_way():
     assert norm_method(64, 64, 64, x_gram_known=False) == "direct"  # 2 T N K against 1.5
     assert norm_method(512, 64, 4096, x_gram_known=False) == "direct"  # 8.1 T N K
     assert norm_method(512, 64, 4096, x_gram_known=True) == "gram"  # x x^T known: 0.125 T N K
+    assert norm_method(128, 2, 64, x_gram_known=True) == "direct"  # x x^T known: T / K = 2 T N K
     assert norm_method(32, 64, 64, x_gram_known=True, norm_type=1.0) == "direct"
     assert norm_method(32, 64, 64, x_gram_known=True, norm_type=3.0) == "direct"

@@ -86,7 +86,9 @@ def _assert_stores_the_definition(state: dict, expected: dict, group: int, what:
 
 @pytest.mark.parametrize("group", forge.INT8_GROUPS)
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
-@pytest.mark.parametrize("shape", [(1, 1), (17, 23), (9, 200), (150,)], ids=["1x1", "17x23", "9x200", "150"])
+@pytest.mark.parametrize(
+    "shape", [(1, 1), (17, 23), (9, 200), (150,), (3, 5, 70)], ids=["1x1", "17x23", "9x200", "150", "3x5x70"]
+)
 def test_the_pytorch_quantizer_is_the_definition(shape, signed, group):
     from forge.kernels import quant
 
@@ -94,6 +96,7 @@ def test_the_pytorch_quantizer_is_the_definition(shape, signed, group):
     x.view(-1, shape[-1])[0, : shape[-1] // 2] = 0.0  # a zero group where there is room: codes 0, scale 0
     if not signed:
         x = x**2
+        x.view(-1)[-1] = -1e-6  # a positive state rounded below zero counts as zero
     codes, scale = quant.quantize(x, signed, group)
     expected, expected_scale, tie = ref.quantize(x, signed, group)
     ref.assert_codes_match(codes, expected, tie, "quant.quantize")
@@ -222,6 +225,19 @@ def test_int8_states_stay_within_the_quantization_step_of_fp32_states(case):
     assert moved > 0, f"{case}: the int8 run never moved its weight"
 
 
+def test_the_pytorch_round_up_to_bf16_is_the_definitions():
+    """`quant.round_up_to_bf16` (the scales of states quantized outside a kernel): the smallest bf16
+    value at or above x, as the definition computes it, on bf16 values, one fp32 ulp above them,
+    between them over several decades, and at zero."""
+    from forge.kernels import quant
+
+    on = torch.tensor([1.0, 0.75, 2.0**-3, 3.0e5, 2.0**-120]).bfloat16().float()
+    above = torch.nextafter(on, torch.full_like(on, float("inf")))
+    between = _gradient(1000, generator=torch.Generator().manual_seed(7)).abs()
+    x = torch.cat([on, above, between, torch.zeros(1)])
+    assert torch.equal(quant.round_up_to_bf16(x).double(), ref.round_up_to_bf16(x))
+
+
 @pytest.mark.parametrize(
     "rule, hp, name", [("sgd", dict(momentum=0.9), "momentum_buffer"), ("adagrad", {}, "sum")]
 )
@@ -317,6 +333,10 @@ def test_a_saved_state_of_another_shape_or_dtype_is_refused():
     for wrong in (torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3, 2), torch.zeros(1, 3)):
         with pytest.raises(ValueError, match="attach with the same rule"):
             StateStorage.check_saved(state, {"exp_avg": wrong}, "w")
+        with pytest.raises(
+            ValueError, match="attach with the same rule"
+        ):  # the step first, as torch saves it
+            StateStorage.check_saved(state, {"step": 2, "exp_avg": wrong}, "w")
     StateStorage.check_saved(state, {"exp_avg": torch.ones(2, 3), "step": 2}, "w")
     w = nn.Parameter(torch.randn(4, 70))
     reference = torch.optim.AdamW([w], lr=1e-2)
@@ -327,3 +347,25 @@ def test_a_saved_state_of_another_shape_or_dtype_is_refused():
     opt = forge.ForgeOptimizer([nn.Parameter(w.detach().clone())], "adamw", state_dtype="int8")
     with pytest.raises(ValueError, match=r"not a tensor of shape \(4, 70\)"):
         opt.load_state_dict(saved, convert=True)
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "positive"])
+def test_a_state_read_back_is_what_its_storage_holds(signed):
+    """`forge.states.stored`, what a state of each storage holds of fp32 values: fp32 the values,
+    bf16 torch's rounding to nearest, an int8 matrix the definition's codes decoded (groups of 64
+    unless told), an int8 vector bf16 (vectors keep bf16 states). A decoded code is fp32
+    arithmetic on the definition's value, a few ulps off; at a tie either code may stand."""
+    from forge.states import stored
+
+    x = _gradient(9, 150, generator=torch.Generator().manual_seed(6))
+    if not signed:
+        x = x**2
+    assert torch.equal(stored(x, "fp32", signed), x)
+    assert torch.equal(stored(x, "bf16", signed), x.bfloat16().float())
+    assert torch.equal(stored(x[0], "int8", signed), x[0].bfloat16().float())
+    for group, given in [(64, {}), (128, dict(group=128))]:
+        codes, scale, tie = ref.quantize(x, signed, group)
+        exact = ref.dequantize(codes, scale, signed, group)
+        got = stored(x, "int8", signed, **given).double()
+        off = ((got - exact).abs() > 4 * 2.0**-23 * exact.abs()) & ~tie
+        assert not bool(off.any()), f"group {group}: {int(off.sum())} values are not the definition's"

@@ -295,10 +295,17 @@ def test_clipping_scales_the_gradient_before_the_momentum(monkeypatch):
         (dict(fallback="muon"), "trains only matrices too"),
         (dict(fallback_options=dict(lr=1e-3)), "name the rule, fallback="),
         (dict(fallback="adamw", ns_steps=100), "ns_steps"),
+        (dict(fallback="adamw", ns_steps=0), "ns_steps"),
+        (dict(fallback="adamw", ns_steps=1000), "ns_steps"),
+        (dict(fallback="adamw", ns_coefficients=(3.4445, -4.775)), "exactly 3 values"),
         (dict(fallback="adamw", adjust_lr_fn="rms"), "Adjust learning rate function rms"),
         (dict(fallback="adamw", newton_schulz="fast"), "newton_schulz='fast'.*'gram_symmetric'"),
         (
             dict(fallback="adamw", newton_schulz="polar_express", ns_coefficients=(3, -3, 1)),
+            "own coefficients",
+        ),
+        (
+            dict(fallback="adamw", newton_schulz="polar_express", ns_coefficients=(4, -3, 1)),
             "own coefficients",
         ),
     ],
@@ -309,9 +316,13 @@ def test_clipping_scales_the_gradient_before_the_momentum(monkeypatch):
         "fallback-muon",
         "options-alone",
         "ns_steps",
+        "ns_steps-0",
+        "ns_steps-1000",
+        "two-coefficients",
         "adjust_lr_fn",
         "variant",
         "polar-coefficients",
+        "polar-coefficients-above",
     ],
 )
 def test_what_muon_cannot_train_is_refused_before_anything_changes(kwargs, message):
@@ -321,6 +332,24 @@ def test_what_muon_cannot_train_is_refused_before_anything_changes(kwargs, messa
         forge.attach(model, "muon", **kwargs)
     assert all(type(m) is not forge.ForgeLinear for m in model.modules()), "the model was changed"
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize(
+    "count, named", [(4, "0.bias, 1.bias, 2.bias, 3.bias. "), (5, "2.bias, 3.bias .... ")]
+)
+def test_a_refusal_names_four_parameters_and_marks_any_more(count, named):
+    """What Muon cannot train is named, the first four, and " ..." says there are more."""
+    model = nn.Sequential(*[nn.Linear(6, 6) for _ in range(count)])
+    with pytest.raises(ValueError, match=f"given {count} other parameter") as refused:
+        forge.attach(model, "muon")
+    assert named in str(refused.value)
+
+
+def test_muon_takes_coefficients_of_its_own_for_torchs_iteration():
+    """Coefficients other than torch's default are Muon's to choose with torch's iteration (only
+    Polar Express brings its own and refuses them): the group keeps them as given."""
+    opt = forge.attach(_llama_with_biases(), "muon", fallback="adamw", ns_coefficients=(3.0, -3.2, 1.2))
+    assert opt.param_groups[0]["ns_coefficients"] == (3.0, -3.2, 1.2)
 
 
 def test_fallback_is_for_matrix_rules_only():

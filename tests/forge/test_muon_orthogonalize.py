@@ -25,9 +25,13 @@ def test_orthogonalize_is_torchs_newton_schulz_and_leaves_its_input(shape, dtype
     assert ours.dtype == torch.bfloat16 and ours.shape == u.shape
 
 
-@pytest.mark.parametrize("adjust_lr_fn", muon.ADJUST_LR_FNS)
-@pytest.mark.parametrize("shape", [(4096, 1024), (1024, 4096), (7, 7)], ids=["tall", "wide", "square"])
+@pytest.mark.parametrize("adjust_lr_fn", [*muon.ADJUST_LR_FNS, "constant"])
+@pytest.mark.parametrize(
+    "shape", [(4096, 1024), (1024, 4096), (7, 7), (8, 4, 3)], ids=["tall", "wide", "square", "3d"]
+)
 def test_the_learning_rate_is_adjusted_as_torch_does(shape, adjust_lr_fn):
+    """Every adjustment torch names, and one it does not (the rate as given); a shape of more than
+    two dimensions by its first two, as torch reads it."""
     from torch.optim._muon import _adjust_lr
 
     assert muon.adjusted_lr(0.02, adjust_lr_fn, torch.Size(shape)) == _adjust_lr(
@@ -73,3 +77,41 @@ def test_the_split_takes_hidden_linear_weights_and_leaves_embeddings_the_head_no
         "lm_head.weight",
     }
     assert len(hidden) + len(other) == len([p for p in model.parameters() if p.requires_grad])
+
+
+class _TiedHead(torch.nn.Module):
+    """An embedding, a hidden linear and an output linear that shares the embedding's weight,
+    the output named neither `lm_head` nor returned by a `get_output_embeddings`."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 6)
+        self.hidden = torch.nn.Linear(6, 6)
+        self.out = torch.nn.Linear(6, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+
+class _WeightlessHead(torch.nn.Module):
+    """Two linears, and an output module that has no weight (`get_output_embeddings`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(6, 6)
+        self.out = torch.nn.Linear(6, 10, bias=False)
+        self.head = torch.nn.Identity()
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_a_linear_tied_to_an_embedding_follows_it_and_a_head_without_a_weight_takes_none():
+    """The split by its definition: a weight shared with an embedding goes to the fallback with
+    it, whatever holds it; an output module without a weight leaves every linear to Muon."""
+    tied = _TiedHead()
+    hidden, other = muon.hidden_matrices(tied)
+    assert [id(p) for p in hidden] == [id(tied.hidden.weight)]
+    assert {id(p) for p in other} == {id(tied.embed.weight), id(tied.hidden.bias)}
+    weightless = _WeightlessHead()
+    hidden, other = muon.hidden_matrices(weightless)
+    assert [id(p) for p in hidden] == [id(weightless.hidden.weight), id(weightless.out.weight)]
+    assert [id(p) for p in other] == [id(weightless.hidden.bias)]

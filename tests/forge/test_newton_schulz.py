@@ -164,7 +164,8 @@ def test_polar_express_repeats_its_last_polynomial_beyond_five_iterations():
 
 @pytest.mark.parametrize("products", [ns.plain_products, ns.mirrored_products], ids=["plain", "mirrored"])
 def test_the_product_helpers_compute_beta_d_plus_alpha_p_q_transposed(products):
-    """Each helper is `beta d + alpha p q^T` for every alpha and beta, with d or without (fp32
+    """Each helper is `beta d + alpha p q^T` for every alpha (0 too) and beta (0 where not given),
+    with d or without, q and d given by name as the `Products` signature names them (fp32
     operands: to fp32's rounding of a 9-term dot product)."""
     g = torch.Generator().manual_seed(4)
     p = torch.randn(5, 9, generator=g)
@@ -174,11 +175,35 @@ def test_the_product_helpers_compute_beta_d_plus_alpha_p_q_transposed(products):
     d = d + d.T
     for alpha, beta, with_d in [
         (1.0, 0.0, False),
+        (0.0, 0.0, False),
         (0.5, 0.0, False),
         (3.0, 0.0, False),
         (-2.0, 1.5, True),
         (1.0, -1.0, True),
+        (2.0, None, True),  # beta not given: 0, the product alone
     ]:
-        out = products(p, q, d if with_d else None, alpha=alpha, beta=beta)
-        exact = alpha * p.double() @ q.double().T + (beta * d.double() if with_d else 0.0)
+        given = {} if beta is None else dict(beta=beta)
+        out = products(p, q=q, d=d if with_d else None, alpha=alpha, **given)  # the operands by name too
+        exact = alpha * p.double() @ q.double().T + (beta * d.double() if with_d and beta else 0.0)
         torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("variant, kind", [("gram", "mirrored"), ("gram_symmetric", "triangle")])
+def test_the_gram_iteration_advances_r_only_where_a_later_iteration_reads_it(variant, kind, monkeypatch):
+    """The Gram iteration's n x n products, counted, all by the variant's own helper (torch's
+    mirrored products for "gram", the triangle kernel for "gram_symmetric"): R = X X^T once, then
+    at each iteration Z = b R + c R R (one) and Q (one, none where Q starts as Z + a I: the first
+    iteration and the restart's), and R advanced (two) only where the next iteration reads it: not
+    after the last, not before the restart, which takes R = X X^T anew (one). Five iterations, the
+    restart before the third: 1 + (1 + 2) + (1 + 1) + (1 + 1 + 2) + (1 + 1 + 2) + (1 + 1) = 16
+    products; R advanced after every iteration would be 20."""
+    calls = []
+    mirrored = ns.mirrored_products
+    monkeypatch.setattr(
+        ns, "mirrored_products", lambda *a, **k: calls.append("mirrored") or mirrored(*a, **k)
+    )
+    counted = lambda *a, **k: calls.append("triangle") or symmetric_product(*a, **k)  # noqa: E731
+    monkeypatch.setattr(ns, "triangle_products", lambda: counted)
+    assert ref.GRAM_RESTART == 2
+    ns.newton_schulz(_update(17, 23), variant, ns.NS_COEFFICIENTS, 5, EPS)
+    assert calls == [kind] * 16, f"{variant}: {len(calls)} products, {sorted(set(calls))}"

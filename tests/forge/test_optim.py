@@ -155,6 +155,23 @@ def test_converting_another_rules_state_is_refused():
         opt.load_state_dict(sgd.state_dict(), convert=True)
 
 
+def test_converting_a_state_with_a_slot_more_or_less_is_refused():
+    """A torch.optim state of the same rule under other options: AMSGrad's extra maximum, or a
+    slot missing, is refused whole, as a state of another rule is."""
+    model = mlp()
+    torch_adamw = torch.optim.AdamW(model.parameters(), lr=0.1, amsgrad=True)
+    regression_step(model, regression_batches(1)[0])
+    torch_adamw.step()
+    with_max = torch_adamw.state_dict()
+    without_v = copy.deepcopy(with_max)
+    for state in without_v["state"].values():
+        del state["max_exp_avg_sq"], state["exp_avg_sq"]
+    for saved in (with_max, without_v):
+        opt = forge.attach(copy.deepcopy(model), "adamw", state_dtype="bf16")
+        with pytest.raises(ValueError, match="convert=True loads the state of the same rule"):
+            opt.load_state_dict(saved, convert=True)
+
+
 def test_int8_group_sets_the_scales_and_a_mismatch_is_refused():
     a, b = nn.Linear(200, 8), nn.Linear(200, 8)  # 200 columns: 4 groups of 64, 2 of 128
     opt_a = forge.attach(a, "adamw", state_dtype="int8")

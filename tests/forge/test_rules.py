@@ -105,3 +105,26 @@ def test_muons_tile_half_reference_is_torchs_lerp():
         ulps = dict(rtol=0, atol=4 * torch.finfo(torch.float32).eps * float(expected.abs().max()))
         torch.testing.assert_close(states[0], expected, **ulps)
         torch.testing.assert_close(update, g.lerp(expected, 0.95) if nesterov else expected, **ulps)
+
+
+def test_radam_steps_as_torch_with_its_rectification_at_full_weight():
+    """RAdam with beta2 = 0.9 (rho_inf = 19): rectified from step 6 on, where the rectification
+    term carries a third of the step and more, each step after; twelve element-wise steps against
+    torch.optim.RAdam on the same gradients, the weights compared relative to torch's update at
+    every step from the start."""
+    import forge
+    from tests.forge.exactness import ELEMENTWISE_FP32
+
+    torch.manual_seed(8)
+    hp = dict(lr=1e-2, betas=(0.9, 0.9), weight_decay=0.1)
+    w = nn.Parameter(torch.randn(9, 70))
+    oracle = nn.Parameter(w.detach().clone())
+    opt = forge.ForgeOptimizer([w], "radam", state_dtype="fp32", **hp)
+    torch_opt = torch.optim.RAdam([oracle], **hp)
+    w0 = w.detach().clone()
+    for step in range(1, 13):
+        g = torch.randn(9, 70)
+        opt.update_elementwise(w, g)
+        oracle.grad = g
+        torch_opt.step()
+        assert_close_to_update(w.detach(), oracle.detach(), w0, ELEMENTWISE_FP32, f"step {step}")
