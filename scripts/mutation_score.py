@@ -19,10 +19,17 @@ on a float). On this code they fail with a TypeError or are killed by any test t
     python scripts/mutation_score.py                          # the six files, 2 workers
     python scripts/mutation_score.py forge/clip.py --workers 1 --limit 40   # a quick look
     python scripts/mutation_score.py forge/rules.py --sample 3    # every third mutant, in line order
+    python scripts/mutation_score.py --survivors-of results/mutation/RECORD.json  # its survivors again
 
 Writes results/mutation/mutation-<date>-<commit>.json (with --out, elsewhere): per file the
 mutants made, killed, survived and timed out, and every survivor's diff; the tool's version, the
 commit, the date and the tests each file ran. docs/testing.md reads it.
+
+--survivors-of RECORD runs only that record's survivors against today's tests: a quick check that
+a test added kills what it was written for. A mutant is named by its operator and its occurrence
+in the file, which mean the same mutant only in the same source, so a file that changed since the
+commit the record ran it at is refused. Its record goes to --out, else to the temporary folder,
+never into results/.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ _WITHIN = _INT8 + "test_int8_states_stay_within_the_quantization_step_of_fp32_st
 TARGETS = {
     "forge/kernels/quant.py": [
         _INT8 + "test_the_pytorch_quantizer_is_the_definition",
+        _INT8 + "test_the_pytorch_round_up_to_bf16_is_the_definitions",
         *(f"{_STEPS}[{case}-elementwise]" for case in ("adamw", "adagrad", "rmsprop-centered-momentum")),
         *(f"{_STEPS}[{case}-fused]" for case in ("adamw-group128", "sgd-momentum")),
         f"{_WITHIN}[adagrad]",
@@ -64,12 +72,14 @@ TARGETS = {
         _OPTIM + "test_state_dict_resumes_bit_exactly[bf16-64]",  # bf16 states, in both kernels
     ],
     "forge/newton_schulz.py": [
+        "tests/harness/kernels/test_newton_schulz_probe.py::test_forges_auto_table_is_the_newest_committed_runs_pick",
         "tests/forge/test_newton_schulz.py",
         "tests/forge/test_muon_orthogonalize.py",
         _MUON + "test_what_muon_cannot_train_is_refused_before_anything_changes",
         _MUON + "test_each_newton_schulz_variant_reaches_the_layers",
     ],
     "forge/clip.py": [
+        _CLIP + "test_each_layers_norm_is_taken_the_cheaper_way",
         _CLIP + "test_outside_a_backward_one_update_is_clipped_by_its_own_norm",
         _CLIP + "test_gram_and_direct_norms_agree",
         _CLIP + "test_a_shared_input_has_its_gram_computed_once",
@@ -78,6 +88,8 @@ TARGETS = {
         _CLIP + "test_clipped_step_matches_torch_clip_grad_norm[adamw-active]",
         _CLIP + "test_clipped_step_matches_torch_clip_grad_norm[sgd-inactive]",
         _CLIP + "test_other_norm_types_match_torch",
+        _CLIP + "test_a_norm_other_than_2_is_taken_directly_whichever_way_is_asked",
+        _CLIP + "test_the_norm_and_coefficient_stay_in_the_same_tensors_step_after_step",
         _CLIP + "test_param_groups_share_one_global_norm",
         _CLIP + "test_a_failed_backward_updates_nothing_and_leaves_nothing_behind",
         _CLIP + "test_low_precision_states_are_clipped_too",
@@ -91,6 +103,11 @@ TARGETS = {
         _MUON + "test_muon_with_an_adamw_fallback_equals_torch_muon_beside_torch_adamw[one-step]",
     ],
     "forge/states.py": [
+        _INT8 + "test_a_state_read_back_is_what_its_storage_holds",
+        _INT8 + "test_state_bytes_are_what_each_storage_keeps_per_element",
+        _INT8 + "test_int8_storage_holds_matrices_and_leaves_vectors_bf16",
+        _INT8 + "test_slots_hand_their_tensors_over_in_one_order_and_take_them_back",
+        _INT8 + "test_a_saved_state_of_another_shape_or_dtype_is_refused",
         *(
             f"{_INT8}test_each_step_stores_the_definitions_codes_of_torch_optims_state[{case}-elementwise]"
             for case in ("adagrad", "rmsprop-centered-momentum", "adamw-group128")
@@ -99,21 +116,28 @@ TARGETS = {
         _OPTIM + "test_int8_group_sets_the_scales_and_a_mismatch_is_refused",
         _OPTIM + "test_state_dict_with_a_different_state_dtype_is_refused",
         _OPTIM + "test_converting_another_rules_state_is_refused",
+        _OPTIM + "test_converting_a_state_with_a_slot_more_or_less_is_refused",
         _OPTIM + "test_a_torch_adamw_run_continues_under_forge",
         _OPTIM + "test_state_dict_resumes_bit_exactly",
         "tests/forge/test_compensated.py::test_a_model_trains_with_compensated_weights_and_resumes_exactly",
     ],
     "forge/rules.py": [
         "tests/forge/kernels/test_elementwise_update.py::test_both_halves_step_as_torch_optim",
+        "tests/forge/test_rules.py::test_each_rules_defaults_are_its_torch_optimizers",
+        "tests/forge/test_rules.py::test_muons_tile_half_reference_is_torchs_lerp",
+        "tests/forge/test_rules.py::test_radam_steps_as_torch_with_its_rectification_at_full_weight",
         "tests/forge/test_validation.py",
         _OPTIM + "test_unknown_rule_lists_the_valid_ones",
         _OPTIM + "test_bad_options_are_refused",
         _OPTIM + "test_param_groups_per_group_options",
         _MUON + "test_what_muon_cannot_train_is_refused_before_anything_changes",
+        _MUON + "test_a_refusal_names_four_parameters_and_marks_any_more",
+        _MUON + "test_muon_takes_coefficients_of_its_own_for_torchs_iteration",
         _MUON + "test_fallback_is_for_matrix_rules_only",
         _MUON + "test_a_state_dict_of_other_group_rules_is_refused",
         _MUON + "test_forge_muon_equals_torch_muon[original-nesterov]",
         _MUON + "test_muon_with_an_adamw_fallback_equals_torch_muon_beside_torch_adamw[one-step]",
+        f"{_STEPS}[adamw-elementwise]",  # int8: which states are positive
     ],
 }
 # Replacements left out (the module docstring), as regular expressions on cosmic-ray's operator names.
@@ -173,7 +197,7 @@ def _copy_tree(into: Path) -> None:
     ).stdout.decode().split("\0")  # fmt: skip
     for name in filter(None, listed):
         source = REPO / name
-        if source.is_file() and not name.startswith("results/"):
+        if source.is_file():  # results/ too: tests read recorded runs (the AUTO table's source)
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
 
@@ -294,9 +318,49 @@ def _commit() -> str:
     return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def _record_commit(record: dict, path: str) -> str:
+    """The commit `record` ran `path` at: its own entry's (a merged record) or the record's."""
+    commit = record["files"][path].get("commit", record["commit"])
+    if commit.endswith("+changes"):
+        raise SystemExit(f"{path} ran at {commit}: uncommitted changes, so its mutants cannot be made again")
+    return commit
+
+
+def survivors_of(record_path: Path, files: list[str]) -> list[dict]:
+    """The mutants that survived in the record at `record_path`, of `files` (default: the record's),
+    made again from today's source; refused where a file differs from the one the record ran."""
+    record = json.loads(record_path.read_text())
+    files = files or [path for path in TARGETS if path in record["files"]]
+    missing = sorted(set(files) - set(record["files"]))
+    if missing:
+        raise SystemExit(f"{record_path} ran no mutants of {missing}")
+    changed = []
+    for path in files:
+        commit = _record_commit(record, path)
+        same = subprocess.run(["git", "diff", "--quiet", commit, "--", path], cwd=REPO)
+        if same.returncode != 0:
+            changed.append(f"{path} (since {commit})")
+    if changed:
+        unchanged = [p for p in files if not any(c.startswith(p + " ") for c in changed)]
+        raise SystemExit(
+            f"changed since the record ran them: {', '.join(changed)}. A mutant is its operator's n-th "
+            "occurrence in the file's source, so these would not be the record's mutants: run them whole"
+            + (f", and these alone with --survivors-of: {' '.join(unchanged)}" if unchanged else "")
+        )
+    jobs = []
+    for path in files:
+        wanted = {(s["operator"], s["occurrence"]): s for s in record["files"][path]["survivors"]}
+        made = {(m["operator"], m["occurrence"]): m for m in mutants(path)}
+        lost = sorted(set(wanted) - set(made))
+        if lost:  # same source, same operators: only another cosmic-ray could make other mutants
+            raise SystemExit(f"{path}: the record's mutants {lost} are not made from its source today")
+        jobs += [made[key] for key in sorted(wanted, key=lambda k: (made[k]["line"], k))]
+    return jobs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="*", default=list(TARGETS), help="files of TARGETS (default: all)")
+    parser.add_argument("files", nargs="*", help="files of TARGETS (default: all, or the record's)")
     parser.add_argument("--workers", type=int, default=2, help="processes, one per core (default 2)")
     parser.add_argument(
         "--limit", type=int, default=None, help="at most this many mutants per file (a quick look)"
@@ -310,9 +374,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--merge", type=Path, nargs="+", default=None, help="join records of one commit, file by file"
     )
+    parser.add_argument(
+        "--survivors-of",
+        type=Path,
+        default=None,
+        metavar="RECORD",
+        help="only the survivors of this record (files unchanged since it ran them)",
+    )
     args = parser.parse_args(argv)
     if args.merge:
         return _merge(args.merge, args.out)
+    if args.survivors_of and (args.sample != 1 or args.limit is not None):
+        parser.error("--survivors-of runs every survivor of its record: no --sample or --limit")
     unknown = sorted(set(args.files) - set(TARGETS))
     if unknown:
         parser.error(f"no curated tests for {unknown}: choose among {sorted(TARGETS)}")
@@ -320,6 +393,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import cosmic_ray
 
+    if args.survivors_of:
+        jobs = survivors_of(args.survivors_of, args.files)
+        files = list(dict.fromkeys(m["file"] for m in jobs))
+        if not jobs:
+            raise SystemExit(f"{args.survivors_of}: no survivors of {args.files or 'its files'} to run")
+    else:
+        files = args.files or list(TARGETS)
+        jobs = [m for path in files for m in mutants(path)[:: args.sample][: args.limit]]
     _environment()
     started, day = time.monotonic(), datetime.datetime.now(datetime.UTC)
     commit = _commit()
@@ -327,9 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         trees = [Path(scratch) / f"tree{i}" for i in range(args.workers)]
         for tree in trees:
             _copy_tree(tree)
-        jobs = [m for path in args.files for m in mutants(path)[:: args.sample][: args.limit]]
-        print(f"{len(jobs)} mutants of {len(args.files)} files, {args.workers} workers", flush=True)
-        baseline = _baselines(trees[0], args.files)
+        print(f"{len(jobs)} mutants of {len(files)} files, {args.workers} workers", flush=True)
+        baseline = _baselines(trees[0], files)
         context = mp.get_context("fork")
         queue, results = context.Queue(), context.Queue()
         for job in jobs:
@@ -370,9 +450,16 @@ def main(argv: list[str] | None = None) -> None:
             excluded_operators=list(EXCLUDED_OPERATORS),
             limit=args.limit,
             sample=args.sample,
-            files={path: _summary(path, [r for r in done if r["file"] == path]) for path in args.files},
+            files={path: _summary(path, [r for r in done if r["file"] == path]) for path in files},
         )
     )
+    if args.survivors_of:  # a check, not a score: never a record under results/
+        record["survivors_of"] = args.survivors_of.as_posix()
+        for r in sorted(done, key=lambda r: (r["file"], r["line"])):
+            change = " / ".join(line for line in r.get("diff", "").splitlines()[2:] if line[:1] in "+-")
+            print(f"{r['outcome']:8s} {r['file']}:{r['line']} {r['operator']} #{r['occurrence']}: {change}")
+        out = args.out or Path(tempfile.gettempdir()) / f"survivors-of-{args.survivors_of.stem}.json"
+        return _write(record, out)
     _write(record, args.out)
 
 
