@@ -18,13 +18,16 @@ from `_parameters` (not through nn.Module's `__getattr__`) and asks for autocast
 backward hands dy and x to the optimizer, whose launch for this weight is kept from step to step
 (`forge.functional`).
 
-Eager training with an input that requires grad (every layer of a model above its embedding), a
-plain weight and no saved-tensor hooks takes no Python autograd node at all (`_hooked_linear`):
-the forward is torch's own linear of the weight detached (kept from step to step while the
-weight's storage stays where it was), so torch's C++ GEMM node computes dx from the old W and no
-dW, and a post-hook on that node (`_FusedUse`, called once dx exists) hands dy and x to the
+Eager training (the module in training mode) with an input that requires grad (every layer of a
+model above its embedding), a plain weight and no saved-tensor hooks takes no Python autograd node
+at all (`_hooked_linear`): the forward is torch's own linear of the weight detached (kept from step
+to step while the weight's storage stays where it was), so torch's C++ GEMM node computes dx from
+the old W and no dW, and a post-hook on that node (`_FusedUse`, called once dx exists) hands dy and x to the
 optimizer. The same arithmetic as the Function below (torch's dx and bias-gradient GEMMs and
 reductions, the same fused launch), without its Python node in the forward and the backward. The
+use the guards record (`_FusedUse`) holds the node until its hook has run, and the node holds it:
+a graph dropped without a backward is freed by Python's garbage collector, not at once, which is
+why a module in eval mode (where forwards without a backward are the rule) keeps the Function. The
 Function stays for every other case: an input that requires no grad, saved-tensor hooks, FP8,
 tensor-parallel shards, functorch transforms and tracing, where `forge_linear` calls autograd's
 own apply (torch's Python wrapper only hands the arguments on, in eager mode without functorch
@@ -375,7 +378,8 @@ class ForgeLinear(nn.Linear):
             if torch._C._is_any_autocast_enabled():  # eager: one call says there is no autocast to follow
                 x = autocast_input(x)
             if (
-                not fp8 and x.requires_grad and type(weight) in _PLAIN and _TOP_SAVED_TENSOR_HOOKS is not None
+                self.training and not fp8 and x.requires_grad and type(weight) in _PLAIN
+                and _TOP_SAVED_TENSOR_HOOKS is not None
                 and _TOP_SAVED_TENSOR_HOOKS(False) is None and not torch._C._are_functorch_transforms_active()
             ):  # fmt: skip
                 detached = self._forge_detached  # W detached, kept while W's storage stays where it was

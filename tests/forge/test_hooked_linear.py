@@ -102,3 +102,14 @@ def test_compiled_autograd_over_a_hooked_forward_steps_as_eager():
         trained.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*trained):
         assert torch.equal(a, b)
+
+
+def test_a_module_in_eval_mode_keeps_the_function(monkeypatch):
+    """In eval mode (forwards without a backward are the rule there) the layer takes the Function,
+    whose graph is freed as soon as it is dropped; in training mode the hooked path."""
+    layer = nn.Linear(8, 4)
+    forge.attach(layer, "adamw", lr=1e-2, state_dtype="fp32")
+    x = torch.randn(3, 8, requires_grad=True)
+    assert type(layer(x).grad_fn).__name__ == "AddmmBackward0"
+    layer.eval()
+    assert type(layer(x).grad_fn).__name__ == "ForgeLinearFunctionBackward"
