@@ -50,7 +50,9 @@ one.
 (`forge.kernels.launch.DirectLauncher`), so the rows time the host's Python and torch's own work
 alone; on a machine without a GPU the layers are 16 x 16 (torch's CPU GEMMs then cost little) and
 the clock is this thread's CPU time (`--clock thread`), which other processes on a shared host do
-not inflate. The record names the host's CPU (`env`: `cpu_model`, `cpu_count`) and goes to
+not inflate. A `--shape` given on such a machine is taken as given: torch's fp32 CPU GEMMs at that
+shape then fill the layer rows (nn.Linear pays three a layer, FORGE two), so the ratios no longer
+measure the host's Python, and a full run takes CPU hours; the default shape is the CPU's measure. The record names the host's CPU (`env`: `cpu_model`, `cpu_count`) and goes to
 $OUT/launch-breakdown-<T>x<N>x<K>[-host-only]-<date>-<commit>.json, as results/device-logs/ keeps
 it.
 """
