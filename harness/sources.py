@@ -52,7 +52,7 @@ KERNELS_QWEN = KERNELS + "kernels-qwen3-14b.jsonl"
 KERNEL_TABLES = (KERNELS_LLAMA, KERNELS_QWEN)
 
 # The mutation score of FORGE's numeric core (`python scripts/mutation_score.py`, docs/testing.md).
-MUTATION = RESULTS + "mutation/mutation-20261207-2b34135.json"
+MUTATION = RESULTS + "mutation/mutation-20261208-e0f64e7.json"
 
 # The GPU runs' probes and logs (results/device-logs/<what>-<date>-<commit>.<ext>).
 OVERLAP = DEVICE_LOGS + "overlap-20261204-f71303c.jsonl"
