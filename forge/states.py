@@ -155,6 +155,8 @@ class StateStorage:
         for key in host & set(saved):
             value = saved[key]
             state[key] = type(state[key])(value.item() if isinstance(value, torch.Tensor) else value)
+        if "step" in host and "step" not in saved and slots:  # torch's SGD: a buffer means a step was taken
+            state["step"] = type(state["step"])(max(state["step"], 1))
         for key, slot in slots.items():
             value = saved[key]
             if not isinstance(value, torch.Tensor) or value.shape != p.shape:

@@ -117,6 +117,32 @@ def test_a_torch_adamw_run_continues_under_forge(state_dtype):
             assert_close_to_update(q, p, p0, FUSED_FP32, name)
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_a_torch_sgd_run_with_momentum_continues_under_forge(nesterov):
+    """torch.optim.SGD saves its momentum buffer and no step count: a state that holds a buffer has
+    taken a step, so FORGE's next step goes on from that buffer (buf = momentum buf + (1 -
+    dampening) g) instead of starting one (buf = g), and the two runs train alike."""
+    base, batches = mlp(), regression_batches(4)
+    hp = dict(lr=1e-2, momentum=0.9, dampening=0.0 if nesterov else 0.1, weight_decay=0.01, nesterov=nesterov)
+    reference = copy.deepcopy(base)
+    torch_opt = torch.optim.SGD(reference.parameters(), **hp)
+    for i, batch in enumerate(batches):
+        torch_opt.zero_grad()
+        regression_step(reference, batch)
+        torch_opt.step()
+        if i == 1:
+            moved = copy.deepcopy(reference)
+            saved = copy.deepcopy(torch_opt.state_dict())
+    assert all("step" not in s for s in saved["state"].values())
+    opt = forge.attach(moved, "sgd", lr=0.5, momentum=0.9, dampening=hp["dampening"], nesterov=nesterov,
+                       state_dtype="fp32")  # fmt: skip
+    opt.load_state_dict(saved, convert=True)
+    for batch in batches[2:]:
+        regression_step(moved, batch)
+    for (name, p), q, p0 in zip(reference.named_parameters(), moved.parameters(), base.parameters()):
+        assert_close_to_update(q, p, p0, FUSED_FP32, name)
+
+
 @pytest.mark.parametrize("master_weights", ["fp32", "bf16", "bf16+kahan"])
 def test_master_weights_load_into_each_weight_format(master_weights):
     """fp32 master weights (fresh, not bf16-representable) set into FORGE's weights: fp32 copied,
