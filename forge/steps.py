@@ -80,55 +80,39 @@ class Steps:
         """(coefficients, seed, row) of p's next update, its step counted; `task`: the backward it
         runs in (-1: none, nothing shared). The row is None unless capturable; inside a CUDA-graph
         capture nothing is counted (the replays will be)."""
-        if not self.capturable:  # `_advance`, `_coefficients` and `seed_for` written out: this runs at
-            # every update of every step
-            state = self.table.state_of(p)
-            state["step"] = step = state["step"] + 1
-            self.version[p] += 1
-            group, rule, shares, index_term = self.fixed[p]
-            if task >= 0 and shares:
-                if task != self.shared_task:
-                    self.shared.clear()
-                    self.shared_task = task
-                key = (id(group), step)
-                coefficients = self.shared.get(key)
-                if coefficients is None:
-                    coefficients = self.shared[key] = rule.coefficients(group, step, state)
-            else:
-                coefficients = rule.coefficients(group, step, state)
-            if self._salt is not None:
-                return coefficients, self.seed_for(p, step), None
+        row = None
+        if self.capturable:
+            row = self._row(p)
+            if _capturing(p):
+                self.captured[p] = None
+                return self._no_coefficients(), 0, row
+        # Counting, the coefficients (once per group and step in backward `task` where every
+        # parameter of the group shares them: see the module) and `seed_for`'s arithmetic, written
+        # out: this runs at every update of every step, p's fixed facts in one lookup.
+        state = self.table.state_of(p)
+        state["step"] = step = state["step"] + 1
+        self.version[p] += 1
+        group, rule, shares, index_term = self.fixed[p]
+        if task >= 0 and shares:
+            if task != self.shared_task:
+                self.shared.clear()
+                self.shared_task = task
+            key = (id(group), step)
+            coefficients = self.shared.get(key)
+            if coefficients is None:
+                coefficients = self.shared[key] = rule.coefficients(group, step, state)
+        else:
+            coefficients = rule.coefficients(group, step, state)
+        if self._salt is not None:
+            seed = self.seed_for(p, step)
+        else:
             x = (self.seed * 0x9E3779B1 + index_term + step * 0xC2B2AE3D) & 0xFFFFFFFF
             x ^= x >> 15
             x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
-            return coefficients, (x ^ (x >> 13)) & 0x7FFFFFFF, None
-        row = self._row(p)
-        if _capturing(p):
-            self.captured[p] = None
-            return self._no_coefficients(), 0, row
-        coefficients, seed = self._advance(p, task)
-        row.copy_(_step_values([coefficients], [seed], (1, row.shape[0]), [0])[0], non_blocking=True)
+            seed = (x ^ (x >> 13)) & 0x7FFFFFFF
+        if row is not None:
+            row.copy_(_step_values([coefficients], [seed], (1, row.shape[0]), [0])[0], non_blocking=True)
         return coefficients, seed, row
-
-    def _advance(self, p: torch.Tensor, task: int = -1) -> tuple[tuple, int]:
-        state = self.table.state_of(p)
-        step = self._count(p, state)
-        return self._coefficients(p, step, state, task), self.seed_for(p, step)
-
-    def _coefficients(self, p: torch.Tensor, step: int, state: dict, task: int) -> tuple:
-        """p's rule's coefficients at `step`, computed once per group and step in backward `task`
-        where every parameter of the group shares them (see the module)."""
-        group, rule = self.table.groups[p], self.table.rules[p]  # `group_of`, `rule_of`, without their frames
-        if task < 0 or rule.per_parameter:
-            return rule.coefficients(group, step, state)
-        if task != self.shared_task:
-            self.shared.clear()
-            self.shared_task = task
-        key = (id(group), step)
-        coefficients = self.shared.get(key)
-        if coefficients is None:
-            coefficients = self.shared[key] = rule.coefficients(group, step, state)
-        return coefficients
 
     def _count(self, p: torch.Tensor, state: dict) -> int:
         """Count one more step of p; its new step."""

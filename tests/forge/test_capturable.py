@@ -118,11 +118,12 @@ def test_a_replay_writes_the_rows_an_eager_step_would(monkeypatch, rule):
     twin.table = ParamTable(SimpleNamespace(state=states, param_groups=opt.param_groups), opt.rule)
     twin.table.groups = opt.steps.table.groups  # the same groups and rules, the twin's own host states
     twin.table.rules = opt.steps.table.rules
+    twin.capturable = False  # its eager step: counted, no row
     for _ in range(3):
         opt.prepare_replay()
         rows = opt.steps.rows
         for p in params:
-            coefficients, seed = twin._advance(p)
+            coefficients, seed, _ = twin.begin(p)
             expected = torch.tensor(coefficients, dtype=torch.float32).view(torch.int32)
             assert torch.equal(rows[opt.index_of(p)][:NUM_COEFFICIENTS], expected)
             assert int(rows[opt.index_of(p)][NUM_COEFFICIENTS]) == seed

@@ -78,6 +78,21 @@ def test_state_dict_with_a_different_state_dtype_is_refused():
         opt_b.load_state_dict(opt_a.state_dict())
 
 
+def _torch_run_saved_after_two_steps(base, batches, optimizer, hp):
+    """(the model torch's `optimizer` trained on every batch, a copy of it after the first two,
+    its state dict then): the run FORGE continues from that copy and state."""
+    reference = copy.deepcopy(base)
+    torch_opt = optimizer(reference.parameters(), **hp)
+    for i, batch in enumerate(batches):
+        torch_opt.zero_grad()
+        regression_step(reference, batch)
+        torch_opt.step()
+        if i == 1:
+            moved = copy.deepcopy(reference)
+            saved = copy.deepcopy(torch_opt.state_dict())
+    return reference, moved, saved
+
+
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
 def test_a_torch_adamw_run_continues_under_forge(state_dtype):
     """torch AdamW trains two steps; FORGE, attached to a copy of that model, loads its state dict
@@ -88,15 +103,7 @@ def test_a_torch_adamw_run_continues_under_forge(state_dtype):
 
     base, batches = mlp(), regression_batches(4)
     hp = dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)
-    reference = copy.deepcopy(base)
-    torch_opt = torch.optim.AdamW(reference.parameters(), **hp)
-    for i, batch in enumerate(batches):
-        torch_opt.zero_grad()
-        regression_step(reference, batch)
-        torch_opt.step()
-        if i == 1:
-            moved = copy.deepcopy(reference)
-            saved = copy.deepcopy(torch_opt.state_dict())
+    reference, moved, saved = _torch_run_saved_after_two_steps(base, batches, torch.optim.AdamW, hp)
     opt = forge.attach(moved, "adamw", lr=0.5, state_dtype=state_dtype)  # lr and betas: the state dict's
     opt.load_state_dict(saved, convert=True)
     assert opt.param_groups[0]["lr"] == hp["lr"] and opt.param_groups[0]["betas"] == hp["betas"]
@@ -124,15 +131,7 @@ def test_a_torch_sgd_run_with_momentum_continues_under_forge(nesterov):
     dampening) g) instead of starting one (buf = g), and the two runs train alike."""
     base, batches = mlp(), regression_batches(4)
     hp = dict(lr=1e-2, momentum=0.9, dampening=0.0 if nesterov else 0.1, weight_decay=0.01, nesterov=nesterov)
-    reference = copy.deepcopy(base)
-    torch_opt = torch.optim.SGD(reference.parameters(), **hp)
-    for i, batch in enumerate(batches):
-        torch_opt.zero_grad()
-        regression_step(reference, batch)
-        torch_opt.step()
-        if i == 1:
-            moved = copy.deepcopy(reference)
-            saved = copy.deepcopy(torch_opt.state_dict())
+    reference, moved, saved = _torch_run_saved_after_two_steps(base, batches, torch.optim.SGD, hp)
     assert all("step" not in s for s in saved["state"].values())
     opt = forge.attach(moved, "sgd", lr=0.5, momentum=0.9, dampening=hp["dampening"], nesterov=nesterov,
                        state_dtype="fp32")  # fmt: skip
